@@ -1,0 +1,95 @@
+"""The recovery envelope: observation key K = <platform, resource profile, failure phase,
+objective> mapped to the recovery actions qualified for it.
+
+Qualification is empirical (seed 000: the same action works on one accelerator stack and kills
+the process on another), so the envelope is a data table with the evidence for each row, and a
+key that is not in the table is refused with a clear error rather than guessed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .phases import FailurePhase, RecoveryAction
+
+OBJECTIVE_BITWISE = "bitwise-continuation"
+PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
+
+
+class UnknownObservationKey(LookupError):
+    """No envelope row covers this observation key; nothing may be guessed."""
+
+
+@dataclass(frozen=True, order=True)
+class ObservationKey:
+    platform: str  # e.g. "cpu-gloo", "cuda-nccl"
+    resource_profile: str  # e.g. "fsdp2-hsdp"
+    failure_phase: FailurePhase
+    objective: str = OBJECTIVE_BITWISE
+
+    def __str__(self) -> str:
+        return f"<{self.platform}, {self.resource_profile}, {self.failure_phase}, {self.objective}>"
+
+
+@dataclass(frozen=True)
+class EnvelopeRow:
+    key: ObservationKey
+    actions: tuple[RecoveryAction, ...]  # preferred first
+    evidence: str
+
+
+class Envelope:
+    def __init__(self, rows: Iterable[EnvelopeRow]):
+        self._rows: dict[ObservationKey, EnvelopeRow] = {}
+        for row in rows:
+            if row.key in self._rows:
+                raise ValueError(f"duplicate envelope row for {row.key}")
+            if not row.actions:
+                raise ValueError(f"envelope row {row.key} qualifies no action")
+            self._rows[row.key] = row
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def rows(self) -> tuple[EnvelopeRow, ...]:
+        return tuple(self._rows[k] for k in sorted(self._rows))
+
+    def lookup(self, key: ObservationKey) -> EnvelopeRow:
+        try:
+            return self._rows[key]
+        except KeyError:
+            known_platforms = sorted({k.platform for k in self._rows})
+            known_profiles = sorted({k.resource_profile for k in self._rows})
+            raise UnknownObservationKey(
+                f"no recovery envelope entry for K={key}; qualified platforms: {known_platforms}, "
+                f"profiles: {known_profiles}. Refusing to guess a recovery action."
+            ) from None
+
+    def qualified(self, key: ObservationKey) -> tuple[RecoveryAction, ...]:
+        return self.lookup(key).actions
+
+    def permits(self, key: ObservationKey, action: RecoveryAction) -> bool:
+        return action in self.qualified(key)
+
+
+def _default_rows() -> Iterable[EnvelopeRow]:
+    evidence = {
+        "cpu-gloo": "measured here: torch 2.13.0 CPU/gloo, group retired after a real timeout, "
+        "rebuilt and rebound, bitwise equal to an uninterrupted run (tests/test_rebind_*.py)",
+        "cuda-nccl": "seed 000: A100/NCCL 2.21.5 destroy+recreate after an incomplete collective "
+        "timeout succeeded on five fresh pairs; re-qualify on your platform",
+    }
+    for platform, note in evidence.items():
+        for profile in PROFILES:
+            for phase in FailurePhase:
+                if phase is FailurePhase.COMMITTED:
+                    actions = (RecoveryAction.PRESERVE, RecoveryAction.RESTART)
+                    why = note
+                else:
+                    actions = (RecoveryAction.RESTART,)
+                    why = "uncommitted compute: partial gradients or a partial step; fail-stop (L2)"
+                yield EnvelopeRow(ObservationKey(platform, profile, phase), actions, why)
+
+
+DEFAULT_ENVELOPE = Envelope(_default_rows())

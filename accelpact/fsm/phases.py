@@ -1,0 +1,61 @@
+"""Vocabulary of the recovery protocol: rank phases, failure phases, recovery actions.
+
+Plain enums with string values so that traces, the TLA+ spec and the Python table share
+one spelling of every name.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """Where one rank's recovery machine stands."""
+
+    TRAIN = "Train"
+    OBSERVE = "Observe"
+    GUARD = "Guard"
+    AGREE = "Agree"
+    REPLACE = "Replace"
+    REBIND = "Rebind"
+    VALIDATE = "Validate"
+    RESUME = "Resume"
+    REJECT = "Reject"
+
+
+#: Phases that belong to an ongoing recovery (neither training nor an outcome).
+RECOVERY_PHASES: tuple[Phase, ...] = (
+    Phase.OBSERVE,
+    Phase.GUARD,
+    Phase.AGREE,
+    Phase.REPLACE,
+    Phase.REBIND,
+    Phase.VALIDATE,
+)
+
+#: Terminal outcomes of one recovery.
+OUTCOME_PHASES: tuple[Phase, ...] = (Phase.RESUME, Phase.REJECT)
+
+
+class FailurePhase(StrEnum):
+    """Where in an optimizer update a failure struck (the paper's phi)."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    COMMITTED = "committed"
+
+    @classmethod
+    def parse(cls, text: str) -> FailurePhase:
+        try:
+            return cls(text.strip().lower())
+        except ValueError:
+            names = ", ".join(p.value for p in cls)
+            raise ValueError(f"unknown failure phase {text!r}; expected one of: {names}") from None
+
+
+class RecoveryAction(StrEnum):
+    """What the recovery envelope may prescribe for a failure."""
+
+    PRESERVE = "preserve"  # L1: keep S_app, rebuild communicators, rebind, resume at F
+    RESTART = "restart"  # L2: fail-stop; the supervisor restores the last verified checkpoint

@@ -1,0 +1,114 @@
+"""The recovery protocol as data: one row per transition, read like DESIGN.md section 2.
+
+This table is the source of truth. The `transitions` machine in `machine.py` is built from it,
+the TLA+ spec in `spec/AccelPact.tla` names one action per trigger, and
+`tests/test_conformance.py` proves that the spec's (action, from, to) edges equal `edges()`.
+
+Conditions and `unless` entries name predicates of `RecoveryContext` (see `machine.py`); each is a
+pure function of values the executor has already gathered. Effects name what the executor does in
+the phase the row enters; the table itself performs no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .phases import Phase
+
+P = Phase
+
+
+@dataclass(frozen=True)
+class Row:
+    trigger: str
+    source: tuple[Phase, ...]
+    dest: Phase
+    conditions: tuple[str, ...] = field(default=())
+    unless: tuple[str, ...] = field(default=())
+    effect: str | None = None
+    why: str = ""
+
+
+def _row(trigger, source, dest, conditions=(), unless=(), effect=None, why=""):
+    src = tuple(source) if isinstance(source, (list, tuple)) else (source,)
+    return Row(trigger, src, dest, tuple(conditions), tuple(unless), effect, why)
+
+
+# fmt: off
+TRANSITIONS: tuple[Row, ...] = (
+    # -- training ------------------------------------------------------------------------------
+    _row("commit_update",   P.TRAIN,    P.TRAIN,    effect="advance_frontier",
+         why="an update's boundary guard passed: F := F + 1"),
+    # -- observe -------------------------------------------------------------------------------
+    _row("observe_failure", P.TRAIN,    P.OBSERVE,  effect="record_evidence",
+         why="this rank saw a data-plane failure; classify cause and failure phase"),
+    _row("join_recovery",   P.TRAIN,    P.OBSERVE,  effect="record_notice",
+         why="a peer raised the recovery flag at the boundary check"),
+    # -- guard ---------------------------------------------------------------------------------
+    _row("enter_guard",     P.OBSERVE,  P.GUARD,    effect="quiesce_device",
+         why="flush device work, check FSDP units idle and no outstanding gradients"),
+    _row("submit_report",   P.GUARD,    P.AGREE,    effect="post_report",
+         why="post (F, g, tau, phi, failed groups, guard verdict) on the control plane"),
+    # -- frontier agreement --------------------------------------------------------------------
+    _row("decide_preserve", P.AGREE,    P.REPLACE,  conditions=["decision_is_preserve", "in_failed_group"],
+         effect="retire_groups", why="all committed, F and g agree; this rank owns a failed group"),
+    _row("stand_by",        P.AGREE,    P.VALIDATE, conditions=["decision_is_preserve"],
+         unless=["in_failed_group"], effect="await_release",
+         why="preserve agreed, but no failed group has this rank: wait for release"),
+    _row("decide_reject",   P.AGREE,    P.REJECT,   conditions=["decision_is_reject"],
+         effect="fail_stop", why="any mismatch, uncommitted phase, guard failure or missing report"),
+    # -- replace -------------------------------------------------------------------------------
+    _row("replace_comm",    P.REPLACE,  P.REBIND,   conditions=["replacement_built"],
+         effect="rebind_references", why="identical-membership group built at generation g+1"),
+    _row("replace_failed",  P.REPLACE,  P.VALIDATE, unless=["replacement_built"],
+         effect="vote_failure", why="the replacement could not be built: vote against release"),
+    # -- rebind --------------------------------------------------------------------------------
+    _row("rebind_refs",     P.REBIND,   P.VALIDATE, conditions=["proof_passed"],
+         effect="validate_groups", why="every cached reference names g+1; none names a retired group"),
+    _row("rebind_failed",   P.REBIND,   P.VALIDATE, unless=["proof_passed"],
+         effect="vote_failure", why="a stale reference survived: vote against release"),
+    # -- validate and release ------------------------------------------------------------------
+    _row("release",         P.VALIDATE, P.RESUME,   conditions=["outcome_is_resume"],
+         effect="resume_at_frontier", why="every rank validated; the single release decision is resume"),
+    _row("release_reject",  P.VALIDATE, P.REJECT,   conditions=["outcome_is_reject"],
+         effect="fail_stop", why="a rank voted against release; all reject together"),
+    _row("abort",           [P.OBSERVE, P.GUARD, P.AGREE, P.REPLACE, P.REBIND], P.REJECT,
+         conditions=["outcome_is_reject"], effect="fail_stop",
+         why="control-plane timeout or crash: the one outcome register was set to reject"),
+    _row("resume_training", P.RESUME,   P.TRAIN,    effect="clear_recovery",
+         why="continue training at the agreed frontier with generation g+1"),
+)
+# fmt: on
+
+
+def edges() -> frozenset[tuple[str, str, str]]:
+    """Every (trigger, from-phase, to-phase) edge of the table."""
+    return frozenset(
+        (row.trigger, str(src), str(row.dest)) for row in TRANSITIONS for src in row.source
+    )
+
+
+def triggers() -> tuple[str, ...]:
+    seen: dict[str, None] = {}
+    for row in TRANSITIONS:
+        seen.setdefault(row.trigger, None)
+    return tuple(seen)
+
+
+def predicates() -> frozenset[str]:
+    """Every predicate name the table refers to (each must exist on RecoveryContext)."""
+    return frozenset(name for row in TRANSITIONS for name in (*row.conditions, *row.unless))
+
+
+def render_markdown() -> str:
+    """The table as markdown, for the README and `accelpact check --table`."""
+    lines = [
+        "| trigger | from | to | when | unless | effect |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in TRANSITIONS:
+        lines.append(
+            f"| {row.trigger} | {', '.join(map(str, row.source))} | {row.dest} | "
+            f"{', '.join(row.conditions) or '-'} | {', '.join(row.unless) or '-'} | {row.effect or '-'} |"
+        )
+    return "\n".join(lines)
