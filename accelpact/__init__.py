@@ -1,3 +1,25 @@
-"""AccelPact: keep sharded PyTorch training alive through communication failures, in memory."""
+"""AccelPact: keep sharded PyTorch training alive through communication failures, in memory.
+
+    rt = accelpact.attach(model, optimizer, data_state=None, config=accelpact.Config())
+    for batch in loader:
+        with rt.update():
+            loss = model(batch).sum(); loss.backward()
+            optimizer.step(); optimizer.zero_grad()
+"""
+
+from .config import Config
+from .errors import EXIT_REJECTED, ConfigError, RecoveryRejected
 
 __version__ = "0.1.0"
+
+__all__ = ["EXIT_REJECTED", "Config", "ConfigError", "RecoveryRejected", "Runtime", "attach", "__version__"]
+
+
+def __getattr__(name: str):
+    # The runtime imports torch.distributed internals; load it on first use so that the pure
+    # parts (fsm, model checking, CLI help) stay importable and fast.
+    if name in ("attach", "Runtime", "UnsupportedModelError", "RecoveryReport"):
+        from . import runtime
+
+        return getattr(runtime, name)
+    raise AttributeError(f"module 'accelpact' has no attribute {name!r}")

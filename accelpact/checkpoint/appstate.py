@@ -1,0 +1,187 @@
+"""Per-rank application state: RNG streams, data cursor, frontier, optimizer step, scheduler, scaler.
+
+Model and optimizer tensors go through DCP; what is captured here differs by rank (RNG, data
+cursor) or is small, and goes into one per-rank file covered by the manifest's checksums.
+Everything captured must load with ``torch.load(weights_only=True)``, so capture checks that at
+save time: a checkpoint that cannot be restored should fail when written, not when needed.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+import torch
+
+from .errors import CheckpointLoadError, CheckpointSaveError
+from .events import log_event
+
+APP_STATE_VERSION = 1
+
+
+@runtime_checkable
+class Stateful(Protocol):
+    """Anything with ``state_dict()`` / ``load_state_dict()`` (data loaders, samplers, schedulers)."""
+
+    def state_dict(self) -> Any: ...
+
+    def load_state_dict(self, state: Any) -> Any: ...
+
+
+_SAFE_SCALARS = (str, int, float, bool, type(None), bytes, torch.Size, torch.dtype, torch.device)
+_SAFE_MAPPINGS = (dict, OrderedDict)
+_SAFE_SEQUENCES = (list, tuple, set)
+
+
+def check_weights_only_safe(obj: Any, where: str = "app_state") -> None:
+    """Raise if ``obj`` holds something ``torch.load(weights_only=True)`` would refuse.
+
+    Exact container types only: subclasses (defaultdict, namedtuple) do not round-trip there.
+    """
+    if type(obj) in _SAFE_SCALARS or isinstance(obj, torch.Tensor | torch.dtype | torch.device):
+        return
+    if type(obj) in _SAFE_MAPPINGS:
+        for k, v in obj.items():
+            if type(k) not in (str, int):
+                raise CheckpointSaveError(f"{where} has a key of type {type(k).__name__}; use str or int keys")
+            check_weights_only_safe(v, f"{where}[{k!r}]")
+        return
+    if type(obj) in _SAFE_SEQUENCES:
+        for i, v in enumerate(obj):
+            check_weights_only_safe(v, f"{where}[{i}]")
+        return
+    raise CheckpointSaveError(
+        f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, which torch.load(weights_only=True) "
+        "refuses; state_dict() must return tensors, numbers, strings, bools, None and plain "
+        "lists, tuples, sets or dicts"
+    )
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """Every RNG stream a training step may draw from, in weights_only-loadable form."""
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "torch_cpu": torch.get_rng_state(),
+        "numpy": {
+            "bit_generator": np_state["bit_generator"],
+            "key": torch.from_numpy(np.asarray(np_state["state"]["key"], dtype=np.int64)),
+            "pos": int(np_state["state"]["pos"]),
+            "has_gauss": int(np_state["has_gauss"]),
+            "gauss": float(np_state["gauss"]),
+        },
+        "python": _python_rng_to_safe(random.getstate()),
+        "cuda": None,
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = list(torch.cuda.get_rng_state_all())
+    return state
+
+
+def _python_rng_to_safe(st: tuple) -> dict[str, Any]:
+    version, internal, gauss_next = st
+    return {"version": int(version), "internal": list(internal), "gauss_next": gauss_next}
+
+
+def rng_problem(state: Mapping[str, Any]) -> str | None:
+    """Why :func:`restore_rng_state` could not apply ``state`` in this process, or None."""
+    for key in ("torch_cpu", "numpy", "python"):
+        if key not in state:
+            return f"RNG state lacks {key!r}"
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available() and len(cuda) != torch.cuda.device_count():
+        return f"checkpoint holds CUDA RNG state for {len(cuda)} device(s), this process sees {torch.cuda.device_count()}"
+    return None
+
+
+def restore_rng_state(state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`capture_rng_state` (check :func:`rng_problem` first)."""
+    torch.set_rng_state(state["torch_cpu"])
+    npst = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": npst["bit_generator"],
+            "state": {"key": npst["key"].numpy().astype(np.uint32), "pos": int(npst["pos"])},
+            "has_gauss": int(npst["has_gauss"]),
+            "gauss": float(npst["gauss"]),
+        }
+    )
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["internal"]), py["gauss_next"]))
+    cuda = state.get("cuda")
+    if cuda is None:
+        return
+    if torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    else:
+        log_event(logging.WARNING, "checkpoint.rng_cuda_skipped",
+                  "checkpoint has CUDA RNG state but CUDA is unavailable; CUDA RNG not restored",
+                  devices_saved=len(cuda))
+
+
+@dataclass
+class AppState:
+    """Application state a restart needs besides model and optimizer tensors (S_app minus W, M, V).
+
+    ``frontier`` is the committed frontier F (updates committed); ``opt_step`` is tau, optimizer
+    steps applied. ``data_state``, ``scheduler`` and ``scaler`` are optional Stateful objects;
+    ``extra`` carries small weights_only-safe values. RNG streams are captured when saving.
+    """
+
+    frontier: int = 0
+    opt_step: int = 0
+    data_state: Stateful | None = None
+    scheduler: Stateful | None = None
+    scaler: Stateful | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    rng: bool = True
+
+    _COMPONENTS = ("data_state", "scheduler", "scaler")
+
+    def capture(self) -> dict[str, Any]:
+        """Snapshot for the per-rank file; raises CheckpointSaveError if not weights_only-safe."""
+        state: dict[str, Any] = {
+            "version": APP_STATE_VERSION,
+            "frontier": int(self.frontier),
+            "opt_step": int(self.opt_step),
+            "rng": capture_rng_state() if self.rng else None,
+            "extra": dict(self.extra),
+        }
+        for name in self._COMPONENTS:
+            obj = getattr(self, name)
+            state[name] = None if obj is None else obj.state_dict()
+        check_weights_only_safe(state)
+        return state
+
+    def problem(self, state: Mapping[str, Any]) -> str | None:
+        """Why :meth:`restore` would fail on ``state``, or None; checked before anything is applied."""
+        if not isinstance(state, Mapping) or state.get("version") != APP_STATE_VERSION:
+            found = state.get("version") if isinstance(state, Mapping) else type(state).__name__
+            return f"app state version {found!r} is not {APP_STATE_VERSION}"
+        missing = [n for n in self._COMPONENTS if getattr(self, n) is not None and state.get(n) is None]
+        if missing:
+            return f"checkpoint has no saved state for {', '.join(missing)} given to AppState"
+        if self.rng:
+            if state.get("rng") is None:
+                return "checkpoint was saved without RNG state but AppState.rng is True"
+            return rng_problem(state["rng"])
+        return None
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Apply a snapshot; every component this AppState has must be present in it."""
+        why = self.problem(state)
+        if why:
+            raise CheckpointLoadError(why)
+        for name in self._COMPONENTS:
+            obj = getattr(self, name)
+            if obj is not None:
+                obj.load_state_dict(state[name])
+        if self.rng:
+            restore_rng_state(state["rng"])
+        self.frontier = int(state["frontier"])
+        self.opt_step = int(state["opt_step"])
+        self.extra = dict(state.get("extra") or {})

@@ -1,0 +1,172 @@
+"""Restart attempts: a durable record of every restore and fail-stop, and the restart budget.
+
+torchrun restarts a failed worker group and numbers the attempt in TORCHELASTIC_RESTART_COUNT.
+That counter resets when a job is resubmitted, and a pod's restart count is not the training's
+recovery count (seed 004 §13, §17, §18), so each attempt is also appended as one JSON line to
+``<root>/attempts.jsonl`` (rank 0 only; fsynced; never rewritten, so a final success does not
+erase earlier failures). The budget check counts both, and stops a run that keeps failing
+instead of retrying forever.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .errors import RestartBudgetExceeded
+from .events import log_event
+from .fsio import append_durable
+
+if TYPE_CHECKING:
+    from .manager import LoadReport
+
+ATTEMPTS_NAME = "attempts.jsonl"
+RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
+
+FAIL_STOP = "fail_stop"
+RESTORED = "restored"
+FRESH_START = "fresh_start"
+
+
+def restart_count(env: Mapping[str, str] | None = None) -> int:
+    """This attempt's number from torchrun (0 for the first, or when not under torchrun)."""
+    raw = (os.environ if env is None else env).get(RESTART_ENV, "0").strip() or "0"
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{RESTART_ENV}={raw!r} is not an integer") from None
+    if value < 0:
+        raise ValueError(f"{RESTART_ENV}={value} is negative")
+    return value
+
+
+def updates_replayed(failure_frontier: int | None, checkpoint_step: int | None) -> int | None:
+    """A = F - C: committed updates lost at the failure that the restart must run again (pure)."""
+    if failure_frontier is None or checkpoint_step is None:
+        return None
+    return max(0, failure_frontier - checkpoint_step)
+
+
+@dataclass(frozen=True)
+class AttemptRecord:
+    """One line of attempts.jsonl."""
+
+    run_id: str
+    attempt: int
+    event: str  # restored | fresh_start | fail_stop
+    time: str
+    checkpoint_step: int | None = None
+    checkpoint_path: str | None = None
+    updates_replayed: int | None = None
+    restore_seconds: float | None = None
+    frontier: int | None = None  # fail_stop: committed frontier when the attempt gave up
+    reason: str | None = None
+    refused: tuple[dict[str, str], ...] = ()
+    host: str = field(default_factory=platform.node)
+
+    def to_json(self) -> str:
+        doc = asdict(self)
+        doc["refused"] = list(self.refused)
+        return json.dumps(doc, sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> AttemptRecord:
+        known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        known["refused"] = tuple(known.get("refused") or ())
+        return cls(**known)
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class AttemptLog:
+    """Append-only attempts.jsonl in a checkpoint root, for one run. Call its writers on rank 0 only."""
+
+    def __init__(self, root: str | os.PathLike[str], *, run_id: str, attempt: int | None = None) -> None:
+        self.root = Path(root)
+        self.run_id = run_id
+        self.attempt = restart_count() if attempt is None else attempt
+
+    @property
+    def path(self) -> Path:
+        return self.root / ATTEMPTS_NAME
+
+    def append(self, record: AttemptRecord) -> AttemptRecord:
+        self.root.mkdir(parents=True, exist_ok=True)
+        append_durable(self.path, (record.to_json() + "\n").encode("utf-8"))
+        log_event(logging.INFO, f"checkpoint.attempt.{record.event}", f"attempt {record.attempt} recorded",
+                  **{k: v for k, v in asdict(record).items() if k != "event" and v not in (None, (), [])})
+        return record
+
+    def records(self, *, all_runs: bool = False) -> list[AttemptRecord]:
+        """Records of this run (or of every run), oldest first; torn lines are skipped with a warning."""
+        if not self.path.is_file():
+            return []
+        out = []
+        for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = AttemptRecord.from_dict(json.loads(line))
+            except (json.JSONDecodeError, TypeError) as exc:
+                log_event(logging.WARNING, "checkpoint.attempt.bad_line", "skipping unreadable attempts line",
+                          path=str(self.path), line=lineno, error=str(exc))
+                continue
+            if all_runs or rec.run_id == self.run_id:
+                out.append(rec)
+        return out
+
+    def fail_stops(self) -> int:
+        return sum(1 for r in self.records() if r.event == FAIL_STOP)
+
+    def last_failure_frontier(self) -> int | None:
+        fails = [r.frontier for r in self.records() if r.event == FAIL_STOP and r.frontier is not None]
+        return fails[-1] if fails else None
+
+    def record_fail_stop(self, frontier: int, reason: str) -> AttemptRecord:
+        """The runtime rejected in-memory recovery (L2): note the frontier being abandoned."""
+        return self.append(AttemptRecord(self.run_id, self.attempt, FAIL_STOP, _now(), frontier=frontier,
+                                         reason=reason))
+
+    def record_restore(self, report: LoadReport, *, failure_frontier: int | None = None) -> AttemptRecord:
+        """A restart restored ``report``'s checkpoint; replayed updates use the last fail-stop frontier."""
+        frontier = self.last_failure_frontier() if failure_frontier is None else failure_frontier
+        return self.append(AttemptRecord(
+            self.run_id, self.attempt, RESTORED, _now(), checkpoint_step=report.step,
+            checkpoint_path=report.path, updates_replayed=updates_replayed(frontier, report.step),
+            restore_seconds=report.seconds, refused=tuple(r.to_dict() for r in report.refused),
+        ))
+
+    def record_fresh_start(self) -> AttemptRecord:
+        return self.append(AttemptRecord(self.run_id, self.attempt, FRESH_START, _now()))
+
+
+def check_restart_budget(
+    max_restarts: int, *, attempt: int | None = None, log: AttemptLog | None = None
+) -> int:
+    """Raise RestartBudgetExceeded once this run has restarted more than ``max_restarts`` times.
+
+    Restarts used = max(torchrun's attempt number, fail-stops recorded for this run in ``log``).
+    Returns that number when still within budget.
+    """
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
+    current = restart_count() if attempt is None else attempt
+    recorded = log.fail_stops() if log is not None else 0
+    used = max(current, recorded)
+    if used > max_restarts:
+        run = f" of run {log.run_id!r}" if log is not None else ""
+        msg = (f"restart budget exceeded{run}: {used} restarts used (attempt {current} from {RESTART_ENV}, "
+               f"{recorded} fail-stops recorded) > max_restarts={max_restarts}; stopping instead of retrying "
+               "- inspect the failures before resubmitting")
+        log_event(logging.ERROR, "checkpoint.restart_budget_exceeded", msg, used=used, max_restarts=max_restarts)
+        raise RestartBudgetExceeded(msg)
+    return used

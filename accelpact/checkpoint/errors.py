@@ -1,0 +1,74 @@
+"""Errors of the checkpoint layer: each names what is wrong, where, and what was expected.
+
+They all derive from :class:`CheckpointError` so a runtime can fail-stop on the whole family,
+except :class:`RestartBudgetExceeded`, which is a decision to stop, not a checkpoint fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+
+class CheckpointError(RuntimeError):
+    """Base of every checkpoint-layer failure."""
+
+
+class ManifestError(CheckpointError, ValueError):
+    """A manifest (or COMMITTED marker) that does not parse or violates the schema."""
+
+
+class CheckpointExistsError(CheckpointError, FileExistsError):
+    """A published step directory is immutable: saving the same step again is refused."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed on at least one rank; nothing was published."""
+
+
+class CheckpointLoadError(CheckpointError):
+    """A verified checkpoint could not be applied to the live model/optimizer/app state."""
+
+
+class CheckpointLayoutError(CheckpointError):
+    """The newest verified checkpoint was written by another world size or layout.
+
+    Raised before anything is loaded, on every rank: silently falling back to an older checkpoint
+    of the right shape, or loading shards into the wrong topology, would both corrupt the run.
+    """
+
+    def __init__(self, message: str, *, step: int, saved: str, current: str) -> None:
+        super().__init__(message)
+        self.step = step
+        self.saved = saved
+        self.current = current
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One candidate the loader would not accept, and why."""
+
+    candidate: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"candidate": self.candidate, "reason": self.reason}
+
+    def __str__(self) -> str:
+        return f"{self.candidate}: {self.reason}"
+
+
+class NoVerifiedCheckpointError(CheckpointError):
+    """Candidates exist but none passes verification; the message lists every refusal."""
+
+    def __init__(self, root: str, refusals: Sequence[Refusal]) -> None:
+        self.root = root
+        self.refusals = tuple(refusals)
+        lines = "\n".join(f"  - {r}" for r in self.refusals) or "  (none listed)"
+        super().__init__(
+            f"no verified checkpoint under {root}: {len(self.refusals)} candidate(s) refused:\n{lines}"
+        )
+
+
+class RestartBudgetExceeded(RuntimeError):
+    """The run has used up its restart budget: stop and alert instead of retrying forever."""

@@ -1,0 +1,442 @@
+"""CheckpointManager: the L2 (Restart) path's verified checkpoint, saved and restored collectively.
+
+Save publishes ``<root>/step-<F>`` through the protocol in :mod:`.publish`; load walks published
+steps newest first on rank 0, verifies every byte before anything is unpickled, and broadcasts
+the choice so that all ranks restore the same step or all fail with the same error.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from .appstate import AppState
+from .attempts import restart_count
+from .collective import Comm
+from .errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointLayoutError,
+    CheckpointLoadError,
+    CheckpointSaveError,
+    NoVerifiedCheckpointError,
+    Refusal,
+)
+from .events import log_event
+from .fsio import tree_fingerprint, write_durable
+from .manifest import Layout, Manifest, describe_layout, normalize_layout
+from .naming import LATEST_NAME, SHARDS_DIR, classify_entries, rank_state_name, step_dir_name
+from .publish import (
+    assemble_entries,
+    commit_and_publish,
+    delete_steps,
+    hash_stripe,
+    latest_pointer,
+    loadability_problem,
+    prepare_tmp,
+    raise_gathered,
+    stray_tmp_dirs,
+    utc_now,
+    write_latest,
+)
+from .retention import retention_plan
+from .selection import Outcome, Selection, judge_latest, parse_latest, select_candidate
+from .shards import load_shards, save_shards
+from .verify import Verdict, verify_step_dir
+
+INFO, WARNING = logging.INFO, logging.WARNING
+
+
+@dataclass(frozen=True)
+class SaveReport:
+    """What one save published and what it cost (seconds are wall time on this rank)."""
+
+    step: int
+    path: str
+    bytes: int
+    files: int
+    seconds: float
+    write_seconds: float
+    hash_seconds: float
+    publish_seconds: float
+    deleted: tuple[str, ...] = ()
+    cleaned_tmp: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    """Which checkpoint was restored, what was refused on the way, and what it cost."""
+
+    step: int
+    path: str
+    frontier: int
+    opt_step: int
+    saved_attempt: str
+    refused: tuple[Refusal, ...]
+    latest_note: str | None
+    bytes: int
+    seconds: float
+    verify_seconds: float
+
+
+def _err(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+class CheckpointManager:
+    """Verified, sharded checkpoints of one run under ``root`` (one writer run per root).
+
+    ``layout`` describes the parallel shape (e.g. "hsdp 2x2 fsdp2" or a dict); together with
+    ``world_size`` it must match for a checkpoint to be loaded. ``keep`` newest verified steps
+    survive retention, plus milestones (step % keep_every == 0) when ``keep_every`` is set.
+    ``group`` is the process group for the checkpoint's collectives (default WORLD; a Gloo group
+    such as the control plane's is best). ``attempt`` defaults to TORCHELASTIC_RESTART_COUNT.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        run_id: str,
+        world_size: int,
+        layout: Layout,
+        keep: int = 3,
+        keep_every: int | None = None,
+        group: dist.ProcessGroup | None = None,
+        attempt: int | str | None = None,
+    ) -> None:
+        if not run_id:
+            raise ValueError("run_id must be a non-empty string")
+        if world_size < 1:
+            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1, got {keep}")
+        self.root = Path(root)
+        self.run_id = run_id
+        self.world_size = world_size
+        self.layout = normalize_layout(layout)
+        self.keep = keep
+        self.keep_every = keep_every
+        self.group = group
+        self.attempt = str(restart_count() if attempt is None else attempt)
+        self._hashed: dict[str, tuple] = {}  # step dir name -> file fingerprint when it last verified
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _comm(self) -> Comm:
+        comm = Comm(self.group)
+        if comm.world_size != self.world_size:
+            hint = "" if comm.enabled else " (torch.distributed is not initialised)"
+            raise CheckpointError(
+                f"CheckpointManager was built for world_size={self.world_size} but the process group has "
+                f"{comm.world_size} rank(s){hint}"
+            )
+        return comm
+
+    def step_dir(self, step: int) -> Path:
+        return self.root / step_dir_name(step)
+
+    def _verify(self, name: str, *, reuse_hash: bool = False) -> Verdict:
+        """Full verification; with ``reuse_hash``, skip re-hashing a directory this process hashed
+        before whose files all keep their size, mtime and inode (so retention does not re-read K
+        checkpoints on every save). Loads always hash."""
+        path = self.root / name
+        try:
+            fingerprint = tree_fingerprint(path) if path.is_dir() else None
+        except OSError:
+            fingerprint = None
+        unchanged = reuse_hash and fingerprint is not None and self._hashed.get(name) == fingerprint
+        verdict = verify_step_dir(path, hash_files=not unchanged)
+        if verdict.ok and fingerprint is not None and tree_fingerprint(path) == fingerprint:
+            self._hashed[name] = fingerprint
+        else:
+            self._hashed.pop(name, None)
+        return verdict
+
+    # -- save ----------------------------------------------------------------------------------
+
+    def save(
+        self,
+        step: int,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        app_state: AppState,
+    ) -> SaveReport:
+        """Collectively save and publish ``step-<step>``; every rank must call it with the same step.
+
+        Raises CheckpointExistsError (all ranks) if the step is already published, and
+        CheckpointSaveError (all ranks) if any rank fails; nothing is published then.
+        """
+        t0 = time.perf_counter()
+        comm = self._comm()
+        step_dir_name(step)  # validates step
+        local = None
+        if app_state.frontier != step:
+            local = (f"app_state.frontier={app_state.frontier} but save(step={step}): a checkpoint is named "
+                     "by the committed frontier it holds")
+        seen = comm.all_gather((step, local))
+        raise_gathered([e for _, e in seen], f"save of step {step}")
+        if len({s for s, _ in seen}) != 1:
+            raise CheckpointSaveError(f"ranks disagree on the step to save: {[s for s, _ in seen]}")
+
+        prep: tuple[str, Any, Any] | None = None
+        if comm.is_coordinator:
+            try:
+                stray = stray_tmp_dirs(self.root)
+                cleaned = tuple(p.name for p in stray)
+                if stray:
+                    failures = delete_steps(self.root, cleaned)
+                    log_event(WARNING, "checkpoint.tmp_cleaned", "removed unpublished save directories",
+                              root=str(self.root), dirs=list(cleaned), failures=failures)
+                prep = ("ok", str(prepare_tmp(self.root, step, self.attempt)), cleaned)
+            except CheckpointExistsError as exc:
+                prep = ("exists", str(exc), ())
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                prep = ("error", _err(exc), ())
+        prep = comm.broadcast(prep)
+        assert prep is not None
+        if prep[0] == "exists":
+            raise CheckpointExistsError(prep[1])
+        if prep[0] != "ok":
+            raise CheckpointSaveError(f"rank 0 could not prepare step {step} under {self.root}: {prep[1]}")
+        tmp, cleaned = Path(prep[1]), prep[2]
+
+        # Every rank: shards (DCP raises on every rank if any rank fails) and its own state file.
+        try:
+            referenced = save_shards(tmp / SHARDS_DIR, model, optimizer, comm)
+        except Exception as exc:  # DCP gathers its failures and raises on every rank
+            raise CheckpointSaveError(f"DCP save of step {step} into {tmp} failed: {_err(exc)}") from exc
+        local = None
+        try:
+            payload = {"rank": comm.rank, "world_size": comm.world_size, "step": step, "run_id": self.run_id,
+                       "attempt": self.attempt, "app": app_state.capture()}
+            buf = io.BytesIO()
+            torch.save(payload, buf)
+            write_durable(tmp / rank_state_name(comm.rank), buf.getvalue())
+        except Exception as exc:  # noqa: BLE001 - gathered, raised on every rank
+            local = _err(exc)
+        comm.agree(local, f"writing rank state for step {step}", CheckpointSaveError)
+        t_written = time.perf_counter()
+
+        local_entries, local = [], None
+        try:
+            local_entries = hash_stripe(tmp, comm.rank, comm.world_size)
+        except Exception as exc:  # noqa: BLE001
+            local = _err(exc)
+        gathered = comm.all_gather((local_entries, local))
+        t_hashed = time.perf_counter()
+
+        result: tuple[str, Any, Any] | None = None
+        if comm.is_coordinator:
+            try:
+                raise_gathered([e for _, e in gathered], f"hashing step {step}")
+                entries = assemble_entries(tmp, [ents for ents, _ in gathered])
+                why = loadability_problem(entries, referenced, comm.world_size)
+                if why:
+                    raise CheckpointSaveError(why)
+                manifest = Manifest(
+                    run_id=self.run_id, attempt=self.attempt, step=step, world_size=self.world_size,
+                    layout=self.layout, torch_version=torch.__version__, files=tuple(entries),
+                    created_at=utc_now(), frontier=app_state.frontier, opt_step=int(app_state.opt_step),
+                    extra={"python": platform.python_version(), "numpy": np.__version__,
+                           "host": platform.node(), "world_description": describe_layout(self.world_size,
+                                                                                         self.layout)},
+                )
+                name = step_dir_name(step)
+                commit_and_publish(tmp, self.root / name, manifest)
+                self._hashed[name] = _published_fingerprint(self.root / name)
+                try:
+                    write_latest(self.root, latest_pointer(manifest, name))
+                except OSError as exc:  # the step is published; the pointer is only a hint
+                    log_event(WARNING, "checkpoint.latest_failed", "latest.json not updated",
+                              root=str(self.root), step=step, error=_err(exc))
+                deleted = self._retain()
+                result = ("ok", (manifest.total_bytes, len(entries)), deleted)
+            except CheckpointExistsError as exc:
+                result = ("exists", str(exc), ())
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                result = ("error", _err(exc), ())
+        result = comm.broadcast(result)
+        assert result is not None
+        if result[0] == "exists":
+            raise CheckpointExistsError(result[1])
+        if result[0] != "ok":
+            raise CheckpointSaveError(f"publishing step {step} failed on rank 0: {result[1]}")
+        t_end = time.perf_counter()
+        (nbytes, nfiles), deleted = result[1], result[2]
+        report = SaveReport(
+            step=step, path=str(self.step_dir(step)), bytes=nbytes, files=nfiles, seconds=t_end - t0,
+            write_seconds=t_written - t0, hash_seconds=t_hashed - t_written, publish_seconds=t_end - t_hashed,
+            deleted=tuple(deleted), cleaned_tmp=tuple(cleaned),
+        )
+        if comm.is_coordinator:
+            log_event(INFO, "checkpoint.saved", f"published step {step}", path=report.path, bytes=nbytes,
+                      files=nfiles, seconds=round(report.seconds, 4), deleted=list(deleted))
+        return report
+
+    def _retain(self) -> tuple[str, ...]:
+        """(rank 0) Apply retention; failures are logged, never fatal to an already published save."""
+        try:
+            listing = classify_entries(os.listdir(self.root))
+            verdicts = [(step, name, self._verify(name, reuse_hash=True).ok) for step, name in listing.steps]
+            plan = retention_plan(verdicts, self.keep, self.keep_every)
+            failures = delete_steps(self.root, plan.delete)
+            for name in plan.delete:
+                self._hashed.pop(name, None)
+            if plan.delete or failures:
+                log_event(INFO if not failures else WARNING, "checkpoint.retention", "deleted old steps",
+                          root=str(self.root), deleted=list(plan.delete), kept=list(plan.keep), failures=failures)
+            return plan.delete
+        except Exception as exc:  # noqa: BLE001
+            log_event(WARNING, "checkpoint.retention_failed", "retention skipped", root=str(self.root),
+                      error=_err(exc))
+            return ()
+
+    # -- load ----------------------------------------------------------------------------------
+
+    def _select(self) -> Selection:
+        """(rank 0) Decide which step to restore, logging every refusal."""
+        names = os.listdir(self.root) if self.root.is_dir() else []
+        listing = classify_entries(names)
+        if listing.tmps:
+            log_event(INFO, "checkpoint.tmp_ignored", "ignoring unpublished save directories",
+                      root=str(self.root), dirs=list(listing.tmps))
+        latest_path = self.root / LATEST_NAME
+        latest_raw = latest_path.read_bytes() if latest_path.is_file() else None
+
+        def verify(name: str) -> Verdict:
+            verdict = self._verify(name)
+            if not verdict.ok:
+                log_event(WARNING, "checkpoint.refused", "checkpoint candidate refused",
+                          root=str(self.root), candidate=name, reason=verdict.reason)
+            return verdict
+
+        sel = select_candidate(listing.candidates, verify, run_id=self.run_id, world_size=self.world_size,
+                               layout=self.layout)
+        if sel.outcome is Outcome.NO_CHECKPOINT:
+            if latest_raw is None:
+                return sel
+            # A pointer survives but no step does: something was published and is gone. Refuse to
+            # start fresh silently.
+            step, problem = parse_latest(latest_raw)
+            reason = problem or f"latest.json points at step {step}, but no published step directory exists"
+            return Selection(Outcome.NONE_VERIFIED, (Refusal(LATEST_NAME, reason),))
+        note = judge_latest(parse_latest(latest_raw), sel)
+        if note:
+            log_event(WARNING, "checkpoint.latest_ignored", "latest.json is not the step restored",
+                      root=str(self.root), note=note, chosen=sel.name)
+        return replace(sel, latest_note=note)
+
+    def load_latest(
+        self,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer | None,
+        app_state: AppState,
+    ) -> LoadReport | None:
+        """Collectively restore the newest verified checkpoint into model, optimizer and app state.
+
+        Returns None when the root holds no checkpoint at all (a fresh start). Raises
+        NoVerifiedCheckpointError when candidates exist but none verifies, and
+        CheckpointLayoutError (before loading anything) when the newest verified one was written by
+        another world size or layout; the same on every rank.
+        """
+        t0 = time.perf_counter()
+        comm = self._comm()
+        sel: Selection | tuple[str, str] | None = None
+        if comm.is_coordinator:
+            try:
+                sel = self._select()
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                sel = ("error", _err(exc))
+        sel = comm.broadcast(sel)
+        t_verified = time.perf_counter()
+        if isinstance(sel, tuple):
+            raise CheckpointLoadError(f"rank 0 could not scan {self.root}: {sel[1]}")
+        assert sel is not None
+        if sel.outcome is Outcome.NO_CHECKPOINT:
+            if comm.is_coordinator:
+                log_event(INFO, "checkpoint.none", "no checkpoint to restore: fresh start", root=str(self.root))
+            return None
+        if sel.outcome is Outcome.NONE_VERIFIED:
+            raise NoVerifiedCheckpointError(str(self.root), sel.refusals)
+        if sel.outcome is Outcome.LAYOUT_MISMATCH:
+            raise CheckpointLayoutError(
+                f"refusing to load {self.root / str(sel.name)}: {sel.message}; nothing was loaded",
+                step=int(sel.step or 0), saved=str(sel.saved_layout), current=str(sel.current_layout),
+            )
+        assert sel.name is not None and sel.step is not None
+        path = self.root / sel.name
+
+        # Every rank reads its own (verified) state file and checks it fits, before touching the model.
+        payload: dict[str, Any] = {}
+        local = None
+        try:
+            payload = torch.load(path / rank_state_name(comm.rank), map_location="cpu", weights_only=True)
+            local = _rank_payload_problem(payload, comm.rank, comm.world_size, sel.step, self.run_id)
+            local = local or app_state.problem(payload["app"])
+        except Exception as exc:  # noqa: BLE001
+            local = _err(exc)
+        comm.agree(local, f"reading rank state of {sel.name}", CheckpointLoadError)
+
+        local = None
+        try:
+            load_shards(path / SHARDS_DIR, model, optimizer, comm)
+            app_state.restore(payload["app"])
+        except Exception as exc:  # noqa: BLE001 - DCP already agrees on its own failures; this covers the rest
+            local = _err(exc)
+        comm.agree(local, f"restoring {sel.name} (model, optimizer, app state)", CheckpointLoadError)
+
+        manifest = verify_step_dir(path, hash_files=False).manifest
+        report = LoadReport(
+            step=sel.step, path=str(path), frontier=app_state.frontier, opt_step=app_state.opt_step,
+            saved_attempt=str(payload.get("attempt", "")), refused=sel.refusals, latest_note=sel.latest_note,
+            bytes=manifest.total_bytes if manifest else 0, seconds=time.perf_counter() - t0,
+            verify_seconds=t_verified - t0,
+        )
+        if comm.is_coordinator:
+            log_event(INFO, "checkpoint.restored", f"restored step {sel.step}", path=str(path),
+                      refused=[r.to_dict() for r in sel.refusals], latest_note=sel.latest_note,
+                      seconds=round(report.seconds, 4))
+        return report
+
+    # -- inspection ----------------------------------------------------------------------------
+
+    def verified_steps(self) -> list[int]:
+        """Steps under root that pass full verification now, ascending (local: no collectives)."""
+        if not self.root.is_dir():
+            return []
+        listing = classify_entries(os.listdir(self.root))
+        return sorted(step for step, name in listing.steps if self._verify(name).ok)
+
+
+def _published_fingerprint(path: Path) -> tuple:
+    """Fingerprint of a step just published from freshly computed digests (sizes re-checked)."""
+    fingerprint = tree_fingerprint(path)
+    verdict = verify_step_dir(path, hash_files=False)
+    if not verdict.ok:
+        raise CheckpointSaveError(f"step just published at {path} does not verify: {verdict.reason}")
+    return fingerprint
+
+
+def _rank_payload_problem(payload: Any, rank: int, world_size: int, step: int, run_id: str) -> str | None:
+    """Why a rank-state file does not belong to this rank of this world and step, or None (pure)."""
+    if not isinstance(payload, dict) or "app" not in payload:
+        return "rank state file has no 'app' entry"
+    expect = {"rank": rank, "world_size": world_size, "step": step, "run_id": run_id}
+    wrong = [f"{k}={payload.get(k)!r} (expected {v!r})" for k, v in expect.items() if payload.get(k) != v]
+    app = payload["app"]
+    if isinstance(app, dict) and app.get("frontier") != step:
+        wrong.append(f"app frontier={app.get('frontier')!r} (expected {step})")
+    return f"rank state file does not match: {', '.join(wrong)}" if wrong else None

@@ -1,0 +1,31 @@
+"""Communicator lifecycle: build, retire, replace and validate process groups; classify failures."""
+
+from accelpact.comm.classify import Classification, FailureCause, classify_failure
+from accelpact.comm.lifecycle import (
+    MembershipError,
+    group_name,
+    make_group,
+    parse_group_name,
+    replace_group,
+    retire_group,
+    retired_group_names,
+    store_prefix,
+)
+from accelpact.comm.validate import GroupValidationError, ValidationResult, validate_group
+
+__all__ = [
+    "Classification",
+    "FailureCause",
+    "GroupValidationError",
+    "MembershipError",
+    "ValidationResult",
+    "classify_failure",
+    "group_name",
+    "make_group",
+    "parse_group_name",
+    "replace_group",
+    "retire_group",
+    "retired_group_names",
+    "store_prefix",
+    "validate_group",
+]

@@ -1,0 +1,94 @@
+"""The one place that touches c10d's private world registry (torch 2.13).
+
+A replacement communicator must be indistinguishable, to c10d and DeviceMesh, from a group that
+``dist.new_group`` made: resolvable by name (``_resolve_process_group``), known to
+``dist.get_rank(group)`` / ``dist.get_process_group_ranks`` (``_world.pg_group_ranks``) and
+destroyable by ``dist.destroy_process_group`` (which deletes from ``pg_map``, ``pg_names``,
+``pg_group_ranks``, ``pg_backend_config``, ``pg_to_tag`` and unregisters the name). This module
+fills exactly the tables ``_new_process_group_helper`` + ``_new_group_with_tag`` fill, so that
+every later c10d call behaves as for its own groups. ``tests/test_comm_torch_pins.py`` fails
+loudly when any of these internals move.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import (
+    PrefixStore,
+    ProcessGroup,
+    Store,
+    _register_process_group,
+    _resolve_process_group,
+)
+from torch.distributed import distributed_c10d as c10d
+
+__all__ = [
+    "default_store",
+    "is_registered",
+    "name_is_taken",
+    "register_group",
+    "registered_ranks",
+    "resolve_name",
+]
+
+
+def default_store() -> Store:
+    """The store of the default group (the root under which every group takes a prefix)."""
+    return c10d._get_default_store()
+
+
+def is_registered(pg: ProcessGroup) -> bool:
+    """Whether c10d still knows ``pg`` (False once destroyed)."""
+    return pg in c10d._world.pg_map
+
+
+def registered_ranks(pg: ProcessGroup) -> list[int] | None:
+    """Global ranks of ``pg`` in group-rank order, or None when c10d no longer knows it."""
+    mapping = c10d._world.pg_group_ranks.get(pg)
+    if mapping is None:
+        return None
+    return sorted(mapping, key=mapping.__getitem__)
+
+
+def resolve_name(name: str) -> ProcessGroup | None:
+    """The group registered under ``name``, or None."""
+    try:
+        return _resolve_process_group(name)
+    except (RuntimeError, ValueError, KeyError):
+        return None
+
+
+def name_is_taken(name: str) -> bool:
+    return name in c10d._world.pg_names.values() or resolve_name(name) is not None
+
+
+def register_group(
+    pg: ProcessGroup, *, name: str, ranks: list[int], store: PrefixStore, backend: str
+) -> None:
+    """Enter ``pg`` into every c10d table, as ``_new_process_group_helper`` does for new groups."""
+    world = c10d._world
+    backend_config = str(c10d.BackendConfig(c10d.Backend(backend)))
+    world.pg_map[pg] = (backend, store)
+    world.pg_names[pg] = name
+    world.pg_backend_config[pg] = backend_config
+    world.pg_group_ranks[pg] = {global_rank: group_rank for group_rank, global_rank in enumerate(ranks)}
+    tag = f"ptd:{name}"
+    world.tags_to_pg.setdefault("", []).append(pg)
+    world.tags_to_pg.setdefault(tag, []).append(pg)
+    world.pg_to_tag[pg] = tag
+    _register_process_group(name, pg)
+
+
+def backend_devices(backend: str) -> list[torch.device]:
+    """Devices a group of ``backend`` serves (gloo: cpu and cuda, as c10d registers it)."""
+    device_map = c10d.BackendConfig(c10d.Backend(backend)).get_device_backend_map()
+    return [torch.device(device) for device in device_map]
+
+
+def destroy(pg: ProcessGroup) -> None:
+    dist.destroy_process_group(pg)
+
+
+def abort(pg: ProcessGroup) -> None:
+    c10d._abort_process_group(pg)

@@ -1,0 +1,157 @@
+"""Say why a collective failed, looking through the exceptions c10d wraps around the real one.
+
+When a collective runs on a destroyed group, c10d's error path itself fails and raises
+``ValueError: Process group … is not initialized in the world group map``, leaving the real gloo
+error in ``__context__``. The cause that matters for recovery is the outermost evidence that a
+*retired* communicator was used (a stale reference: rebind, don't replace again); otherwise the
+innermost gloo/NCCL error decides between a timeout and a closed connection.
+
+Pure string and exception logic: no torch import, no global state.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = ["Classification", "FailureCause", "classify_failure", "exception_chain"]
+
+_MAX_CHAIN = 32
+_MAX_FRAMES = 200
+
+
+class FailureCause(enum.Enum):
+    TIMEOUT = "timeout"
+    CONNECTION_CLOSED = "connection_closed"
+    RETIRED_COMMUNICATOR = "retired_communicator"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class Classification:
+    """``message``: the real (innermost) error's text; ``chain``: "Type: text", outermost first."""
+
+    cause: FailureCause
+    message: str
+    chain: tuple[str, ...]
+
+
+_RETIRED_PATTERNS = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        r"not initialized in the world group map",  # c10d: group destroyed (or never registered)
+        r"could not resolve the process group",  # DeviceMesh / funcol: name unregistered
+        r"invalid process group specified",  # c10d: destroy/abort of an unknown group
+        r"process ?group (has been|was|is) (destroyed|shut ?down|aborted)",
+        r"backend.*(has been|was|is) (shut ?down|aborted)",
+    )
+)
+_TIMEOUT_PATTERNS = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        r"timed out",  # gloo: "Timed out waiting 1000ms for recv operation to complete"
+        r"timeout caused pair closure",  # gloo: a pair closed by an earlier timeout
+        r"watchdog caught collective operation timeout",  # NCCL
+        r"\btimeout\b",
+    )
+)
+_CLOSED_PATTERNS = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        r"connection closed by peer",  # gloo
+        r"connection reset by peer",  # gloo / sockets
+        r"broken pipe",
+        r"socket (is )?closed",
+        r"remote (process|peer|worker) (exited|closed|crashed)",
+        r"ncclRemoteError",
+        r"connection refused",
+    )
+)
+
+
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from (``__cause__``, else ``__context__``), outermost first."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(chain) < _MAX_CHAIN:
+        chain.append(current)
+        seen.add(id(current))
+        current = current.__cause__ if current.__cause__ is not None else current.__context__
+    return chain
+
+
+def classify_failure(
+    exc: BaseException,
+    *,
+    retired_names: Iterable[str] = (),
+    used_group_names: Iterable[str] = (),
+) -> Classification:
+    """Classify ``exc`` by the evidence in its whole chain.
+
+    ``retired_names``: names of groups this process retired (``retired_group_names()``). The
+    failure is RETIRED_COMMUNICATOR when c10d says the group is gone, when an error text names a
+    retired group, when a frame of the traceback holds a retired group (``dist.all_reduce``'s
+    ``group`` argument), or when ``used_group_names`` — the groups the failed step used, e.g.
+    ``data_plane_groups(model)`` — include a retired one. The last is the only evidence for
+    DDP, whose C++ reducer raises the bare gloo error.
+    """
+    chain = exception_chain(exc)
+    texts = [_text(link) for link in chain]
+    root = texts[-1]
+    described = tuple(f"{type(link).__name__}: {text}" for link, text in zip(chain, texts))
+    retired = {name for name in retired_names if name}
+    if _retired_evidence(chain, texts, retired, used_group_names):
+        return Classification(FailureCause.RETIRED_COMMUNICATOR, root, described)
+    for link, text in zip(reversed(chain), reversed(texts)):
+        cause = _transport_cause(link, text)
+        if cause is not None:
+            return Classification(cause, text, described)
+    return Classification(FailureCause.OTHER, root, described)
+
+
+def _retired_evidence(
+    chain: list[BaseException], texts: list[str], retired: set[str], used_group_names: Iterable[str]
+) -> bool:
+    if any(_matches(text, _RETIRED_PATTERNS) for text in texts):
+        return True
+    if not retired:
+        return False
+    if any(name in retired for name in used_group_names):
+        return True
+    if any(name in text for text in texts for name in retired):
+        return True
+    return any(name in retired for link in chain for name in _group_names_in_traceback(link))
+
+
+def _group_names_in_traceback(exc: BaseException) -> Iterable[str]:
+    """Names of process groups held by the locals of ``exc``'s frames (duck-typed, no torch)."""
+    tb = exc.__traceback__
+    frames = 0
+    while tb is not None and frames < _MAX_FRAMES:
+        for value in tb.tb_frame.f_locals.values():
+            if "ProcessGroup" in type(value).__name__:
+                name = getattr(value, "group_name", None)
+                if isinstance(name, str):
+                    yield name
+        tb = tb.tb_next
+        frames += 1
+
+
+def _transport_cause(link: BaseException, text: str) -> FailureCause | None:
+    if isinstance(link, TimeoutError) or _matches(text, _TIMEOUT_PATTERNS):
+        return FailureCause.TIMEOUT
+    if isinstance(link, ConnectionError) or _matches(text, _CLOSED_PATTERNS):
+        return FailureCause.CONNECTION_CLOSED
+    return None
+
+
+def _matches(text: str, patterns: tuple[re.Pattern[str], ...]) -> bool:
+    return any(pattern.search(text) for pattern in patterns)
+
+
+def _text(exc: BaseException) -> str:
+    text = str(exc)
+    return text if text else repr(exc)

@@ -1,0 +1,230 @@
+"""Communicator lifecycle: make a group, retire it, replace it with one of identical membership.
+
+A replacement is built only by the members of the failed group, directly from a backend on a
+fresh store prefix, under a deterministic name; nothing here needs the other world ranks, so a
+recovery never stalls ranks that are not involved (``dist.new_group`` would: without local
+synchronisation it must be called by every world rank, and with it names and prefixes can collide
+with the destroyed group's).
+
+Names and prefixes (generation ``g``, label ``L``, members ``r0 < r1 < …``):
+
+* registered name ``accelpact:L:g`` — unique per process, resolvable by c10d and DeviceMesh;
+* store prefix ``accelpact/L/g<g>/r0.r1…/`` — unique across the world, because two groups with
+  the same label and generation (e.g. replicate groups {0,2} and {1,3}) must never share keys.
+
+NCCL (device groups; not runnable on this CPU machine, kept correct by reading c10d):
+
+* backend ``"nccl"`` builds ``ProcessGroupNCCL(store, rank, size, options)`` with
+  ``options._timeout``, ``options.global_ranks_in_group``, ``options.group_name`` and
+  ``is_high_priority_stream = False``, registered for ``cuda``; a mixed ``"cpu:gloo,cuda:nccl"``
+  group registers one backend per device;
+* a failed NCCL communicator must be **aborted** (``ncclCommAbort``: returns even when peers are
+  dead or a kernel is stuck), never destroyed (``ncclCommDestroy`` may block on the dead peer):
+  ``retire_group(pg, abort=True)``. Gloo has no such distinction (``shutdown`` closes sockets);
+* set ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` or the watchdog tears the process down before the
+  recovery runs, and use ``device_id`` binding only if every member binds the same way.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
+
+from accelpact.comm import _c10d
+
+__all__ = [
+    "MembershipError",
+    "group_name",
+    "make_group",
+    "parse_group_name",
+    "replace_group",
+    "retire_group",
+    "retired_group_names",
+    "store_prefix",
+]
+
+
+class MembershipError(ValueError):
+    """The caller is not a member, or a replacement would not have identical membership."""
+
+
+def group_name(label: str, generation: int) -> str:
+    """Registered c10d name of the group ``label`` at ``generation``."""
+    return f"accelpact:{label}:g{generation}"
+
+
+def parse_group_name(name: str) -> tuple[str, int] | None:
+    """``(label, generation)`` of a name made by ``group_name``; None for other groups' names."""
+    prefix, _, rest = name.partition(":")
+    label, _, generation = rest.rpartition(":g")
+    if prefix != "accelpact" or not label or not generation.isdigit():
+        return None
+    return label, int(generation)
+
+
+def store_prefix(label: str, generation: int, ranks: Sequence[int]) -> str:
+    """World-unique store prefix: label, generation and the member list."""
+    return f"accelpact/{label}/g{generation}/{'.'.join(str(r) for r in ranks)}/"
+
+
+_ledger_lock = threading.Lock()
+_retired_names: list[str] = []
+_retired_ids: set[int] = set()
+_retired_keepalive: list[ProcessGroup] = []  # keeps ids unique: a retired group is never freed
+
+
+def retired_group_names() -> tuple[str, ...]:
+    """Names of the groups this process retired, oldest first (for ``classify_failure``)."""
+    with _ledger_lock:
+        return tuple(_retired_names)
+
+
+def is_retired(pg: ProcessGroup) -> bool:
+    with _ledger_lock:
+        return id(pg) in _retired_ids
+
+
+def make_group(
+    ranks: Sequence[int],
+    *,
+    label: str,
+    generation: int = 0,
+    timeout: datetime.timedelta | float,
+    store: Store | None = None,
+    backend: str = "gloo",
+) -> ProcessGroup:
+    """Build and register a group over ``ranks``; called by its members only (others: error).
+
+    Blocks until every member has arrived, for at most ``timeout``; members may arrive at
+    different times. ``store`` defaults to the default group's store. The timeout is required:
+    c10d would otherwise give subgroups a 30-minute default.
+    """
+    members = _normalise_ranks(ranks)
+    timeout = _as_timedelta(timeout)
+    me = dist.get_rank()
+    if me not in members:
+        raise MembershipError(f"rank {me} is not a member of {members}: only members build a group")
+    name = group_name(label, generation)
+    if _c10d.name_is_taken(name):
+        raise ValueError(f"a process group named {name!r} already exists in this process; "
+                         "use a new generation for every replacement")
+    prefix = PrefixStore(store_prefix(label, generation, members), store or _c10d.default_store())
+    pg = _build(members, members.index(me), name, prefix, timeout, backend)
+    _c10d.register_group(pg, name=name, ranks=members, store=prefix, backend=backend)
+    return pg
+
+
+def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
+    """Shut ``pg`` down and drop it from c10d (idempotent); returns whether this call retired it.
+
+    ``abort=True`` is the NCCL route (see module docstring). The group's name goes to the
+    ledger that ``classify_failure`` consults, and the object is kept alive so that its identity
+    stays unique to it.
+    """
+    if is_retired(pg):
+        return False
+    name = pg.group_name
+    if not _c10d.is_registered(pg):
+        pg.shutdown()  # never registered, or destroyed behind our back: just close it
+    elif abort:
+        _c10d.abort(pg)
+    else:
+        _c10d.destroy(pg)
+    with _ledger_lock:
+        _retired_ids.add(id(pg))
+        _retired_keepalive.append(pg)
+        _retired_names.append(name)
+    return True
+
+
+def replace_group(
+    old: ProcessGroup,
+    *,
+    ranks: Sequence[int],
+    label: str,
+    generation: int,
+    timeout: datetime.timedelta | float,
+    store: Store | None = None,
+    backend: str = "gloo",
+    abort: bool = False,
+) -> ProcessGroup:
+    """Retire ``old`` and build its successor with identical membership, at ``generation``.
+
+    Called only by the members of the failed group, all with the same ``ranks``, ``label`` and
+    ``generation``. Discover references to ``old`` (``accelpact.rebind.discover``) *before*
+    calling this: afterwards ``old`` is no longer resolvable.
+    """
+    members = _normalise_ranks(ranks)
+    known = _c10d.registered_ranks(old)
+    if known is not None and known != members:
+        raise MembershipError(f"replacement membership {members} differs from the failed group's {known}")
+    if known is not None and old.size() != len(members):
+        raise MembershipError(f"failed group has {old.size()} members, replacement would have {len(members)}")
+    if dist.get_rank() not in members:
+        raise MembershipError(f"rank {dist.get_rank()} is not a member of {members}: only members replace")
+    retire_group(old, abort=abort)
+    return make_group(members, label=label, generation=generation, timeout=timeout, store=store, backend=backend)
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def _normalise_ranks(ranks: Sequence[int]) -> list[int]:
+    members = [int(r) for r in ranks]
+    if not members or len(set(members)) != len(members):
+        raise MembershipError(f"a group needs distinct ranks, got {list(ranks)}")
+    return members
+
+
+def _as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:
+    if isinstance(timeout, datetime.timedelta):
+        value = timeout
+    elif isinstance(timeout, int | float) and not isinstance(timeout, bool):
+        value = datetime.timedelta(seconds=float(timeout))
+    else:
+        raise TypeError(f"timeout must be a timedelta or seconds, got {timeout!r}")
+    if value <= datetime.timedelta(0):
+        raise ValueError(f"timeout must be positive, got {value}")
+    return value
+
+
+def _build(
+    members: list[int], group_rank: int, name: str, prefix: PrefixStore, timeout: datetime.timedelta,
+    backend: str,
+) -> ProcessGroup:
+    """A ``ProcessGroup`` with one backend per device, as ``_new_process_group_helper`` builds it."""
+    size = len(members)
+    pg = ProcessGroup(prefix, group_rank, size)
+    devices = _c10d.backend_devices(backend)
+    if backend == "gloo":
+        from torch._C._distributed_c10d import ProcessGroupGloo
+
+        pg._set_default_backend(ProcessGroup.BackendType.GLOO)
+        gloo = ProcessGroupGloo(PrefixStore(f"{devices[0].type}/", prefix), group_rank, size, timeout)
+        gloo.options.global_ranks_in_group = members
+        gloo.options.group_name = name
+        gloo._set_sequence_number_for_group()
+        for device in devices:  # one gloo backend serves every device type, as in c10d
+            pg._register_backend(device, ProcessGroup.BackendType.GLOO, gloo)
+    elif backend == "nccl":
+        from torch._C._distributed_c10d import ProcessGroupNCCL
+
+        pg._set_default_backend(ProcessGroup.BackendType.NCCL)
+        options = ProcessGroupNCCL.Options()
+        options.is_high_priority_stream = False
+        options._timeout = timeout
+        options.global_ranks_in_group = members
+        options.group_name = name
+        nccl = ProcessGroupNCCL(PrefixStore("cuda/", prefix), group_rank, size, options)
+        nccl._set_sequence_number_for_group()
+        pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.NCCL, nccl)
+    else:
+        raise ValueError(f"backend {backend!r} is not supported (gloo, nccl)")
+    pg._set_group_name(name)
+    pg._set_group_desc(name)
+    return pg

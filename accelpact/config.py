@@ -1,0 +1,118 @@
+"""Runtime settings. Every field can come from an ``ACCELPACT_<FIELD>`` environment variable so
+that an existing trainer can be drilled without code changes (environment wins over defaults,
+explicit constructor arguments win over the environment)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+
+from .errors import ConfigError
+from .faults.plan import FaultPlan
+
+ENV_PREFIX = "ACCELPACT_"
+
+
+@dataclass
+class Config:
+    #: Timeout of every data-plane group AccelPact builds, and the detection bound: gloo
+    #: collectives cannot be aborted from another thread, so a failure is seen after this long.
+    data_timeout_s: float = 10.0
+    #: Timeout of the control plane. Must exceed the data timeout: the boundary check waits for
+    #: peers that are themselves waiting out a data-plane timeout.
+    control_timeout_s: float = 30.0
+    #: Per-rank JSON-lines traces and rejection evidence go here (None: no trace files).
+    trace_dir: str | None = None
+    #: Fault plan, e.g. "skip@5:committed:2" (see accelpact.faults.plan).
+    faults: FaultPlan = field(default_factory=FaultPlan)
+    #: Debug switch for the paper's causal ablation: replace groups but do not rebind references.
+    rebind: bool = True
+    #: Health-check each data-plane group at every boundary (a tiny all-reduce per group).
+    health_check: bool = True
+    #: What a Reject does: "exit" ends the process with EXIT_REJECTED (for torchrun), "raise"
+    #: raises RecoveryRejected (for embedding and tests).
+    on_reject: str = "exit"
+    #: Verified checkpoints (L2 fallback): directory, and save every K committed updates (0: never).
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    #: Restart budget enforced at attach under torchrun.
+    max_restarts: int = 3
+    #: Platform and resource profile of the recovery envelope key (None: detected).
+    platform: str | None = None
+    profile: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.faults, str):
+            self.faults = FaultPlan.parse(self.faults)
+        self.validate()
+
+    def validate(self) -> Config:
+        if not self.data_timeout_s > 0:
+            raise ConfigError(f"data_timeout_s must be positive, got {self.data_timeout_s}")
+        if not self.control_timeout_s > self.data_timeout_s:
+            raise ConfigError(
+                f"control_timeout_s ({self.control_timeout_s}) must exceed data_timeout_s "
+                f"({self.data_timeout_s}): the control plane waits out data-plane timeouts"
+            )
+        if self.on_reject not in ("exit", "raise"):
+            raise ConfigError(f"on_reject must be 'exit' or 'raise', got {self.on_reject!r}")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
+        if self.checkpoint_every and not self.checkpoint_dir:
+            raise ConfigError("checkpoint_every is set but checkpoint_dir is not")
+        if self.max_restarts < 0:
+            raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        return self
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **explicit) -> Config:
+        """Defaults, overridden by ``ACCELPACT_*`` variables, overridden by `explicit` values."""
+        env = dict(os.environ if env is None else env)
+        known = {f.name for f in fields(cls)}
+        values: dict[str, object] = {}
+        for key, raw in env.items():
+            if not key.startswith(ENV_PREFIX):
+                continue
+            name = key[len(ENV_PREFIX) :].lower()
+            if name not in known:
+                continue  # other ACCELPACT_* variables belong to tools (e.g. the demo)
+            values[name] = _coerce(cls, name, raw, key)
+        values.update(explicit)
+        return cls(**values)
+
+    def with_env(self, env: dict[str, str] | None = None) -> Config:
+        """This config with environment overrides applied on top (used by `attach`)."""
+        env = dict(os.environ if env is None else env)
+        over = {}
+        for f in fields(self):
+            key = ENV_PREFIX + f.name.upper()
+            if key in env:
+                over[f.name] = _coerce(type(self), f.name, env[key], key)
+        return dataclasses.replace(self, **over) if over else self
+
+
+def _coerce(cls, name: str, raw: str, key: str):
+    f = {f.name: f for f in fields(cls)}[name]
+    typ = str(f.type)
+    try:
+        if name == "faults":
+            return FaultPlan.parse(raw)
+        if typ.startswith("bool"):
+            low = raw.strip().lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError(f"not a boolean: {raw!r}")
+        if typ.startswith("float"):
+            return float(raw)
+        if typ.startswith("int"):
+            return int(raw)
+        if "None" in typ and raw.strip() == "":
+            return None
+        return raw
+    except ConfigError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{key}={raw!r}: {exc}") from None

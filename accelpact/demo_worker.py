@@ -1,0 +1,203 @@
+"""The demo trainer, one process per rank under torchrun.
+
+It trains a small causal decoder with HSDP 2×2 (FSDP2 by default, FSDP1 or DDP by flag) under
+AccelPact with faults injected at committed boundaries, then trains an uninterrupted reference
+with the same seed and data in the same processes, and prints a bitwise verdict per rank:
+parameters, optimizer state, step, RNG and data cursor.
+
+Everything a user would change in their own trainer is the three marked lines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import random
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+import accelpact
+from accelpact import state as app_state
+from accelpact.workloads import (
+    HSDPLayout,
+    SyntheticTokens,
+    TinyDecoder,
+    make_adam,
+    next_token_loss,
+    wrap_ddp,
+    wrap_fsdp1,
+    wrap_fsdp2,
+)
+
+DEFAULT_FAULTS = "skip@8:committed:2,late@18:committed:1,skip@28:committed:0"
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="accelpact-demo-worker")
+    p.add_argument("--framework", choices=("fsdp2", "fsdp1", "ddp"), default="fsdp2")
+    p.add_argument("--updates", type=int, default=40)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--local", type=int, default=2, help="ranks per emulated node")
+    p.add_argument("--faults", default=None, help=f"fault plan (default {DEFAULT_FAULTS!r}; 'none' for none)")
+    p.add_argument("--data-timeout", type=float, default=1.5)
+    p.add_argument("--control-timeout", type=float, default=8.0)
+    p.add_argument("--trace-dir", default=None)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run")
+    p.add_argument("--result", default=None, help="rank 0 writes a JSON summary here")
+    p.add_argument("--no-rebind", action="store_true", help="ablation: replace groups but do not rebind")
+    return p.parse_args(argv)
+
+
+def seed_all(seed: int) -> None:
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def build(args, layout: HSDPLayout, generation: int):
+    rank = dist.get_rank()
+    timeout = datetime.timedelta(seconds=30)  # set-up waits for slow starters; attach narrows it
+    model = TinyDecoder(n_layers=args.layers, seed=args.seed)
+    groups = layout.build_groups(timeout=timeout, generation=generation)
+    if args.framework == "fsdp2":
+        model = wrap_fsdp2(model, layout, groups=groups)
+    elif args.framework == "fsdp1":
+        model = wrap_fsdp1(model, layout, groups=groups)
+    else:
+        model = wrap_ddp(model, layout, groups=groups)
+    data = SyntheticTokens(vocab=64, seq_len=16, batch_size=4, seed=args.seed, shard=rank)
+    return model, make_adam(model), data
+
+
+def stochastic_augmentation() -> None:
+    """Stand-in for the randomness a real trainer consumes every update (dropout, sampling):
+    it advances every RNG kind, so a replayed or skipped update would show in the verdict."""
+    torch.rand(1)
+    np.random.rand()
+    random.random()
+
+
+def train(args, layout, *, protected: bool, generation: int, progress: bool):
+    seed_all(args.seed)
+    model, optimizer, data = build(args, layout, generation)
+    rt = None
+    if protected:
+        faults = DEFAULT_FAULTS if args.faults is None else ("" if args.faults == "none" else args.faults)
+        config = accelpact.Config(
+            data_timeout_s=args.data_timeout,
+            control_timeout_s=args.control_timeout,
+            trace_dir=args.trace_dir,
+            faults=faults,
+            rebind=not args.no_rebind,
+        )
+        rt = accelpact.attach(model, optimizer, data_state=data, config=config)  # <- user line 1
+    rank = dist.get_rank()
+    seen = 0
+    t0 = time.perf_counter()
+    for i in range(args.updates):
+        ctx = rt.update() if rt is not None else _null()
+        with ctx:  # <- user line 2: one optimizer update, its exit is the committed boundary
+            tokens = data.next_batch()
+            stochastic_augmentation()
+            loss = next_token_loss(model, tokens)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        if rt is not None and rank == 0:
+            for rec in rt.history[seen:]:
+                print(f"\n  [rank 0] {rec.summary()}", flush=True)
+            seen = len(rt.history)
+        if progress and rank == 0:
+            frontier = rt.frontier if rt is not None else i + 1
+            generation_now = rt.generation if rt is not None else 0
+            line = (f"  update {i + 1:3d}/{args.updates}  loss {loss.item():.4f}  F={frontier} "
+                    f"g={generation_now}  recoveries={len(rt.history) if rt else 0}")
+            print("\r" + line if sys.stdout.isatty() else line, end="" if sys.stdout.isatty() else "\n",
+                  flush=True)
+    elapsed = time.perf_counter() - t0
+    snapshot = app_state.capture(
+        model, optimizer, data, frontier=rt.frontier if rt else args.updates,
+        opt_step=rt.opt_step if rt else args.updates,
+    )
+    history = [r.to_dict() for r in rt.history] if rt else []
+    if rt is not None:
+        rt.close()  # <- user line 3
+    return snapshot, history, elapsed
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.control_timeout * 2))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world % args.local:
+        raise SystemExit(f"world size {world} is not a multiple of --local {args.local}")
+    layout = HSDPLayout(nodes=world // args.local, local=args.local)
+    if rank == 0:
+        print(f"AccelPact demo: {args.framework} HSDP {layout.nodes}x{layout.local}, "
+              f"{args.layers}-block decoder, {args.updates} updates, faults: "
+              f"{DEFAULT_FAULTS if args.faults is None else args.faults}", flush=True)
+    protected, history, t_protected = train(args, layout, protected=True, generation=0, progress=True)
+    verdict = {"rank": rank, "history": history, "protected_s": t_protected}
+    if not args.no_reference:
+        if rank == 0:
+            print("\n  uninterrupted reference run ...", flush=True)
+        reference, _, t_ref = train(args, layout, protected=False, generation=1000, progress=False)
+        mismatches = app_state.diff(protected, reference)
+        verdict.update(reference_s=t_ref, mismatches=mismatches, compared=len(protected))
+    verdicts: list = [None] * world
+    dist.all_gather_object(verdicts, verdict)
+    code = 0
+    if rank == 0:
+        code = report(args, verdicts)
+    dist.barrier()
+    dist.destroy_process_group()
+    return code
+
+
+def report(args, verdicts) -> int:
+    h0 = verdicts[0]["history"]
+    print(f"\n\nrecoveries: {len(h0)}")
+    for i, rec in enumerate(h0):
+        per_rank = [v["history"][i] for v in verdicts]
+        repair_ms = max(r["repair_s"] for r in per_rank) * 1e3
+        detect_s = max(r["detect_s"] for r in per_rank)
+        member = next((r for r in per_rank if r["rebound"]), per_rank[0])
+        phases = "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in member["timings_s"].items())
+        print(f"  #{rec['index']} update {rec['update']:3d}  {rec['action']:8s} groups {','.join(rec['failed_groups'])}"
+              f"  detect {detect_s:.2f}s  repair {repair_ms:.1f}ms  refs rebound {sum(member['rebound'].values())}")
+        print(f"       phases (a rank in R): {phases}")
+    ok = True
+    if "mismatches" in verdicts[0]:
+        print("\nbitwise verdict vs uninterrupted reference (params, optimizer state, step, RNG, data cursor):")
+        for v in verdicts:
+            mism = v["mismatches"]
+            status = "IDENTICAL" if not mism else f"DIFFERENT ({app_state.categories(mism)})"
+            ok &= not mism
+            print(f"  rank {v['rank']}: {v['compared']} entries {status}")
+    preserved = all(r["action"] == "preserve" for r in h0)
+    if args.result:
+        with open(args.result, "w") as fh:
+            json.dump({"verdicts": verdicts, "bitwise_ok": ok, "all_preserved": preserved}, fh, default=str)
+    print("\nresult:", "PASS" if ok and preserved else "FAIL", flush=True)
+    return 0 if ok and preserved else 1
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    sys.exit(main())

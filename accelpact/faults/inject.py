@@ -1,0 +1,46 @@
+"""Performing faults. Each kind is a real fault on a real group, never a simulated exception
+seen only by the test: `skip` leaves a peer waiting in a collective until the group timeout,
+`late` arrives after that timeout so the late rank meets a closed connection, `kill` is SIGKILL.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from .plan import Fault, FaultKind
+
+log = logging.getLogger("accelpact.faults")
+
+#: How far past the data-plane timeout a `late` rank arrives.
+LATE_MARGIN_S = 0.5
+
+
+class InjectedFault(RuntimeError):
+    """This rank skipped the rest of its update's collectives on purpose (a `skip` fault)."""
+
+    def __init__(self, fault: Fault):
+        super().__init__(f"injected fault {fault}: rank skipped its collectives")
+        self.fault = fault
+
+
+def perform(fault: Fault, *, data_timeout_s: float) -> None:
+    """Perform a fault that strikes inside an update (forward, backward or optimizer phase)."""
+    log.warning("injecting %s", fault, extra={"fault": str(fault)})
+    if fault.kind is FaultKind.KILL:
+        kill_self()
+    elif fault.kind is FaultKind.LATE:
+        time.sleep(data_timeout_s + LATE_MARGIN_S)
+    elif fault.kind is FaultKind.SKIP:
+        raise InjectedFault(fault)
+
+
+def kill_self() -> None:
+    for stream in ("stdout", "stderr"):
+        try:
+            getattr(__import__("sys"), stream).flush()
+        except Exception:  # pragma: no cover
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,101 @@
+"""Fault plans: which real fault to inject at (update, failure phase, rank).
+
+Parsing and validation are pure; `inject.py` performs the faults. The textual form is what
+`ACCELPACT_FAULTS` carries, so that any trainer can be drilled unchanged:
+``skip@5:committed:2,late@9:backward:0,kill@12:forward:3``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from ..errors import ConfigError
+from ..fsm.phases import FailurePhase
+
+
+class FaultKind(StrEnum):
+    SKIP = "skip"  # the rank skips a collective, so its peers hit the group timeout
+    LATE = "late"  # the rank arrives after the group timeout, then finds the connection closed
+    KILL = "kill"  # SIGKILL: permanent loss of the rank
+
+
+@dataclass(frozen=True, order=True)
+class Fault:
+    update: int  # 1-based index of the optimizer update in this process's run
+    phase: FailurePhase
+    rank: int
+    kind: FaultKind
+    group: str = "replicate"  # which data-plane group a skip/late at the boundary targets
+
+    def __str__(self) -> str:
+        return f"{self.kind}@{self.update}:{self.phase}:{self.rank}"
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    faults: tuple[Fault, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.faults)
+
+    def __str__(self) -> str:
+        return ",".join(map(str, self.faults))
+
+    def at(self, update: int, phase: FailurePhase, rank: int) -> Fault | None:
+        for f in self.faults:
+            if f.update == update and f.phase is phase and f.rank == rank:
+                return f
+        return None
+
+    def validate(self, world_size: int) -> FaultPlan:
+        for f in self.faults:
+            if not 0 <= f.rank < world_size:
+                raise ConfigError(f"fault {f}: rank {f.rank} is out of range for world size {world_size}")
+        seen: set[tuple[int, FailurePhase, int]] = set()
+        for f in self.faults:
+            key = (f.update, f.phase, f.rank)
+            if key in seen:
+                raise ConfigError(f"fault plan names update {f.update}, phase {f.phase}, rank {f.rank} twice")
+            seen.add(key)
+        return self
+
+    @classmethod
+    def parse(cls, text: str | None) -> FaultPlan:
+        if text is None or not text.strip():
+            return cls()
+        faults = []
+        for item in text.split(","):
+            item = item.strip()
+            if not item:
+                continue
+            faults.append(_parse_one(item))
+        return cls(tuple(sorted(faults)))
+
+
+def _parse_one(item: str) -> Fault:
+    form = "kind@update:phase:rank, e.g. skip@5:committed:2"
+    kind_text, at, rest = item.partition("@")
+    if not at:
+        raise ConfigError(f"fault {item!r}: missing '@'; expected {form}")
+    try:
+        kind = FaultKind(kind_text.strip().lower())
+    except ValueError:
+        kinds = ", ".join(k.value for k in FaultKind)
+        raise ConfigError(f"fault {item!r}: unknown kind {kind_text!r}; expected one of {kinds}") from None
+    parts = rest.split(":")
+    if len(parts) != 3:
+        raise ConfigError(f"fault {item!r}: expected {form}")
+    update_text, phase_text, rank_text = parts
+    try:
+        update = int(update_text)
+        rank = int(rank_text)
+    except ValueError:
+        raise ConfigError(f"fault {item!r}: update and rank must be integers; expected {form}") from None
+    if update < 1:
+        raise ConfigError(f"fault {item!r}: update must be >= 1 (updates are counted from 1)")
+    try:
+        phase = FailurePhase.parse(phase_text)
+    except ValueError as exc:
+        raise ConfigError(f"fault {item!r}: {exc}") from None
+    return Fault(update, phase, rank, kind)

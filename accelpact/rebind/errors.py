@@ -1,0 +1,73 @@
+"""Errors of reference discovery and rebinding; each names what it is about (paths, ranks)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+__all__ = [
+    "EmptyPlanError",
+    "MembershipMismatchError",
+    "NotReadyError",
+    "RebindError",
+    "StaleReferenceError",
+    "UnknownWrapperError",
+    "UnwritableReferenceError",
+]
+
+
+def _listing(items: Sequence[str], limit: int = 20) -> str:
+    shown = "\n  ".join(items[:limit])
+    more = f"\n  … and {len(items) - limit} more" if len(items) > limit else ""
+    return f"\n  {shown}{more}"
+
+
+class RebindError(Exception):
+    """Base class: the rebind phase cannot be trusted to leave no stale reference."""
+
+
+class EmptyPlanError(RebindError):
+    """Discovery found no reference to the group: wrong group, or a model that does not use it."""
+
+
+class MembershipMismatchError(RebindError):
+    """The new group's members differ from the old group's; nothing was written."""
+
+    def __init__(self, expected: Sequence[int], actual: Sequence[int] | None, detail: str = "") -> None:
+        self.expected = list(expected)
+        self.actual = None if actual is None else list(actual)
+        shown = "unknown to c10d (not registered)" if actual is None else str(self.actual)
+        super().__init__(f"new group has members {shown}, the replaced group had {self.expected}"
+                         f"{': ' + detail if detail else ''}; nothing was rebound")
+
+
+class StaleReferenceError(RebindError):
+    """References that still name the retired group (or no longer name the current one)."""
+
+    def __init__(self, group_name: str, paths: Sequence[str]) -> None:
+        self.group_name = group_name
+        self.paths = list(paths)
+        super().__init__(f"{len(self.paths)} stale reference(s) to {group_name!r}:{_listing(self.paths)}")
+
+
+class UnknownWrapperError(RebindError):
+    """An object that holds the group where no rule and no generic route can reach it."""
+
+    def __init__(self, group_name: str, findings: Sequence[str]) -> None:
+        self.group_name = group_name
+        self.findings = list(findings)
+        super().__init__(f"objects hold {group_name!r} in a way no rebind rule knows; refusing a partial "
+                         f"rebind:{_listing(self.findings)}")
+
+
+class UnwritableReferenceError(RebindError):
+    """References found by the generic walk that cannot be rewritten in place (tuples, bound methods…)."""
+
+    def __init__(self, group_name: str, paths: Sequence[str]) -> None:
+        self.group_name = group_name
+        self.paths = list(paths)
+        super().__init__(f"{len(self.paths)} reference(s) to {group_name!r} cannot be rewritten in place:"
+                         f"{_listing(self.paths)}")
+
+
+class NotReadyError(RebindError):
+    """The framework has not finished building its references yet (lazy initialisation pending)."""

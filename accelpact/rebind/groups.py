@@ -1,0 +1,64 @@
+"""Which groups a wrapped model communicates on, under stable labels the runtime can key on.
+
+HSDP has two: ``"shard"`` (within a node) and ``"replicate"`` (across nodes). FSDP1 calls them
+intra- and inter-node groups, FSDP2 finds them in its mesh info, DDP has one, labelled
+``"replicate"``. Every unit of a model must agree, otherwise a label would stand for two groups
+and a recovery could replace one and silently leave the other.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.nn as nn
+from torch._C._distributed_c10d import ProcessGroup
+from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.nn.parallel import DistributedDataParallel
+
+from accelpact.rebind.errors import RebindError
+
+__all__ = ["data_plane_groups"]
+
+
+def data_plane_groups(model: nn.Module) -> dict[str, ProcessGroup]:
+    """``{"shard": …, "replicate": …}`` (the labels present) for FSDP1, FSDP2 or DDP models.
+
+    Raises ``RebindError`` when the model uses none of them, or when two units disagree on the
+    group behind one label.
+    """
+    found: dict[str, ProcessGroup] = {}
+    where: dict[str, str] = {}
+
+    def record(label: str, group: Any, path: str) -> None:
+        if not isinstance(group, ProcessGroup):
+            return
+        previous = found.setdefault(label, group)
+        where.setdefault(label, path)
+        if previous is not group:
+            raise RebindError(f"units disagree on the {label!r} group: {where[label] or '<root>'} uses "
+                              f"{previous.group_name!r}, {path or '<root>'} uses {group.group_name!r}")
+
+    for path, module in model.named_modules():
+        if isinstance(module, FullyShardedDataParallel):
+            record("shard", module.__dict__.get("process_group"), path)
+            record("replicate", module.__dict__.get("_inter_node_pg"), path)
+        elif isinstance(module, DistributedDataParallel):
+            record("replicate", module.__dict__.get("process_group"), path)
+        else:
+            _record_fsdp2(module, path, record)
+    if not found:
+        raise RebindError(f"{type(model).__qualname__} is not wrapped by FSDP1, FSDP2 or DDP: no data-plane group")
+    return found
+
+
+def _record_fsdp2(module: nn.Module, path: str, record: Any) -> None:
+    from torch.distributed.fsdp import FSDPModule
+
+    if not isinstance(module, FSDPModule):
+        return
+    param_group = module._get_fsdp_state()._fsdp_param_group
+    if param_group is None:  # a fully_shard call that manages no parameters
+        return
+    mesh_info = param_group.mesh_info
+    record("shard", getattr(mesh_info, "shard_process_group", None), path)
+    record("replicate", getattr(mesh_info, "replicate_process_group", None), path)

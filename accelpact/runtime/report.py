@@ -1,0 +1,44 @@
+"""What one recovery did, for `rt.history`, the demo and the benches."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ..fsm.phases import FailurePhase, RecoveryAction
+
+
+@dataclass
+class RecoveryReport:
+    index: int  # 1-based recovery number in this process
+    update: int  # update index (1-based) at whose boundary or inside which the failure struck
+    action: RecoveryAction
+    failure_phase: FailurePhase
+    saw_failure: bool
+    cause: str
+    frontier: int  # frontier after the recovery (resume point under Preserve)
+    generation: int
+    failed_groups: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    detect_s: float = 0.0  # failure detection: data-plane health check + boundary check wait
+    timings_s: dict[str, float] = field(default_factory=dict)  # per protocol phase
+    repair_s: float = 0.0  # control-plane admission → release
+    rebound: dict[str, int] = field(default_factory=dict)  # references rebound per site kind
+    edges: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def preserved(self) -> bool:
+        return self.action is RecoveryAction.PRESERVE
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["action"] = str(self.action)
+        d["failure_phase"] = str(self.failure_phase)
+        return d
+
+    def summary(self) -> str:
+        phases = " ".join(f"{k}={v * 1e3:.1f}ms" for k, v in self.timings_s.items())
+        return (
+            f"recovery #{self.index} at update {self.update} ({self.failure_phase}): {self.action} "
+            f"F={self.frontier} g={self.generation} groups={','.join(self.failed_groups) or '-'} "
+            f"detect={self.detect_s:.2f}s repair={self.repair_s * 1e3:.1f}ms [{phases}]"
+        )

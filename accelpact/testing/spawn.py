@@ -1,0 +1,245 @@
+"""Run a function on every rank of a small gloo world made of spawned local processes.
+
+Tests of recovery code need real processes (a gloo timeout is a property of sockets between
+processes), and they must never leave stragglers behind: a rank stuck in a collective would
+hold a port and a core long after its test failed. So the parent hosts the rendezvous store
+itself (no port race between ranks), each child leads its own process group and watches its
+parent, and the parent kills every child's process group on timeout, on failure and on exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import multiprocessing
+import os
+import pickle
+import queue as queue_module
+import signal
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RankOutcome", "WorldError", "run_world"]
+
+_LOCALHOST = "127.0.0.1"
+_POLL_S = 0.05
+_ENV_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class RankOutcome:
+    """What became of one rank: its result, or why there is none."""
+
+    rank: int
+    ok: bool
+    result: Any = None
+    detail: str = ""
+
+
+class WorldError(RuntimeError):
+    """At least one rank failed, died or ran out of time; carries every rank's outcome."""
+
+    def __init__(self, reason: str, outcomes: Mapping[int, RankOutcome], world_size: int) -> None:
+        self.reason = reason
+        self.outcomes = dict(outcomes)
+        lines = [f"world of {world_size} ranks failed: {reason}"]
+        for rank in range(world_size):
+            outcome = self.outcomes.get(rank)
+            if outcome is None:
+                lines.append(f"--- rank {rank}: no result (killed)")
+            elif outcome.ok:
+                lines.append(f"--- rank {rank}: ok")
+            else:
+                lines.append(f"--- rank {rank}: {outcome.detail.rstrip()}")
+        super().__init__("\n".join(lines))
+
+
+def run_world(
+    fn: Callable[..., Any],
+    world_size: int,
+    *args: Any,
+    timeout_s: float,
+    env: Mapping[str, str] | None = None,
+    pg_timeout_s: float = 20.0,
+    local_world_size: int | None = None,
+    threads_per_rank: int = 1,
+    grace_s: float = 5.0,
+) -> list[Any]:
+    """Call ``fn(rank, world_size, *args)`` on ``world_size`` spawned ranks; return results by rank.
+
+    Each rank joins a gloo default group (timeout ``pg_timeout_s``) through a TCP store hosted by
+    this process. ``env`` is set in each child's environment before it starts (so before torch is
+    imported there), together with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
+    and MASTER_PORT. ``fn``, ``args`` and results must be picklable; ``fn`` must be importable.
+
+    Raises ``WorldError`` with every rank's traceback when a rank raises or dies, or when the
+    whole world is not done within ``timeout_s``; once one rank failed, the others get
+    ``grace_s`` to report before all are killed.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be positive, got {world_size}")
+    import torch.distributed as dist  # imported late: a light import for callers that only plan
+
+    store = dist.TCPStore(
+        _LOCALHOST, 0, None, True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+    ctx = multiprocessing.get_context("spawn")
+    results_queue = ctx.Queue()
+    local = local_world_size or world_size
+    processes: dict[int, multiprocessing.process.BaseProcess] = {}
+    outcomes: dict[int, RankOutcome] = {}
+    try:
+        for rank in range(world_size):
+            rank_env = {
+                "RANK": str(rank),
+                "WORLD_SIZE": str(world_size),
+                "LOCAL_RANK": str(rank % local),
+                "LOCAL_WORLD_SIZE": str(local),
+                "MASTER_ADDR": _LOCALHOST,
+                "MASTER_PORT": str(store.port),
+                "OMP_NUM_THREADS": str(threads_per_rank),
+                **(env or {}),
+            }
+            process = ctx.Process(
+                target=_child_main,
+                args=(rank, world_size, store.port, pg_timeout_s, threads_per_rank, os.getpid(),
+                      results_queue, fn, args),
+                name=f"accelpact-rank{rank}",
+                daemon=True,
+            )
+            with _ENV_LOCK, _temporary_environ(rank_env):
+                process.start()
+            processes[rank] = process
+        reason = _collect(processes, results_queue, outcomes, time.monotonic() + timeout_s, timeout_s, grace_s)
+    finally:
+        _kill_all(processes)
+        results_queue.close()
+        results_queue.join_thread()
+        del store
+    if reason is not None:
+        raise WorldError(reason, outcomes, world_size)
+    return [outcomes[rank].result for rank in range(world_size)]
+
+
+def _collect(
+    processes: Mapping[int, multiprocessing.process.BaseProcess],
+    results_queue: Any,
+    outcomes: dict[int, RankOutcome],
+    deadline: float,
+    timeout_s: float,
+    grace_s: float,
+) -> str | None:
+    """Gather one outcome per rank; return why the world failed, or None when all succeeded."""
+    world_size = len(processes)
+    first_failure: str | None = None
+    while len(outcomes) < world_size:
+        now = time.monotonic()
+        if now >= deadline:
+            return first_failure or f"timed out after {timeout_s:.1f} s"
+        try:
+            outcome = results_queue.get(timeout=min(_POLL_S, deadline - now))
+        except queue_module.Empty:
+            outcome = None
+        if outcome is not None:
+            outcomes[outcome.rank] = outcome
+            if not outcome.ok and first_failure is None:
+                first_failure = f"rank {outcome.rank} raised"
+                deadline = min(deadline, time.monotonic() + grace_s)
+            continue
+        for rank, process in processes.items():
+            if rank in outcomes or process.exitcode is None:
+                continue
+            late = _drain_one(results_queue)  # a result may still be in the pipe after exit
+            if late is not None:
+                outcomes[late.rank] = late
+                break
+            outcomes[rank] = RankOutcome(rank, False, detail=f"exited with code {process.exitcode} "
+                                                            "without reporting a result")
+            if first_failure is None:
+                first_failure = f"rank {rank} died"
+                deadline = min(deadline, time.monotonic() + grace_s)
+    return first_failure
+
+
+def _drain_one(results_queue: Any) -> RankOutcome | None:
+    try:
+        return results_queue.get(timeout=0.2)
+    except queue_module.Empty:
+        return None
+
+
+def _kill_all(processes: Mapping[int, multiprocessing.process.BaseProcess]) -> None:
+    """Kill each child's whole process group, then the child itself, then reap it."""
+    for process in processes.values():
+        if process.pid is None:
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            process.kill()
+    for process in processes.values():
+        if process.pid is not None:
+            process.join(timeout=5.0)
+
+
+@contextlib.contextmanager
+def _temporary_environ(values: Mapping[str, str]):
+    saved = {key: os.environ.get(key) for key in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Exit at once if the parent dies, so that no rank outlives the test that spawned it."""
+    while True:
+        if os.getppid() != parent_pid:
+            os._exit(3)
+        time.sleep(0.5)
+
+
+def _child_main(
+    rank: int,
+    world_size: int,
+    store_port: int,
+    pg_timeout_s: float,
+    threads_per_rank: int,
+    parent_pid: int,
+    results_queue: Any,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> None:
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads_per_rank)
+    timeout = datetime.timedelta(seconds=pg_timeout_s)
+    try:
+        store = dist.TCPStore(_LOCALHOST, store_port, world_size, False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+        outcome = RankOutcome(rank, True, result=fn(rank, world_size, *args))
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent as text
+        outcome = RankOutcome(rank, False, detail=traceback.format_exc())
+    try:
+        pickle.dumps(outcome)  # the queue pickles in a feeder thread, where errors would be lost
+    except Exception:
+        outcome = RankOutcome(rank, False, detail="result could not be pickled:\n" + traceback.format_exc())
+    results_queue.put(outcome)
+    with contextlib.suppress(Exception):
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    results_queue.close()
+    results_queue.join_thread()

@@ -1,0 +1,76 @@
+"""Restart attempts log and restart budget."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from accelpact.checkpoint import (
+    AttemptLog,
+    LoadReport,
+    Refusal,
+    RestartBudgetExceeded,
+    check_restart_budget,
+    restart_count,
+    updates_replayed,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def report(step: int) -> LoadReport:
+    return LoadReport(step=step, path=f"/ck/step-{step}", frontier=step, opt_step=step, saved_attempt="0",
+                      refused=(Refusal("step-9", "sha256 mismatch"),), latest_note=None, bytes=10, seconds=0.25,
+                      verify_seconds=0.1)
+
+
+def test_restart_count_comes_from_torchrun(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    assert restart_count() == 0
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    assert restart_count() == 2
+    with pytest.raises(ValueError, match="TORCHELASTIC_RESTART_COUNT='x' is not an integer"):
+        restart_count({"TORCHELASTIC_RESTART_COUNT": "x"})
+    assert updates_replayed(135, 100) == 35 and updates_replayed(None, 100) is None
+
+
+def test_attempts_are_appended_durably_and_replay_is_derived(tmp_path: Path) -> None:
+    first = AttemptLog(tmp_path, run_id="r1", attempt=0)
+    first.record_fresh_start()
+    first.record_fail_stop(frontier=135, reason="NCCL timeout in backward (phase=backward)")
+    second = AttemptLog(tmp_path, run_id="r1", attempt=1)
+    rec = second.record_restore(report(100))
+    assert rec.updates_replayed == 35 and rec.checkpoint_step == 100 and rec.restore_seconds == 0.25
+    assert rec.refused == ({"candidate": "step-9", "reason": "sha256 mismatch"},)
+    AttemptLog(tmp_path, run_id="other", attempt=0).record_fresh_start()
+
+    lines = (tmp_path / "attempts.jsonl").read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(line)["run_id"] in ("r1", "other") for line in lines)
+    assert [r.event for r in second.records()] == ["fresh_start", "fail_stop", "restored"]
+    assert len(second.records(all_runs=True)) == 4
+    with (tmp_path / "attempts.jsonl").open("a") as f:
+        f.write('{"run_id": "r1", "attem')  # a torn last line (crash mid-append) is skipped
+    assert second.fail_stops() == 1 and second.last_failure_frontier() == 135
+
+
+def test_restart_budget_stops_after_too_many_restarts(tmp_path: Path, monkeypatch, caplog) -> None:
+    caplog.set_level(logging.ERROR, logger="accelpact.checkpoint")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
+    assert check_restart_budget(3) == 3
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "4")
+    with pytest.raises(RestartBudgetExceeded, match=r"4 restarts used .* > max_restarts=3"):
+        check_restart_budget(3)
+    # A resubmitted job restarts torchrun's counter; the recorded fail-stops still count.
+    log = AttemptLog(tmp_path, run_id="r1", attempt=0)
+    for frontier in (10, 20, 30):
+        log.record_fail_stop(frontier=frontier, reason="injected")
+    assert check_restart_budget(3, attempt=0, log=log) == 3
+    log.record_fail_stop(frontier=40, reason="injected")
+    with pytest.raises(RestartBudgetExceeded, match="run 'r1'.*4 fail-stops recorded"):
+        check_restart_budget(3, attempt=0, log=log)
+    assert any(getattr(r, "event", "") == "checkpoint.restart_budget_exceeded" for r in caplog.records)
+    with pytest.raises(ValueError, match="max_restarts"):
+        check_restart_budget(-1)

@@ -1,0 +1,208 @@
+"""The transition table, the machine built from it, and the pure decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelpact.fsm import table
+from accelpact.fsm.decisions import (
+    AgreementDecision,
+    GroupId,
+    RankReport,
+    ReleaseVote,
+    decide_agreement,
+    decide_release,
+)
+from accelpact.fsm.envelope import DEFAULT_ENVELOPE, ObservationKey, UnknownObservationKey
+from accelpact.fsm.machine import ProtocolError, RecoveryContext, RecoveryMachine
+from accelpact.fsm.phases import FailurePhase, Phase, RecoveryAction
+
+REP = GroupId("replicate", (0, 2))
+
+
+def report(rank, F=7, g=1, tau=7, phi=FailurePhase.COMMITTED, failed=(), **kw):
+    return RankReport(rank, F, g, tau, phi, tuple(failed), **kw)
+
+
+def all_reports(n=4, over=None):
+    over = over or {}
+    return [report(r, failed=(REP,) if r in (0, 2) else (), **over.get(r, {})) for r in range(n)]
+
+
+# -- table -------------------------------------------------------------------------------------
+
+
+def test_every_phase_is_reachable_and_every_recovery_phase_can_reject():
+    dests = {dst for _, _, dst in table.edges()}
+    assert set(map(str, Phase)) <= dests | {"Train"}
+    rejectable = {src for _, src, dst in table.edges() if dst == "Reject"}
+    for p in ("Observe", "Guard", "Agree", "Replace", "Rebind", "Validate"):
+        assert p in rejectable, f"{p} has no path to Reject"
+
+
+def test_resume_only_from_validate_and_only_under_resume_outcome():
+    into_resume = [row for row in table.TRANSITIONS if row.dest is Phase.RESUME]
+    assert [(r.trigger, r.source) for r in into_resume] == [("release", (Phase.VALIDATE,))]
+    assert into_resume[0].conditions == ("outcome_is_resume",)
+
+
+def test_outcome_phases_have_no_exit_except_resume_to_train():
+    out = {(src, dst) for _, src, dst in table.edges() if src in ("Resume", "Reject")}
+    assert out == {("Resume", "Train")}
+
+
+def test_markdown_lists_every_trigger():
+    md = table.render_markdown()
+    for trig in table.triggers():
+        assert f"| {trig} |" in md
+
+
+# -- machine -----------------------------------------------------------------------------------
+
+
+def drive_preserve(m: RecoveryMachine, ctx: RecoveryContext):
+    m.fire("observe_failure")
+    m.fire("enter_guard")
+    m.fire("submit_report")
+    ctx.decision = decide_agreement(all_reports(), 4)
+    m.fire("decide_preserve")
+    ctx.replacement_ok = True
+    m.fire("replace_comm")
+    ctx.proof_ok = True
+    m.fire("rebind_refs")
+    ctx.outcome = "resume"
+    m.fire("release")
+    m.fire("resume_training")
+
+
+def test_machine_follows_the_preserve_path_and_records_edges():
+    ctx = RecoveryContext(rank=0)
+    seen = []
+    m = RecoveryMachine(ctx, on_edge=lambda *e: seen.append(e))
+    drive_preserve(m, ctx)
+    assert m.phase is Phase.TRAIN
+    assert set(m.taken) <= table.edges()
+    assert seen == m.taken
+    assert [e[0] for e in m.taken][:3] == ["observe_failure", "enter_guard", "submit_report"]
+
+
+def test_machine_refuses_edges_not_in_table_and_unmet_conditions():
+    ctx = RecoveryContext(rank=0)
+    m = RecoveryMachine(ctx)
+    with pytest.raises(ProtocolError, match="not allowed from Train"):
+        m.fire("release")
+    with pytest.raises(ProtocolError, match="unknown trigger"):
+        m.fire("teleport")
+    m.fire("observe_failure")
+    m.fire("enter_guard")
+    m.fire("submit_report")
+    with pytest.raises(ProtocolError, match="conditions do not hold"):
+        m.fire("decide_preserve")  # no decision yet
+    ctx.decision = decide_agreement(all_reports(), 4)
+    assert m.allowed() == ("decide_preserve",)  # rank 0 is in the failed group
+    ctx1 = RecoveryContext(rank=1, decision=ctx.decision)
+    m1 = RecoveryMachine(ctx1)
+    for t in ("join_recovery", "enter_guard", "submit_report"):
+        m1.fire(t)
+    assert m1.allowed() == ("stand_by",)
+
+
+def test_release_requires_outcome_register():
+    ctx = RecoveryContext(rank=1)
+    m = RecoveryMachine(ctx)
+    for t in ("join_recovery", "enter_guard", "submit_report"):
+        m.fire(t)
+    ctx.decision = decide_agreement(all_reports(), 4)
+    m.fire("stand_by")
+    with pytest.raises(ProtocolError):
+        m.fire("release")
+    ctx.outcome = "reject"
+    assert m.allowed() == ("release_reject",)
+
+
+# -- decisions ---------------------------------------------------------------------------------
+
+
+def test_agreement_preserves_when_all_committed_and_equal():
+    d = decide_agreement(all_reports(), 4)
+    assert d.action is RecoveryAction.PRESERVE
+    assert (d.frontier, d.generation) == (7, 1)
+    assert d.failed_groups == (REP,)
+    assert d.repair_ranks == {0, 2}
+    assert AgreementDecision.from_dict(d.to_dict()) == d
+
+
+@pytest.mark.parametrize(
+    "over, needle",
+    [
+        ({3: {"F": 8}}, "frontier F mismatch"),
+        ({1: {"g": 2}}, "generation g mismatch"),
+        ({2: {"tau": 8}}, "optimizer step tau mismatch"),
+        ({0: {"phi": FailurePhase.BACKWARD}}, "outside a committed boundary"),
+        ({1: {"guard_ok": False, "guard_reason": "unit 3 not idle"}}, "guard failed on rank 1: unit 3 not idle"),
+    ],
+)
+def test_agreement_rejects_any_mismatch(over, needle):
+    d = decide_agreement(all_reports(over=over), 4)
+    assert d.action is RecoveryAction.RESTART
+    assert any(needle in r for r in d.reasons), d.reasons
+
+
+def test_agreement_rejects_missing_and_foreign_reports():
+    reps = all_reports()
+    d = decide_agreement([reps[0], None, reps[2], reps[3]], 4)
+    assert d.action is RecoveryAction.RESTART and "missing reports from ranks [1]" in d.reasons[0]
+    d = decide_agreement([*reps, report(9)], 4)
+    assert any("outside world" in r for r in d.reasons)
+    d = decide_agreement([report(r) for r in range(4)], 4)
+    assert any("nothing to repair" in r for r in d.reasons)
+    d = decide_agreement([report(r, failed=(GroupId("control", (0, 1, 2, 3)),)) for r in range(4)], 4)
+    assert any("control plane" in r for r in d.reasons)
+    with pytest.raises(ValueError):
+        decide_agreement([], 0)
+
+
+def test_agreement_is_independent_of_report_order():
+    reps = all_reports()
+    assert decide_agreement(reps, 4) == decide_agreement(list(reversed(reps)), 4)
+
+
+def test_report_round_trips_through_dict():
+    r = report(2, failed=(REP,), guard_ok=False, guard_reason="x")
+    assert RankReport.from_dict(r.to_dict()) == r
+    assert GroupId.parse(REP.key) == REP
+    with pytest.raises(ValueError):
+        GroupId.parse("replicate")
+    with pytest.raises(ValueError):
+        GroupId("x", (2, 0))
+
+
+def test_release_needs_every_vote_ok():
+    assert decide_release([ReleaseVote(r, True) for r in range(3)], 3) == (True, ())
+    ok, why = decide_release([ReleaseVote(0, True), ReleaseVote(1, False, "proof"), None], 3)
+    assert not ok and any("rank 1 voted against" in w for w in why) and any("rank 2" in w for w in why)
+
+
+# -- envelope ----------------------------------------------------------------------------------
+
+
+def test_envelope_preserves_only_committed_failures():
+    for phase in FailurePhase:
+        acts = DEFAULT_ENVELOPE.qualified(ObservationKey("cpu-gloo", "fsdp2-hsdp", phase))
+        if phase is FailurePhase.COMMITTED:
+            assert acts[0] is RecoveryAction.PRESERVE
+        else:
+            assert acts == (RecoveryAction.RESTART,)
+
+
+def test_envelope_refuses_unknown_keys_by_name():
+    with pytest.raises(UnknownObservationKey, match="tpu-ici"):
+        DEFAULT_ENVELOPE.qualified(ObservationKey("tpu-ici", "fsdp2-hsdp", FailurePhase.COMMITTED))
+    with pytest.raises(UnknownObservationKey, match="zero3"):
+        DEFAULT_ENVELOPE.qualified(ObservationKey("cpu-gloo", "zero3", FailurePhase.COMMITTED))
+
+
+def test_failure_phase_parse_names_the_bad_value():
+    assert FailurePhase.parse(" Backward") is FailurePhase.BACKWARD
+    with pytest.raises(ValueError, match="'sideways'.*forward, backward"):
+        FailurePhase.parse("sideways")
