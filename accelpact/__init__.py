@@ -9,10 +9,20 @@
 
 from .config import Config
 from .errors import EXIT_REJECTED, ConfigError, RecoveryRejected
+from .launch import init_process_group
 
 __version__ = "0.1.0"
 
-__all__ = ["EXIT_REJECTED", "Config", "ConfigError", "RecoveryRejected", "Runtime", "attach", "__version__"]
+__all__ = [
+    "EXIT_REJECTED",
+    "Config",
+    "ConfigError",
+    "RecoveryRejected",
+    "Runtime",
+    "__version__",
+    "attach",
+    "init_process_group",
+]
 
 
 def __getattr__(name: str):

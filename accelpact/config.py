@@ -36,8 +36,17 @@ class Config:
     #: Verified checkpoints (L2 fallback): directory, and save every K committed updates (0: never).
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
-    #: Restart budget enforced at attach under torchrun.
+    #: Newest verified checkpoints kept by retention.
+    checkpoint_keep: int = 3
+    #: Restore the newest verified checkpoint at attach (when checkpoint_dir is set).
+    restore: bool = True
+    #: Run identity for checkpoints and attempt records (default: torchrun's TORCHELASTIC_RUN_ID).
+    run_id: str | None = None
+    #: Restart budget enforced at attach: past it the job stops with a clear message.
     max_restarts: int = 3
+    #: Fault plans fire in the first attempt only, so a restarted job can finish; set to drill
+    #: repeated failures (e.g. the restart budget).
+    faults_every_attempt: bool = False
     #: Platform and resource profile of the recovery envelope key (None: detected).
     platform: str | None = None
     profile: str | None = None
@@ -61,6 +70,8 @@ class Config:
             raise ConfigError(f"checkpoint_every must be >= 0, got {self.checkpoint_every}")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise ConfigError("checkpoint_every is set but checkpoint_dir is not")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"checkpoint_keep must be >= 1, got {self.checkpoint_keep}")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
         return self

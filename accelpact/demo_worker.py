@@ -52,6 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run")
     p.add_argument("--result", default=None, help="rank 0 writes a JSON summary here")
     p.add_argument("--no-rebind", action="store_true", help="ablation: replace groups but do not rebind")
+    p.add_argument("--checkpoint-dir", default=None, help="verified checkpoints (L2 fallback) go here")
+    p.add_argument("--checkpoint-every", type=int, default=0, help="save every K committed updates")
+    p.add_argument("--max-restarts", type=int, default=3, help="restart budget enforced at attach")
+    p.add_argument("--faults-every-attempt", action="store_true", help="re-inject the faults after restarts")
     return p.parse_args(argv)
 
 
@@ -96,12 +100,21 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
             trace_dir=args.trace_dir,
             faults=faults,
             rebind=not args.no_rebind,
+            checkpoint_dir=args.checkpoint_dir,
+            checkpoint_every=args.checkpoint_every,
+            max_restarts=args.max_restarts,
+            faults_every_attempt=args.faults_every_attempt,
         )
         rt = accelpact.attach(model, optimizer, data_state=data, config=config)  # <- user line 1
     rank = dist.get_rank()
     seen = 0
     t0 = time.perf_counter()
-    for i in range(args.updates):
+    start = rt.frontier if rt is not None else 0  # after a restart: resume at the restored checkpoint
+    if rt is not None and rt.checkpointer is not None and rt.checkpointer.restored is not None and rank == 0:
+        rep = rt.checkpointer.restored
+        print(f"  restored verified checkpoint step {rep.step} in {rep.seconds:.3f}s "
+              f"({len(rep.refused)} refused); replaying from update {start + 1}", flush=True)
+    for i in range(start, args.updates):
         ctx = rt.update() if rt is not None else _null()
         with ctx:  # <- user line 2: one optimizer update, its exit is the committed boundary
             tokens = data.next_batch()
@@ -127,9 +140,13 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
         opt_step=rt.opt_step if rt else args.updates,
     )
     history = [r.to_dict() for r in rt.history] if rt else []
+    if rt is not None and rt.checkpointer is not None:
+        history_extra = {"saves": rt.checkpointer.saves, "attempt": rt.attempt}
+    else:
+        history_extra = {}
     if rt is not None:
         rt.close()  # <- user line 3
-    return snapshot, history, elapsed
+    return snapshot, history, elapsed, history_extra
 
 
 class _null:
@@ -142,7 +159,7 @@ class _null:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.control_timeout * 2))
+    accelpact.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.control_timeout * 2))
     rank, world = dist.get_rank(), dist.get_world_size()
     if world % args.local:
         raise SystemExit(f"world size {world} is not a multiple of --local {args.local}")
@@ -151,12 +168,12 @@ def main(argv=None) -> int:
         print(f"AccelPact demo: {args.framework} HSDP {layout.nodes}x{layout.local}, "
               f"{args.layers}-block decoder, {args.updates} updates, faults: "
               f"{DEFAULT_FAULTS if args.faults is None else args.faults}", flush=True)
-    protected, history, t_protected = train(args, layout, protected=True, generation=0, progress=True)
-    verdict = {"rank": rank, "history": history, "protected_s": t_protected}
+    protected, history, t_protected, extra = train(args, layout, protected=True, generation=0, progress=True)
+    verdict = {"rank": rank, "history": history, "protected_s": t_protected, **extra}
     if not args.no_reference:
         if rank == 0:
             print("\n  uninterrupted reference run ...", flush=True)
-        reference, _, t_ref = train(args, layout, protected=False, generation=1000, progress=False)
+        reference, _, t_ref, _ = train(args, layout, protected=False, generation=1000, progress=False)
         mismatches = app_state.diff(protected, reference)
         verdict.update(reference_s=t_ref, mismatches=mismatches, compared=len(protected))
     verdicts: list = [None] * world

@@ -25,14 +25,18 @@ def test_training_continues_bitwise_equal_after_rebind(world):
 def test_mesh_info_per_fully_shard_call_plus_the_mesh_tables(world):
     for result in world:
         replicate = result["fsdp2"]["plans"]["replicate"]
-        assert replicate["counts"] == {"fsdp2.replicate_process_group": LAYERS + 1, "mesh.pg_registry": 1,
-                                       "mesh.dim_group_name": 1}
-        assert replicate["references"] == LAYERS + 2
+        counts = replicate["counts"]
+        assert set(counts) == {"fsdp2.replicate_process_group", "mesh.pg_registry", "mesh.dim_group_name"}
+        assert counts["fsdp2.replicate_process_group"] == LAYERS + 1
+        # one registry entry and one name per mesh object: the model's mesh, plus any equal mesh
+        # that DTensor's sharding cache swapped into a parameter's spec (here: the reference run's)
+        assert counts["mesh.pg_registry"] == counts["mesh.dim_group_name"] >= 1
+        assert replicate["references"] == LAYERS + 1 + counts["mesh.pg_registry"]
         assert any(path.endswith("._dim_group_names[0]") for path in replicate["paths"])
         shard = result["fsdp2"]["plans"]["shard"]
         assert shard["counts"]["fsdp2.shard_process_group"] == LAYERS + 1
-        assert shard["counts"]["mesh.pg_registry"] == 1
-        assert shard["names"] >= 1  # the 2-D mesh plus the per-parameter shard submeshes
+        assert shard["counts"]["mesh.pg_registry"] >= 1
+        assert shard["names"] > shard["counts"]["mesh.pg_registry"]  # + per-parameter shard submeshes
 
 
 def test_recovery_is_proven_validated_and_skip_is_caught(world):

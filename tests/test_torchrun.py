@@ -15,9 +15,9 @@ import accelpact
 pytestmark = pytest.mark.multiproc
 
 
-def torchrun(args: list[str], timeout: float = 100) -> subprocess.CompletedProcess:
+def torchrun(args: list[str], timeout: float = 100, max_restarts: int = 2) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
-           "--max-restarts=0", "-m", "accelpact.demo_worker", *args]
+           f"--max-restarts={max_restarts}", "-m", "accelpact.demo_worker", *args]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, start_new_session=True)
 
@@ -26,7 +26,7 @@ def torchrun(args: list[str], timeout: float = 100) -> subprocess.CompletedProce
 def test_backward_fault_exits_every_rank_with_exit_rejected(tmp_path):
     trace = tmp_path / "trace"
     proc = torchrun(["--updates=5", "--faults=skip@3:backward:0", "--no-reference", "--layers=2",
-                     "--data-timeout=1", "--control-timeout=6", f"--trace-dir={trace}"])
+                     "--data-timeout=1", "--control-timeout=6", f"--trace-dir={trace}"], max_restarts=0)
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert f"exitcode  : {accelpact.EXIT_REJECTED}" in proc.stderr or f"exitcode: {accelpact.EXIT_REJECTED}" in (
         proc.stderr.replace(" ", "").replace("exitcode:", "exitcode: ")
@@ -40,3 +40,36 @@ def test_backward_fault_exits_every_rank_with_exit_rejected(tmp_path):
         actions = [r["action"] for r in lines if r.get("kind") == "edge"]
         assert actions[-1] in ("decide_reject", "abort", "release_reject")
         assert "release" not in actions and "resume_training" not in actions
+
+
+@pytest.mark.timeout(240)
+def test_reject_restart_restore_replay_is_bitwise_equal_to_the_reference(tmp_path):
+    """L2 end to end: backward fault → Reject → torchrun restart → newest verified checkpoint →
+    replay from C to the failure → final state bitwise equal to an uninterrupted run."""
+    ckpt, result = tmp_path / "ckpt", tmp_path / "result.json"
+    proc = torchrun(["--updates=8", "--layers=2", "--faults=skip@6:backward:0", "--data-timeout=1",
+                     "--control-timeout=6", f"--trace-dir={tmp_path / 'trace'}", f"--checkpoint-dir={ckpt}",
+                     "--checkpoint-every=3", f"--result={result}"], timeout=220)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads(result.read_text())
+    assert summary["bitwise_ok"], summary
+    attempts = [json.loads(x) for x in (ckpt / "attempts.jsonl").read_text().splitlines()]
+    events = [(a["attempt"], a["event"]) for a in attempts]
+    assert events == [(0, "fresh_start"), (0, "fail_stop"), (1, "restored")], events
+    assert attempts[1]["frontier"] == 5 and attempts[2]["checkpoint_step"] == 3
+    assert attempts[2]["updates_replayed"] == 2
+
+
+@pytest.mark.timeout(300)
+def test_restart_budget_stops_the_job_instead_of_looping(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    proc = torchrun(["--updates=6", "--layers=2", "--faults=skip@4:backward:1", "--faults-every-attempt",
+                     "--max-restarts=2", "--data-timeout=1", "--control-timeout=6", "--no-reference",
+                     f"--checkpoint-dir={ckpt}", "--checkpoint-every=2"], timeout=280, max_restarts=6)
+    assert proc.returncode != 0
+    assert "restart budget exceeded" in proc.stderr, proc.stderr[-3000:]
+    attempts = [json.loads(x) for x in (ckpt / "attempts.jsonl").read_text().splitlines()]
+    fail_stops = [a["attempt"] for a in attempts if a["event"] == "fail_stop"]
+    assert fail_stops == [0, 1, 2], attempts
+    # the job stopped at the budget: no fourth training attempt, although torchrun allowed 6
+    assert not any(a["attempt"] >= 4 for a in attempts)

@@ -60,7 +60,8 @@ def discover(
     _refuse_unwritable(ctx)
     _refuse_unknown_wrappers(ctx)
     plan = RebindPlan(group, ranks, ctx.sites, meshes=meshes_of(ctx), roots=roots,
-                      discover_us=(time.perf_counter_ns() - start) / 1e3, visited=ctx.walk.visited)
+                      discover_us=(time.perf_counter_ns() - start) / 1e3, visited=ctx.walk.visited,
+                      after_rebind=ctx.after_rebind)
     if plan.references == 0:
         raise EmptyPlanError(f"nothing reachable from {type(root).__qualname__} (and {len(roots) - 1} extra "
                              f"object(s)) holds group {group.group_name!r} with ranks {ranks}")

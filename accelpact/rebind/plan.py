@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,7 @@ class RebindReport:
     total: int
     elapsed_us: float
     skipped: tuple[str, ...] = ()
+    actions: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class RebindPlan:
         roots: Sequence[tuple[str, Any]] = (),
         discover_us: float = 0.0,
         visited: int = 0,
+        after_rebind: Mapping[str, Callable[[], None]] | None = None,
     ) -> None:
         self._group = group
         self._name: str = group.group_name
@@ -83,6 +85,8 @@ class RebindPlan:
         self.roots: tuple[tuple[str, Any], ...] = tuple(roots)
         self.discover_us = discover_us
         self.visited = visited
+        self.after_rebind: dict[str, Callable[[], None]] = dict(after_rebind or {})
+        self._actions = tuple(self.after_rebind.values())
         self.counts: dict[str, int] = dict(collections.Counter(site.kind for site in self.sites))
         self.names = sum(1 for site in self.sites if site.holds_name)
         self.references = len(self.sites) - self.names
@@ -161,12 +165,14 @@ class RebindPlan:
                 holder[key] = new_name
             for site in self._others:
                 site.write(old, new_group, old_name, new_name)
+        for action in self._actions:
+            action()
         elapsed_us = (time.perf_counter_ns() - start) / 1e3
         if new_group is not old:
             self._previous, self._previous_name = old, old_name
         self._group, self._name = new_group, new_name
         return RebindReport(old_name, new_name, self.counts, self.references, self.names, len(self.sites),
-                            elapsed_us, tuple(sorted(skip)))
+                            elapsed_us, tuple(sorted(skip)), tuple(self.after_rebind))
 
     def _rebind_slowly(self, old: Any, new: Any, old_name: str, new_name: str, skip: frozenset[str]) -> None:
         unknown = skip - set(self.paths)

@@ -10,7 +10,7 @@ silently partial plan.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from accelpact.rebind.errors import UnknownWrapperError
@@ -30,6 +30,7 @@ class RuleContext:
         self.sites: list[Site] = list(walk_result.sites)
         self._by_holder_key = {(id(site.holder), _hashable(site.key)): site for site in self.sites}
         self._claimed_opaque: set[int] = set()
+        self.after_rebind: dict[str, Callable[[], None]] = {}
 
     def watched(self, key: str) -> list[tuple[Any, str]]:
         return self.walk.watched.get(key, [])
@@ -49,6 +50,10 @@ class RuleContext:
     def add(self, site: Site) -> None:
         self.sites.append(site)
         self._by_holder_key[(id(site.holder), _hashable(site.key))] = site
+
+    def add_action(self, name: str, action: Callable[[], None]) -> None:
+        """Something to do after every rebind of this plan (e.g. drop a cache of stale objects)."""
+        self.after_rebind[name] = action
 
     def claim_opaque(self, obj: Any) -> None:
         self._claimed_opaque.add(id(obj))

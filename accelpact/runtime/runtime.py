@@ -29,7 +29,7 @@ from ..comm import classify_failure, replace_group, validate_group
 from ..config import Config
 from ..control import ControlPlane, ControlPlaneError
 from ..errors import EXIT_REJECTED, ConfigError, RecoveryRejected
-from ..faults import Fault, FaultKind, InjectedFault
+from ..faults import Fault, FaultKind, FaultPlan, InjectedFault
 from ..faults import perform as perform_fault
 from ..faults.inject import LATE_MARGIN_S, kill_self
 from ..fsm.decisions import GroupId, RankReport
@@ -124,6 +124,10 @@ class Runtime:
         self.world_size = dist.get_world_size()
         self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.config.faults.validate(self.world_size)
+        if self.attempt > 0 and not self.config.faults_every_attempt:
+            self._faults = FaultPlan()  # a drill's faults fire in the first attempt only
+        else:
+            self._faults = self.config.faults
 
         self.profile = self.config.profile or detect_profile(model)
         self._groups: dict[str, dist.ProcessGroup] = dict(data_plane_groups(model))
@@ -175,9 +179,16 @@ class Runtime:
                 "profile": self.profile,
                 "platform": self.platform,
                 "groups": {label: gid.key for label, gid in self._gids.items()},
-                "faults": str(self.config.faults),
+                "faults": str(self._faults),
             }
         )
+        if self.config.checkpoint_dir is not None:
+            from .checkpointing import Checkpointer
+
+            self.checkpointer = Checkpointer(self)
+            self.checkpointer.enforce_budget()
+            if self.config.restore:
+                self.checkpointer.restore()
         log.info(
             "attached",
             extra={"rank": self.rank, "profile": self.profile, "groups": sorted(self._gids)},
@@ -230,7 +241,7 @@ class Runtime:
     def _fault(self, phase: FailurePhase) -> Fault | None:
         if (self.update_index, phase) in self._injected:
             return None
-        fault = self.config.faults.at(self.update_index, phase, self.rank)
+        fault = self._faults.at(self.update_index, phase, self.rank)
         if fault is not None:
             self._injected.add((self.update_index, phase))
         return fault
@@ -495,8 +506,16 @@ class Runtime:
         self.history.append(report)
         self._fail_stop([reason], error, report)
 
+    def restore(self):
+        """Restore the newest verified checkpoint now (attach does this when configured)."""
+        if self.checkpointer is None:
+            raise ConfigError("restore() needs Config.checkpoint_dir")
+        return self.checkpointer.restore()
+
     def _fail_stop(self, reasons: list[str], error: BaseException | None, report: RecoveryReport) -> None:
         evidence = self._write_evidence(reasons, error, report)
+        if self.checkpointer is not None:
+            self.checkpointer.record_fail_stop(self.frontier, reasons)
         log.error("recovery rejected on rank %d: %s", self.rank, "; ".join(reasons))
         if self.config.on_reject == "raise":
             raise RecoveryRejected(tuple(reasons), evidence) from error

@@ -1,0 +1,33 @@
+"""Restart-safe process-group initialisation under torchrun.
+
+torchrun's agent hosts one TCP store for the whole job and restarted workers connect to the same
+store with the same keys. A restarted gloo worker can then read a peer's address written by the
+*previous* attempt before the peer overwrites it, and fail with "Gloo connectFullMesh failed ...
+Connection refused" (seen here on the first restart of a 4-rank job). `init_process_group`
+scopes every key of the new attempt under its own prefix, so no attempt can read another's.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch.distributed as dist
+
+
+def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | None = None, **kwargs) -> None:
+    """Drop-in for `torch.distributed.init_process_group` that is safe across torchrun restarts."""
+    env = os.environ
+    if "TORCHELASTIC_RESTART_COUNT" not in env or "store" in kwargs or "init_method" in kwargs:
+        dist.init_process_group(backend, timeout=timeout, **kwargs)
+        return
+    rank = int(env["RANK"])
+    world_size = int(env["WORLD_SIZE"])
+    store_timeout = timeout or datetime.timedelta(minutes=5)
+    client = dist.TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=store_timeout,
+        use_libuv=True,
+    )
+    run = env.get("TORCHELASTIC_RUN_ID", "run")
+    store = dist.PrefixStore(f"accelpact/{run}/attempt{env['TORCHELASTIC_RESTART_COUNT']}/", client)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)

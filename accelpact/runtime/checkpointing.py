@@ -1,0 +1,109 @@
+"""The runtime's L2 fallback: verified checkpoints every K committed updates, restore on restart,
+attempt records and the restart budget.
+
+Thin glue between the runtime and `accelpact.checkpoint`: saves happen right after a commit (every
+rank committed the same update, so every rank saves the same step), restores happen at attach,
+and a Reject records the abandoned frontier so the next attempt can report what it replayed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from ..checkpoint import (
+    AppState,
+    AttemptLog,
+    CheckpointManager,
+    LoadReport,
+    RestartBudgetExceeded,
+    check_restart_budget,
+)
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("accelpact.checkpointing")
+
+#: Exit code when the restart budget is spent: the job stops instead of looping.
+EXIT_BUDGET_EXCEEDED = 76
+
+
+class Checkpointer:
+    def __init__(self, rt: Runtime):
+        cfg = rt.config
+        assert cfg.checkpoint_dir is not None
+        self.rt = rt
+        self.every = cfg.checkpoint_every
+        self.run_id = cfg.run_id or os.environ.get("TORCHELASTIC_RUN_ID") or "accelpact"
+        layout = {
+            "profile": rt.profile,
+            "groups": sorted(gid.key for gid in rt._gids.values()),
+        }
+        # Each rank knows only its own groups; the layout must name the whole job's shape, so
+        # gather every rank's groups (once, at attach) into one description.
+        gathered = rt.control.gather(layout["groups"])
+        layout["groups"] = sorted({g for per_rank in gathered for g in per_rank})
+        self.manager = CheckpointManager(
+            cfg.checkpoint_dir, run_id=self.run_id, world_size=rt.world_size, layout=layout,
+            keep=cfg.checkpoint_keep, group=rt.control.group, attempt=rt.attempt,
+        )
+        self.attempts = AttemptLog(cfg.checkpoint_dir, run_id=self.run_id, attempt=rt.attempt)
+        self.saves: list[dict] = []
+        self.restored: LoadReport | None = None
+
+    def app_state(self) -> AppState:
+        return AppState(frontier=self.rt.frontier, opt_step=self.rt.opt_step, data_state=self.rt.data_state)
+
+    def enforce_budget(self) -> None:
+        try:
+            check_restart_budget(self.rt.config.max_restarts, attempt=self.rt.attempt, log=self.attempts)
+        except RestartBudgetExceeded as exc:
+            print(f"[accelpact] rank {self.rt.rank}: {exc}", file=sys.stderr, flush=True)
+            if self.rt.rank == 0 and os.environ.get("TORCHELASTIC_RUN_ID"):
+                # torchrun restarts any failed worker until its own --max-restarts; stopping the
+                # agent is the only way a worker can end the job instead of looping.
+                try:
+                    os.kill(os.getppid(), signal.SIGTERM)
+                except OSError:  # pragma: no cover
+                    pass
+            sys.stderr.flush()
+            os._exit(EXIT_BUDGET_EXCEEDED)
+
+    def restore(self) -> LoadReport | None:
+        """Load the newest verified checkpoint into model, optimizer, RNG and data cursor."""
+        state = self.app_state()
+        report = self.manager.load_latest(model=self.rt.model, optimizer=self.rt.optimizer, app_state=state)
+        if report is None:
+            if self.rt.rank == 0 and self.rt.attempt == 0:
+                self.attempts.record_fresh_start()
+            return None
+        self.rt.frontier = report.frontier
+        self.rt.opt_step = report.opt_step
+        self.rt.update_index = report.frontier
+        self.restored = report
+        if self.rt.rank == 0:
+            rec = self.attempts.record_restore(report)
+            log.warning(
+                "restored step %d (attempt %s): %s updates to replay, %.3fs, %d candidates refused",
+                report.step, self.rt.attempt, rec.updates_replayed, report.seconds, len(report.refused),
+            )
+        return report
+
+    def after_commit(self, rt: Runtime) -> None:
+        if not self.every or rt.frontier % self.every:
+            return
+        t = time.perf_counter()
+        report = self.manager.save(rt.frontier, model=rt.model, optimizer=rt.optimizer, app_state=self.app_state())
+        self.saves.append({"step": report.step, "bytes": report.bytes, "seconds": time.perf_counter() - t})
+
+    def record_fail_stop(self, frontier: int, reasons: list[str]) -> None:
+        if self.rt.rank == 0:
+            try:
+                self.attempts.record_fail_stop(frontier, "; ".join(reasons)[:2000])
+            except Exception as exc:  # the exit must not be blocked by a full disk
+                log.error("could not record the fail-stop: %s", exc)
