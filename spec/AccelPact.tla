@@ -14,11 +14,27 @@
 (* (faults, crashes, control-plane writes) set edge to <<"env:...","","">> *)
 (* and are ignored by that comparison.                                     *)
 (*                                                                         *)
-(* The constant Mutant selects a deliberately broken variant ("none" is   *)
-(* the real protocol); spec/mutants/*.cfg run each one and name the       *)
-(* property it must violate, which proves the properties have teeth.      *)
+(* The constant Mutant selects a deliberately broken variant ("none" is    *)
+(* the real protocol); spec/mutants/*.cfg run each one and name the        *)
+(* property it must violate, which proves the properties have teeth.       *)
+(*                                                                         *)
+(* Modelling choices (what the table leaves to the executor):              *)
+(*  - members of R see the data-plane failure (observe_failure, reporting  *)
+(*    the fault's phase phi); the others join at their next boundary check *)
+(*    once the recovery flag is up and report "committed";                 *)
+(*  - rank 0 publishes the agreement decision and, after every vote is ok, *)
+(*    compare_set(outcome, "none", "resume"); a failing rank or a control- *)
+(*    plane timeout does compare_set(outcome, "none", "reject");           *)
+(*  - a rank that stands by votes ok: it has no failed group to validate;  *)
+(*  - Reject is terminal: fail-stop, the supervisor restarts from a        *)
+(*    checkpoint (outside this model).                                     *)
+(* Reductions of the state space, each argued where it is made: commits    *)
+(* in rank order within an update (commit_update), one slot the rebind     *)
+(* walk may miss (MissableSlot), crashes only before the outcome is        *)
+(* written (Crash), a subset of failure phases in the larger models        *)
+(* (FaultPhases), and fingerprints without `edge` (StateView).             *)
 (***************************************************************************)
-EXTENDS Integers, FiniteSets, Sequences, TLC
+EXTENDS Integers, FiniteSets, Sequences, TLC   \* Sequences for \o on strings
 
 CONSTANTS
     N,            \* number of ranks; ranks are 0..N-1, rank 0 coordinates the control plane
@@ -27,7 +43,8 @@ CONSTANTS
     MaxFrontier,  \* training is bounded: a rank commits at most MaxFrontier updates
     MaxGen,       \* communicator generations 0..MaxGen: at most MaxGen successful recoveries
     MaxCrashes,   \* how many ranks may crash (stop for good) during recoveries
-    FaultPhases,  \* failure phases a data-plane fault may strike in (subset of FailurePhases)
+    FaultPhases,  \* failure phases a fault may strike in: the protocol only tells "committed"
+                  \* from the rest, so one uncommitted phase stands exactly for all three
     Spurious,     \* TRUE: control-plane timeouts may also fire without a crash (slow peers)
     Mutant        \* "none" or the name of a deliberately broken variant
 
@@ -38,7 +55,6 @@ Mutants == {"none", "release_before_validation", "skip_rebind", "local_frontier"
 
 (* Phase names: exactly the values of accelpact.fsm.phases.Phase. *)
 Phases == {"Train", "Observe", "Guard", "Agree", "Replace", "Rebind", "Validate", "Resume", "Reject"}
-RecoveryPhases == {"Observe", "Guard", "Agree", "Replace", "Rebind", "Validate"}
 (* Failure phases: exactly the values of accelpact.fsm.phases.FailurePhase. *)
 FailurePhases == {"forward", "backward", "optimizer", "committed"}
 (* Sources of the table's `abort` row. *)

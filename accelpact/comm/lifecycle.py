@@ -157,7 +157,9 @@ def replace_group(
 
     Called only by the members of the failed group, all with the same ``ranks``, ``label`` and
     ``generation``. Discover references to ``old`` (``accelpact.rebind.discover``) *before*
-    calling this: afterwards ``old`` is no longer resolvable.
+    calling this: afterwards ``old`` is no longer resolvable. Membership, caller and name are
+    checked before ``old`` is retired. A build that times out leaves the store keys of its
+    generation behind: retry with the next generation.
     """
     members = _normalise_ranks(ranks)
     known = _c10d.registered_ranks(old)
@@ -167,6 +169,10 @@ def replace_group(
         raise MembershipError(f"failed group has {old.size()} members, replacement would have {len(members)}")
     if dist.get_rank() not in members:
         raise MembershipError(f"rank {dist.get_rank()} is not a member of {members}: only members replace")
+    timeout = _as_timedelta(timeout)
+    name = group_name(label, generation)
+    if _c10d.name_is_taken(name):  # refuse before retiring anything
+        raise ValueError(f"replacement name {name!r} is taken: every replacement needs a new generation")
     retire_group(old, abort=abort)
     return make_group(members, label=label, generation=generation, timeout=timeout, store=store, backend=backend)
 

@@ -31,6 +31,13 @@ class ValidationResult:
     elapsed_us: float
 
 
+def _device_for(pg: ProcessGroup) -> torch.device:
+    """NCCL groups reduce device tensors; every other backend here reduces CPU tensors."""
+    if "nccl" in str(dist.get_backend(pg)):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def validate_group(pg: ProcessGroup, ranks: Sequence[int]) -> ValidationResult:
     """All-reduce each member's global rank over ``pg``; raise unless the sum is ``sum(ranks)``.
 
@@ -40,7 +47,7 @@ def validate_group(pg: ProcessGroup, ranks: Sequence[int]) -> ValidationResult:
     members = tuple(int(r) for r in ranks)
     if pg.size() != len(members):
         raise GroupValidationError(f"group {pg.group_name!r} has {pg.size()} members, expected {list(members)}")
-    contribution = torch.tensor([dist.get_rank()], dtype=torch.int64)
+    contribution = torch.tensor([dist.get_rank()], dtype=torch.int64, device=_device_for(pg))
     start = time.perf_counter_ns()
     dist.all_reduce(contribution, group=pg)
     elapsed_us = (time.perf_counter_ns() - start) / 1e3

@@ -27,6 +27,9 @@ from ..fsm.decisions import ReleaseVote, decide_release
 
 log = logging.getLogger("accelpact.control")
 
+#: Fixed size of one rank's control-plane message (a report is well under 2 KiB).
+GATHER_BYTES = 8192
+
 
 class ControlPlaneError(RuntimeError):
     """The control plane timed out or lost a peer; the recovery must reject."""
@@ -62,14 +65,28 @@ class ControlPlane:
         return int(self._flag.item())
 
     def gather(self, obj: object) -> list[object]:
-        """Every rank's object (reports), in rank order."""
+        """Every rank's JSON-serialisable object (reports), in rank order.
+
+        One all-gather of fixed-size byte buffers: `all_gather_object` would cost two collectives
+        plus pickling, and the agreement phase sits on the repair path."""
         self.seq += 1
-        out: list[object] = [None] * self.world_size
+        payload = json.dumps(obj, separators=(",", ":")).encode()
+        if len(payload) > GATHER_BYTES - 4:
+            raise ValueError(f"control-plane message of {len(payload)} bytes exceeds {GATHER_BYTES - 4}")
+        buf = torch.zeros(GATHER_BYTES, dtype=torch.uint8)
+        buf[:4] = torch.tensor(list(len(payload).to_bytes(4, "little")), dtype=torch.uint8)
+        buf[4 : 4 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
+        out = [torch.empty_like(buf) for _ in range(self.world_size)]
         try:
-            dist.all_gather_object(out, obj, group=self.group)
+            dist.all_gather(out, buf, group=self.group)
         except Exception as exc:
             raise ControlPlaneError(f"gather #{self.seq} failed: {exc}") from exc
-        return out
+        result: list[object] = []
+        for t in out:
+            raw = t.numpy().tobytes()
+            n = int.from_bytes(raw[:4], "little")
+            result.append(json.loads(raw[4 : 4 + n]) if n else None)
+        return result
 
     # -- the outcome register -----------------------------------------------------------------------
     def _outcome_key(self, epoch: str) -> str:

@@ -28,7 +28,7 @@ class InjectedFault(RuntimeError):
 
 def perform(fault: Fault, *, data_timeout_s: float) -> None:
     """Perform a fault that strikes inside an update (forward, backward or optimizer phase)."""
-    log.warning("injecting %s", fault, extra={"fault": str(fault)})
+    log.info("injecting %s", fault, extra={"fault": str(fault)})
     if fault.kind is FaultKind.KILL:
         kill_self()
     elif fault.kind is FaultKind.LATE:

@@ -138,6 +138,9 @@ class RecoveryOutcome:
 
 RecoveryGen = Generator[Effect, object, RecoveryOutcome]
 
+#: Reasons travel in fixed-size control-plane messages; longer ones are cut.
+MAX_REASON = 400
+
 
 def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
     """Drive one rank through observe → guard → agree → replace → rebind → validate → release.
@@ -173,7 +176,7 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
         failure_phase=obs.failure_phase,
         failed_groups=tuple(obs.failed_groups),
         guard_ok=verdict.ok,
-        guard_reason=verdict.reason,
+        guard_reason=verdict.reason[:MAX_REASON],
     )
 
     # -- frontier agreement -----------------------------------------------------------------

@@ -41,12 +41,14 @@ class MembershipMismatchError(RebindError):
 
 
 class StaleReferenceError(RebindError):
-    """References that still name the retired group (or no longer name the current one)."""
+    """Sites that do not hold the current group (or still name a retired one), by path."""
 
-    def __init__(self, group_name: str, paths: Sequence[str]) -> None:
+    def __init__(self, group_name: str, paths: Sequence[str], retired_name: str | None = None) -> None:
         self.group_name = group_name
+        self.retired_name = retired_name
         self.paths = list(paths)
-        super().__init__(f"{len(self.paths)} stale reference(s) to {group_name!r}:{_listing(self.paths)}")
+        retired = f" (retired: {retired_name!r})" if retired_name else ""
+        super().__init__(f"{len(self.paths)} stale reference(s): not {group_name!r}{retired}:{_listing(self.paths)}")
 
 
 class UnknownWrapperError(RebindError):

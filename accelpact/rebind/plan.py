@@ -19,7 +19,7 @@ from torch._C._distributed_c10d import ProcessGroup
 
 from accelpact.comm import _c10d
 from accelpact.rebind.errors import MembershipMismatchError, StaleReferenceError
-from accelpact.rebind.sites import Access, Site, _slot_descriptor
+from accelpact.rebind.sites import Access, Site, slot_descriptor
 
 __all__ = ["DeepCheck", "ProofReport", "RebindPlan", "RebindReport"]
 
@@ -127,7 +127,7 @@ class RebindPlan:
         """Split sites by how they are written, so that rebind and prove are tight loops."""
         self._items = [(site.holder, site.key) for site in self.sites if site.access is Access.ITEM]
         self._item_paths = [site.path for site in self.sites if site.access is Access.ITEM]
-        self._slots = [(_slot_descriptor(site.holder, site.key), site.holder)
+        self._slots = [(slot_descriptor(site.holder, site.key), site.holder)
                        for site in self.sites if site.access is Access.SLOT]
         self._slot_paths = [site.path for site in self.sites if site.access is Access.SLOT]
         self._names = [(site.holder, site.key) for site in self.sites if site.access is Access.NAME]
@@ -157,14 +157,16 @@ class RebindPlan:
         if skip:
             self._rebind_slowly(old, new_group, old_name, new_name, frozenset(skip))
         else:
+            # writes that call into frameworks or rebuild containers (the only ones that can fail)
+            # go first, so a failure leaves the plain stores undone and prove() names the mess
+            for site in self._others:
+                site.write(old, new_group, old_name, new_name)
             for holder, key in self._items:
                 holder[key] = new_group
             for descriptor, holder in self._slots:
                 descriptor.__set__(holder, new_group)
             for holder, key in self._names:
                 holder[key] = new_name
-            for site in self._others:
-                site.write(old, new_group, old_name, new_name)
         for action in self._actions:
             action()
         elapsed_us = (time.perf_counter_ns() - start) / 1e3
@@ -213,7 +215,7 @@ class RebindPlan:
             stale.append(f"c10d name registry [{name}] does not resolve to the current group")
         elapsed_us = (time.perf_counter_ns() - start) / 1e3
         if stale:
-            raise StaleReferenceError(self._previous_name or name if old is not None else name, stale)
+            raise StaleReferenceError(name, stale, None if old is None else old.group_name)
         return ProofReport(name, len(self.sites), elapsed_us)
 
     def _stale_in_tables(self, old: Any, old_name: str) -> list[str]:
@@ -241,7 +243,7 @@ class RebindPlan:
             old_ctx = walk_for(self.roots, old)
             stale = [site.path for site in old_ctx.sites]
             if stale:
-                raise StaleReferenceError(old.group_name, stale)
+                raise StaleReferenceError(self._name, stale, old.group_name)
         ctx = walk_for(self.roots, self._group)
         recorded = {(id(site.holder), _key_identity(site)) for site in self.sites}
         found = tuple(site.path for site in ctx.sites)

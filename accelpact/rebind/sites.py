@@ -11,7 +11,7 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Access", "Site", "UNWRITABLE"]
+__all__ = ["Access", "Site", "UNWRITABLE", "slot_descriptor"]
 
 
 class Access(enum.Enum):
@@ -87,7 +87,7 @@ def _setstate_partial(partial: Any, args: tuple[Any, ...], keywords: dict[str, A
     partial.__setstate__((partial.func, args, keywords, partial.__dict__ or None))
 
 
-def _slot_descriptor(holder: Any, name: str) -> Any:
+def slot_descriptor(holder: Any, name: str) -> Any:
     for cls in type(holder).__mro__:
         descriptor = cls.__dict__.get(name)
         if descriptor is not None and hasattr(descriptor, "__set__"):
@@ -115,6 +115,7 @@ def _write_default(site: Site, old: Any, new: Any, old_name: str, new_name: str)
 
 def _write_dict_key(site: Site, old: Any, new: Any, old_name: str, new_name: str) -> None:
     site.holder[new] = site.holder.pop(old)
+    site.key = new
 
 
 def _write_set_member(site: Site, old: Any, new: Any, old_name: str, new_name: str) -> None:
@@ -150,7 +151,7 @@ def _write_name(site: Site, old: Any, new: Any, old_name: str, new_name: str) ->
 
 
 def _write_slot(site: Site, old: Any, new: Any, old_name: str, new_name: str) -> None:
-    _slot_descriptor(site.holder, site.key).__set__(site.holder, new)
+    slot_descriptor(site.holder, site.key).__set__(site.holder, new)
 
 
 _WRITE: dict[Access, Callable[[Site, Any, Any, str, str], None]] = {

@@ -160,7 +160,7 @@ def _attribute_edges(holder_dict: dict, skip: frozenset[str] = frozenset()) -> I
     for key, value in list(holder_dict.items()):
         if key in skip:
             continue
-        segment = ".<composable>" if key.startswith(_COMPOSABLE_KEY_PREFIX) else f".{key}"
+        segment = ".<composable>" if str(key).startswith(_COMPOSABLE_KEY_PREFIX) else f".{key}"
         yield segment, value, Access.ITEM, holder_dict, key
 
 
@@ -276,6 +276,7 @@ def walk(
     deferred: collections.deque[tuple[Any, int]] = collections.deque()
     watch_cache: dict[type, tuple[str, ...]] = {}
 
+    enumerated: set[int] = set()  # modules whose children were enqueued by named_modules()
     for root_name, root in roots:
         if id(root) in seen:
             continue
@@ -284,6 +285,7 @@ def walk(
         queue.append((root, root_node))
         if isinstance(root, nn.Module):
             for name, module in root.named_modules():
+                enumerated.add(id(module))
                 if name and id(module) not in seen:
                     seen.add(id(module))
                     queue.append((module, paths.add(root_node, "." + _clean_module_name(name))))
@@ -302,6 +304,8 @@ def walk(
         for key in keys:
             result.watched[key].append((obj, paths.render(node)))
         kind = _kind_of(cls)
+        if kind is _Kind.MODULE and id(obj) not in enumerated:
+            kind = _Kind.OBJECT  # a module met on the way: walk its _modules like any attribute
         if kind is _Kind.OPAQUE:
             result.opaque.append(Opaque(obj, paths.render(node)))
             continue

@@ -70,6 +70,9 @@ _EFFECT_PHASE = {
 }
 
 
+_ATTACH_COUNT = 0
+
+
 class UnsupportedModelError(TypeError):
     """attach() was handed a model AccelPact does not know how to protect."""
 
@@ -153,7 +156,13 @@ class Runtime:
         self._plans: dict = {}
         self._ref_generation = {label: 0 for label in self._groups}
 
-        self.control = ControlPlane(timeout_s=self.config.control_timeout_s, namespace=f"attempt{self.attempt}")
+        # Keys of the outcome registers are scoped by restart attempt and by attach in this
+        # process (every rank attaches in the same order), so no register is ever reused.
+        global _ATTACH_COUNT
+        _ATTACH_COUNT += 1
+        self.control = ControlPlane(
+            timeout_s=self.config.control_timeout_s, namespace=f"attempt{self.attempt}/attach{_ATTACH_COUNT}"
+        )
         self.trace = TraceWriter(self.config.trace_dir, self.rank, self.attempt)
         self.machine = RecoveryMachine(RecoveryContext(self.rank), on_edge=self._on_edge)
 
@@ -294,7 +303,7 @@ class Runtime:
         works = []
         for label in labels:
             if fault is not None and label == fault.group:
-                log.warning("injecting %s", fault, extra={"fault": str(fault)})
+                log.info("injecting %s", fault, extra={"fault": str(fault)})
                 if fault.kind is FaultKind.SKIP:
                     continue
                 if fault.kind is FaultKind.LATE:
@@ -413,7 +422,7 @@ class Runtime:
         if outcome.action is RecoveryAction.PRESERVE:
             self.frontier = outcome.frontier
             self.generation = outcome.generation
-            log.warning(report.summary())
+            log.info(report.summary())
             return
         reasons = list(outcome.reasons) + self.control.release_reasons(self._epoch)
         report.reasons = reasons

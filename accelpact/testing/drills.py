@@ -48,6 +48,12 @@ class Drill:
     tamper_frontier: dict[int, int] = field(default_factory=dict)
     tamper_at: int = 0
     health_check: bool = True
+    #: verified checkpoints every K updates into this directory (L2 fallback); with
+    #: `restart_after_reject`, a rejected run is followed by a restart in the same processes:
+    #: fresh groups, model and optimizer, restore of the newest verified checkpoint, replay.
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    restart_after_reject: bool = False
 
 
 def _seed(seed: int) -> None:
@@ -88,32 +94,53 @@ def _one_update(model, optimizer, data) -> float:
     return float(loss.detach())
 
 
-def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
-    """Protected run with faults, then (optionally) the reference; returns a picklable summary."""
+def _protected_run(drill: Drill, *, faults: str, generation: int):
     import accelpact
 
     _seed(drill.seed)
-    model, optimizer, data = build(drill, generation=0)
+    model, optimizer, data = build(drill, generation=generation)
     config = Config(
         data_timeout_s=drill.data_timeout_s,
         control_timeout_s=drill.control_timeout_s,
         trace_dir=drill.trace_dir,
-        faults=drill.faults,
+        faults=faults,
         rebind=drill.rebind,
         on_reject="raise",
         health_check=drill.health_check,
+        checkpoint_dir=drill.checkpoint_dir,
+        checkpoint_every=drill.checkpoint_every,
+        run_id="drill",
     )
     rt = accelpact.attach(model, optimizer, data_state=data, config=config)
-    out: dict[str, Any] = {"rank": rank, "rejected": None}
+    rejected = None
+    restored_step = rt.checkpointer.restored.step if rt.checkpointer and rt.checkpointer.restored else None
     try:
-        for i in range(drill.updates):
+        for i in range(rt.frontier, drill.updates):
             if drill.tamper_at and i + 1 == drill.tamper_at:
-                rt.frontier += drill.tamper_frontier.get(rank, 0)
+                rt.frontier += drill.tamper_frontier.get(dist.get_rank(), 0)
             with rt.update():
                 _one_update(model, optimizer, data)
     except RecoveryRejected as rej:
+        rejected = rej
+    return rt, model, optimizer, data, rejected, restored_step
+
+
+def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
+    """Protected run with faults, then (optionally) the reference; returns a picklable summary."""
+    rt, model, optimizer, data, rej, _ = _protected_run(drill, faults=drill.faults, generation=0)
+    out: dict[str, Any] = {"rank": rank, "rejected": None}
+    if rej is not None:
         out["rejected"] = list(rej.reasons)
         out["evidence"] = rej.evidence_path
+    if rej is not None and drill.restart_after_reject:
+        # What torchrun does after a Reject, in the same processes: everything rebuilt, newest
+        # verified checkpoint restored, replay to the end; the fault plan does not fire again.
+        out["first_attempt"] = {"frontier": rt.frontier, "history": [r.to_dict() for r in rt.history]}
+        rt, model, optimizer, data, rej, restored = _protected_run(drill, faults="", generation=500)
+        out["restored_step"] = restored
+        out["rejected_after_restart"] = list(rej.reasons) if rej is not None else None
+        if rej is None:
+            out["rejected"] = None
     out.update(
         frontier=rt.frontier,
         generation=rt.generation,

@@ -124,7 +124,10 @@ def run_world(
                 name=f"accelpact-rank{rank}",
                 daemon=True,
             )
-            with _ENV_LOCK, _temporary_environ(rank_env):
+            if start_method == "spawn":  # a fresh interpreter: the environment is all it inherits
+                with _ENV_LOCK, _temporary_environ(rank_env):
+                    process.start()
+            else:
                 process.start()
             processes[rank] = process
         reason = _collect(processes, results_queue, outcomes, time.monotonic() + timeout_s, timeout_s, grace_s)

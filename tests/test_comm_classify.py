@@ -1,0 +1,160 @@
+"""classify_failure: constructed exceptions with the texts gloo, c10d, DeviceMesh and NCCL produce.
+
+The texts below were captured from torch 2.13 gloo on this kind of machine; test_comm_lifecycle
+classifies the live exceptions of a real world as well.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from accelpact.comm import FailureCause, classify_failure
+from accelpact.comm.classify import exception_chain
+
+GLOO_RECV_TIMEOUT = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] "
+                     "Timed out waiting 1000ms for recv operation to complete")
+GLOO_SEND_TIMEOUT = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] "
+                     "Timed out waiting 5000ms for send operation to complete")
+GLOO_PAIR_CLOSED_BY_TIMEOUT = "Application timeout caused pair closure"
+GLOO_CLOSED = ("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+               "peer [127.0.0.1]:26843. This is typically caused by a remote worker crashing. Check the logs "
+               "of the remote worker before reporting an error. GLHF!")
+GLOO_RESET = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection reset by peer"
+C10D_NOT_IN_WORLD = ("Process group <torch.distributed.distributed_c10d.ProcessGroup object at 0x7f6b5592d630> "
+                     "is not initialized in the world group map. Please initialize the group first.")
+MESH_UNRESOLVED = "Could not resolve the process group registered under the name accelpact:replicate:g0"
+NCCL_WATCHDOG = ("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+                 "OpType=ALLREDUCE, Timeout(ms)=600000) ran for 600023 milliseconds before timing out.")
+
+
+def _masked(outer: BaseException, inner: BaseException) -> BaseException:
+    """What c10d does: its error path fails while handling the real error."""
+    try:
+        try:
+            raise inner
+        except BaseException:
+            raise outer  # noqa: B904 - c10d raises without "from": the real error stays in __context__
+    except BaseException as exc:  # noqa: BLE001
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        (GLOO_RECV_TIMEOUT, FailureCause.TIMEOUT),
+        (GLOO_SEND_TIMEOUT, FailureCause.TIMEOUT),
+        (GLOO_PAIR_CLOSED_BY_TIMEOUT, FailureCause.TIMEOUT),
+        (NCCL_WATCHDOG, FailureCause.TIMEOUT),
+        (GLOO_CLOSED, FailureCause.CONNECTION_CLOSED),
+        (GLOO_RESET, FailureCause.CONNECTION_CLOSED),
+        (C10D_NOT_IN_WORLD, FailureCause.RETIRED_COMMUNICATOR),
+        (MESH_UNRESOLVED, FailureCause.RETIRED_COMMUNICATOR),
+        ("expected a tensor of shape [4] but got [3]", FailureCause.OTHER),
+    ],
+)
+def test_single_errors(text, cause):
+    result = classify_failure(RuntimeError(text))
+    assert result.cause is cause
+    assert result.message == text
+    assert result.chain == (f"RuntimeError: {text}",)
+
+
+def test_c10d_mask_is_unwrapped_to_the_real_gloo_error():
+    exc = _masked(ValueError(C10D_NOT_IN_WORLD), RuntimeError(GLOO_CLOSED))
+    assert isinstance(exc.__context__, RuntimeError)
+    result = classify_failure(exc)
+    assert result.cause is FailureCause.RETIRED_COMMUNICATOR
+    assert result.message == GLOO_CLOSED
+    assert result.chain == (f"ValueError: {C10D_NOT_IN_WORLD}", f"RuntimeError: {GLOO_CLOSED}")
+
+
+def test_explicit_cause_chain_is_followed_to_the_transport_error():
+    outer = RuntimeError("backward failed in FSDP post-backward hook")
+    outer.__cause__ = RuntimeError(GLOO_RECV_TIMEOUT)
+    result = classify_failure(outer)
+    assert result.cause is FailureCause.TIMEOUT
+    assert result.message == GLOO_RECV_TIMEOUT
+    assert len(result.chain) == 2
+
+
+def test_innermost_transport_error_decides():
+    outer = RuntimeError("Connection closed by peer while handling an earlier error")
+    outer.__context__ = RuntimeError(GLOO_RECV_TIMEOUT)
+    assert classify_failure(outer).cause is FailureCause.TIMEOUT
+
+
+def test_python_exception_types_count_as_evidence():
+    assert classify_failure(TimeoutError()).cause is FailureCause.TIMEOUT
+    assert classify_failure(ConnectionResetError()).cause is FailureCause.CONNECTION_CLOSED
+    assert classify_failure(BrokenPipeError("x")).cause is FailureCause.CONNECTION_CLOSED
+
+
+def test_retired_group_named_in_a_message():
+    exc = RuntimeError("allreduce on accelpact:replicate:g3 failed: " + GLOO_CLOSED)
+    assert classify_failure(exc).cause is FailureCause.CONNECTION_CLOSED
+    result = classify_failure(exc, retired_names=["accelpact:replicate:g3"])
+    assert result.cause is FailureCause.RETIRED_COMMUNICATOR
+
+
+def test_groups_used_by_the_failed_step_attribute_a_bare_error():
+    """DDP's C++ reducer raises the bare gloo text: only the caller knows which group it used."""
+    exc = RuntimeError(GLOO_PAIR_CLOSED_BY_TIMEOUT)
+    retired = ["accelpact:replicate:g0"]
+    assert classify_failure(exc, retired_names=retired).cause is FailureCause.TIMEOUT
+    used = ["accelpact:shard:g0", "accelpact:replicate:g0"]
+    assert classify_failure(exc, retired_names=retired, used_group_names=used).cause is \
+        FailureCause.RETIRED_COMMUNICATOR
+    assert classify_failure(exc, used_group_names=used).cause is FailureCause.TIMEOUT  # nothing retired
+
+
+class ProcessGroup:  # duck-typed stand-in: classify never imports torch
+    def __init__(self, name: str) -> None:
+        self.group_name = name
+
+
+def _collective(group: ProcessGroup) -> None:
+    raise RuntimeError(GLOO_CLOSED)
+
+
+def test_retired_group_held_by_a_traceback_frame():
+    try:
+        _collective(ProcessGroup("accelpact:replicate:g1"))
+    except RuntimeError as exc:
+        caught = exc
+    assert classify_failure(caught).cause is FailureCause.CONNECTION_CLOSED
+    assert classify_failure(caught, retired_names=["accelpact:replicate:g1"]).cause is \
+        FailureCause.RETIRED_COMMUNICATOR
+    assert classify_failure(caught, retired_names=["accelpact:replicate:g0"]).cause is \
+        FailureCause.CONNECTION_CLOSED
+
+
+def test_cyclic_chain_terminates():
+    first, second = RuntimeError("first"), RuntimeError(GLOO_RESET)
+    first.__context__, second.__context__ = second, first
+    assert len(exception_chain(first)) == 2
+    assert classify_failure(first).cause is FailureCause.CONNECTION_CLOSED
+
+
+def test_empty_message_uses_repr():
+    result = classify_failure(KeyError())
+    assert result.cause is FailureCause.OTHER
+    assert result.message == "KeyError()"
+
+
+_KEYWORDS = ("time", "connection", "closed", "reset", "pipe", "socket", "world group map", "resolve",
+             "destroy", "shut", "abort", "invalid process group", "remote", "refused", "nccl")
+
+
+@given(st.lists(st.text(max_size=80), min_size=1, max_size=6))
+def test_never_raises_and_unrelated_text_is_other(texts):
+    head: BaseException | None = None
+    for text in reversed(texts):
+        exc = RuntimeError(text)
+        exc.__context__ = head
+        head = exc
+    result = classify_failure(head)
+    assert len(result.chain) == len(texts)
+    if not any(keyword in text.lower() for text in texts for keyword in _KEYWORDS):
+        assert result.cause is FailureCause.OTHER

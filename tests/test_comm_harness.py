@@ -1,0 +1,61 @@
+"""The multi-process harness: results by rank, every rank's traceback, nothing left running."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+
+from accelpact.testing import WorldError, run_world
+
+pytestmark = [pytest.mark.multiproc, pytest.mark.timeout(120)]
+
+
+def _report(rank: int, world_size: int, tag: str) -> dict:
+    return {"rank": rank, "group_rank": dist.get_rank(), "size": world_size, "tag": tag,
+            "env": os.environ.get("ACCELPACT_TEST_ENV"), "local_rank": os.environ["LOCAL_RANK"]}
+
+
+def _fail_or_hang(rank: int, world_size: int, pid_dir: str, failing_rank: int | None) -> None:
+    Path(pid_dir, str(rank)).write_text(str(os.getpid()))
+    if rank == failing_rank:
+        raise RuntimeError(f"boom on rank {rank}")
+    time.sleep(600)  # stands in for a rank stuck in a collective
+
+
+def test_results_come_back_in_rank_order_with_the_environment():
+    results = run_world(_report, 4, "hello", timeout_s=60, env={"ACCELPACT_TEST_ENV": "set"}, local_world_size=2)
+    assert [r["rank"] for r in results] == [0, 1, 2, 3]
+    assert all(r["group_rank"] == r["rank"] and r["size"] == 4 and r["tag"] == "hello" for r in results)
+    assert all(r["env"] == "set" for r in results)
+    assert [r["local_rank"] for r in results] == ["0", "1", "0", "1"]
+
+
+def _assert_all_dead(pid_dir: Path) -> None:
+    pids = [int(path.read_text()) for path in pid_dir.iterdir()]
+    assert len(pids) == 4
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_a_failing_rank_reports_its_traceback_and_the_others_are_killed(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(WorldError) as error:
+        run_world(_fail_or_hang, 4, str(tmp_path), 1, timeout_s=60, grace_s=1.0)
+    assert time.monotonic() - start < 30
+    assert error.value.reason == "rank 1 raised"
+    assert "RuntimeError: boom on rank 1" in error.value.outcomes[1].detail
+    assert "no result (killed)" in str(error.value)
+    _assert_all_dead(tmp_path)
+
+
+def test_a_hung_world_is_killed_at_its_timeout(tmp_path):
+    start = time.monotonic()
+    with pytest.raises(WorldError, match="timed out after 10.0 s"):
+        run_world(_fail_or_hang, 4, str(tmp_path), None, timeout_s=10.0)
+    assert time.monotonic() - start < 30
+    _assert_all_dead(tmp_path)

@@ -1,0 +1,73 @@
+"""Lifecycle rules that need no peers: names, prefixes, timeouts, refusals, idempotent retirement."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+import torch.distributed as dist
+
+from accelpact.comm import (
+    MembershipError,
+    group_name,
+    make_group,
+    parse_group_name,
+    replace_group,
+    retire_group,
+    retired_group_names,
+    store_prefix,
+)
+from accelpact.comm.lifecycle import _as_timedelta
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_world():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        pytest.fail("a default process group is already initialised in this pytest process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    yield
+    dist.destroy_process_group()
+
+
+def test_names_and_prefixes_are_deterministic_and_world_unique():
+    assert group_name("replicate", 3) == "accelpact:replicate:g3"
+    assert parse_group_name("accelpact:replicate:g3") == ("replicate", 3)
+    assert parse_group_name("7") is None and parse_group_name("accelpact:x:gy") is None
+    # two replicate groups of one generation never share store keys
+    assert store_prefix("replicate", 1, [0, 2]) != store_prefix("replicate", 1, [1, 3])
+    assert store_prefix("replicate", 1, [0, 2]) == "accelpact/replicate/g1/0.2/"
+
+
+def test_timeouts_are_explicit_and_positive():
+    assert _as_timedelta(1.5) == datetime.timedelta(seconds=1.5)
+    assert _as_timedelta(datetime.timedelta(seconds=2)) == datetime.timedelta(seconds=2)
+    for bad in (0, -1, datetime.timedelta(0)):
+        with pytest.raises(ValueError):
+            _as_timedelta(bad)
+    for bad in (None, "1s", True):
+        with pytest.raises(TypeError):
+            _as_timedelta(bad)
+    with pytest.raises(TypeError):
+        make_group([0, 2], label="x")  # no default timeout, on purpose
+
+
+def test_only_members_make_or_replace_and_membership_must_match():
+    with pytest.raises(MembershipError, match="not a member"):
+        make_group([1, 3], label="x", timeout=1)
+    with pytest.raises(MembershipError, match="distinct"):
+        make_group([0, 0], label="x", timeout=1)
+    old = dist.new_group([0, 2])
+    with pytest.raises(MembershipError, match="differs"):
+        replace_group(old, ranks=[0, 1], label="x", generation=1, timeout=1)
+    assert dist.get_process_group_ranks(old) == [0, 2]  # untouched
+
+
+def test_retire_is_idempotent_and_recorded():
+    group = dist.new_group([0, 2])
+    assert retire_group(group) is True
+    assert retire_group(group) is False
+    assert group.group_name in retired_group_names()
+    with pytest.raises(KeyError):
+        dist.get_process_group_ranks(group)  # c10d no longer knows it

