@@ -254,14 +254,18 @@ replace_failed(r) ==
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, live, retired,
                    crashed, phi, resumedAt>>
 
-(* The stale-reference proof passed: validate the new group and vote ok.
+(* The stale-reference proof passed; in Validate the rank runs an integer all-reduce on the
+   new group and votes: ok if it succeeded, against release (reject) if not.
    Mutant skip_rebind: the proof is not run, so a missed slot goes unnoticed. *)
 rebind_refs(r) ==
     /\ r \notin crashed /\ phase[r] = "Rebind"
     /\ ProofPasses(r) \/ Mutant = "skip_rebind"
     /\ Step(r, "rebind_refs", "Validate")
-    /\ validated' = [validated EXCEPT ![r] = TRUE]
-    /\ UNCHANGED <<frontier, gen, refs, obs, reports, decision, outcome, live, retired,
+    /\ \/ /\ validated' = [validated EXCEPT ![r] = TRUE]
+          /\ UNCHANGED outcome
+       \/ /\ WriteReject
+          /\ UNCHANGED validated
+    /\ UNCHANGED <<frontier, gen, refs, obs, reports, decision, live, retired,
                    crashed, phi, resumedAt>>
 
 (* A stale reference survived the walk: vote against release. *)

@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..comm import classify_failure, replace_group, validate_group
+from ..comm import classify_failure, replace_group, retired_group_names, validate_group
 from ..config import Config
 from ..control import ControlPlane, ControlPlaneError
 from ..errors import EXIT_REJECTED, ConfigError, RecoveryRejected
@@ -321,10 +321,20 @@ class Runtime:
                     raise work
                 work.wait()
             except Exception as exc:
-                cls = classify_failure(exc)
+                cls = self._classify(exc)
                 failed.append(self._gids[label])
                 causes.append(f"{self._gids[label].key}: {cls.cause.name.lower()}: {cls.message}")
         return failed, causes
+
+    def _classify(self, exc: BaseException):
+        """Real cause of a failure. The framework may still hold a retired group (rebinding off,
+        or a missed reference); naming the groups it uses lets a bare gloo error from DDP's C++
+        reducer, which names no group, be recognised as the retired communicator it is."""
+        try:
+            used = [pg.group_name for pg in data_plane_groups(self.model).values()]
+        except Exception:  # classification must never fail the recovery
+            used = []
+        return classify_failure(exc, retired_names=retired_group_names(), used_group_names=used)
 
     def _boundary(self, error: BaseException | None, phase_at_error: FailurePhase | None) -> None:
         t_detect = time.perf_counter()
@@ -348,7 +358,7 @@ class Runtime:
             if isinstance(error, InjectedFault):
                 cause = f"injected {error.fault}"
             else:
-                cls = classify_failure(error)
+                cls = self._classify(error)
                 cause = f"{cls.cause.name.lower()}: {cls.message}"
         try:
             flag = self.control.boundary_check(1 if saw else 0)

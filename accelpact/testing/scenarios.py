@@ -183,7 +183,8 @@ def _replace_and_rebind(
     deep = plan.verify_deep()
     validation = validate_group(new, members)
     result.update(new=new.group_name, references=report.references, names=report.names,
-                  counts=dict(report.counts), rebind_us=report.elapsed_us, prove_us=proof.elapsed_us,
+                  counts=dict(report.counts), rebind_us=report.elapsed_us, actions_us=report.actions_us,
+                  prove_us=proof.elapsed_us,
                   deep_complete=deep.complete, deep_unrecorded=list(deep.unrecorded),
                   validate_us=validation.elapsed_us, validated_sum=validation.observed_sum)
     return result
