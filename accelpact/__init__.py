@@ -9,7 +9,6 @@
 
 from .config import Config
 from .errors import EXIT_REJECTED, ConfigError, RecoveryRejected
-from .launch import init_process_group
 
 __version__ = "0.1.0"
 
@@ -32,4 +31,8 @@ def __getattr__(name: str):
         from . import runtime
 
         return getattr(runtime, name)
+    if name == "init_process_group":
+        from .launch import init_process_group
+
+        return init_process_group
     raise AttributeError(f"module 'accelpact' has no attribute {name!r}")
