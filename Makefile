@@ -27,18 +27,15 @@ pytest: install
 	$(PY) -m pytest -q
 
 modelcheck: install
-	$(VENV)/bin/accelpact check --ranks 2 --workers $(WORKERS)
-	$(VENV)/bin/accelpact check --ranks 3 --workers $(WORKERS)
+	$(VENV)/bin/accelpact check --ranks 2 3 --workers $(WORKERS)
 
 # What CI runs: lint, the whole test suite, and the 2- and 3-rank model checks.
 test: lint pytest modelcheck
 
 # The full model checks: 2, 3 and 4 ranks, plus every mutant.
 check: install
-	$(VENV)/bin/accelpact check --ranks 2 --workers $(WORKERS)
-	$(VENV)/bin/accelpact check --ranks 3 --workers $(WORKERS)
-	$(VENV)/bin/accelpact check --ranks 4 --workers $(WORKERS)
-	$(VENV)/bin/accelpact check --mutants --workers $(WORKERS)
+	$(VENV)/bin/accelpact check --ranks 2 3 4 --workers $(WORKERS)
+	$(VENV)/bin/accelpact check --mutants --conformance --workers $(WORKERS)
 
 demo: install
 	$(VENV)/bin/accelpact demo
