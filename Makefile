@@ -6,7 +6,7 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 WORKERS ?= 2
 
-.PHONY: install test lint pytest modelcheck check demo bench clean
+.PHONY: install test lint pytest modelcheck check demo bench clean campaign
 
 install: $(STAMP)
 
@@ -40,8 +40,37 @@ check: install
 demo: install
 	$(VENV)/bin/accelpact demo
 
+# Every benchmark at its quick settings: about 12 minutes on 2 shared cores (the torchrun jobs of
+# restart/goodput dominate; each script's --help gives its full run). torchft 0.2.0 (peer and
+# overhead benches only) goes in without its torch pin; torch is checked to stay 2.13.0.
+BENCH_PEERS := opentelemetry-api>=1.39.0 opentelemetry-sdk>=1.39.0 opentelemetry-exporter-otlp-proto-http>=1.39.0
 bench: install
-	$(PY) bench/rebind.py
+	@$(PY) -c "import matplotlib" 2>/dev/null || $(PIP) install matplotlib
+	@$(PY) -c "import torchft" 2>/dev/null || { $(PIP) install --no-deps torchft==0.2.0 && $(PIP) install $(BENCH_PEERS); }
+	@$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" || { echo "torch is no longer 2.13.0"; exit 1; }
+	$(PY) bench/rebind.py --layers 4 32 --repeats 50
+	$(PY) bench/repair.py --faults 3 --data-timeout 2
+	$(PY) bench/guard.py --updates 60
+	$(PY) bench/overhead.py --quick
+	$(PY) bench/torchft_peer.py --quick
+	$(PY) bench/restart.py --quick
+	$(PY) bench/goodput.py --quick
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info
+
+# Property-based fault campaigns: >= 200 real-runtime schedules (4 CPU ranks, TLC on every trace;
+# ~30 s each, so hours) and thousands of pure-simulation schedules. SEED replays a campaign.
+CAMPAIGN_EXAMPLES ?= 200
+campaign: install
+	$(PY) -m accelpact.testing.campaign --sim --campaign --examples 5000 $(if $(SEED),--seed $(SEED))
+	$(PY) -m accelpact.testing.campaign --campaign --examples $(CAMPAIGN_EXAMPLES) \
+	  --summary campaign-summary.json $(if $(SEED),--seed $(SEED))
+
+# Real link cuts between 2 emulated nodes (network namespaces; needs root): a bounded campaign
+# (<= 5 min) that prints one row per cut. nftables is installed for the bridge drop rule if missing.
+.PHONY: chaos
+chaos: install
+	@command -v nft >/dev/null 2>&1 || { echo "nft missing: installing nftables with apt"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
+	$(PY) -m accelpact.chaos campaign --budget-s 290 --out runs/chaos

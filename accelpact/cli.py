@@ -1,4 +1,4 @@
-"""`accelpact` command line: demo, check, table."""
+"""`accelpact` command line: demo, check, table, report, goodput."""
 
 from __future__ import annotations
 
@@ -41,6 +41,18 @@ def _table(args: argparse.Namespace) -> int:
     return 0
 
 
+def _report(args: argparse.Namespace) -> int:
+    from . import report
+
+    return report.run(args)
+
+
+def _goodput(args: argparse.Namespace) -> int:
+    from . import goodput
+
+    return goodput.run(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accelpact", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -69,6 +81,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     tbl = sub.add_parser("table", help="print the protocol's transition table")
     tbl.set_defaults(func=_table)
+
+    from . import goodput, report  # both import matplotlib only when they draw
+
+    rep = sub.add_parser("report", help="recoveries, MTTD, repair per phase, RTO and a timeline PNG of a run")
+    report.add_arguments(rep)
+    rep.set_defaults(func=_report)
+
+    gp = sub.add_parser("goodput", help="net time saved by in-memory recovery (the paper's model)")
+    goodput.add_arguments(gp)
+    gp.set_defaults(func=_goodput)
     return parser
 
 

@@ -14,33 +14,22 @@ import argparse
 import datetime
 import json
 import os
-import random
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import accelpact
 from accelpact import state as app_state
-from accelpact.workloads import (
-    HSDPLayout,
-    SyntheticTokens,
-    TinyDecoder,
-    make_adam,
-    next_token_loss,
-    wrap_ddp,
-    wrap_fsdp1,
-    wrap_fsdp2,
-)
+from accelpact.workloads import FRAMEWORKS, HSDPLayout, build_hsdp_job, seed_everything, stochastic_update
 
 DEFAULT_FAULTS = "skip@8:committed:2,late@18:committed:1,skip@28:committed:0"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="accelpact-demo-worker")
-    p.add_argument("--framework", choices=("fsdp2", "fsdp1", "ddp"), default="fsdp2")
+    p.add_argument("--framework", choices=FRAMEWORKS, default="fsdp2")
     p.add_argument("--updates", type=int, default=40)
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--local", type=int, default=2, help="ranks per emulated node")
@@ -59,38 +48,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def seed_all(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    random.seed(seed)
+seed_all = seed_everything
 
 
-def build(args, layout: HSDPLayout, generation: int):
-    rank = dist.get_rank()
-    timeout = datetime.timedelta(seconds=30)  # set-up waits for slow starters; attach narrows it
-    model = TinyDecoder(n_layers=args.layers, seed=args.seed)
-    groups = layout.build_groups(timeout=timeout, generation=generation)
-    if args.framework == "fsdp2":
-        model = wrap_fsdp2(model, layout, groups=groups)
-    elif args.framework == "fsdp1":
-        model = wrap_fsdp1(model, layout, groups=groups)
-    else:
-        model = wrap_ddp(model, layout, groups=groups)
-    data = SyntheticTokens(vocab=64, seq_len=16, batch_size=4, seed=args.seed, shard=rank)
-    return model, make_adam(model), data
-
-
-def stochastic_augmentation() -> None:
-    """Stand-in for the randomness a real trainer consumes every update (dropout, sampling):
-    it advances every RNG kind, so a replayed or skipped update would show in the verdict."""
-    torch.rand(1)
-    np.random.rand()
-    random.random()
+def build(args, generation: int):
+    return build_hsdp_job(args.framework, layers=args.layers, seed=args.seed, local=args.local,
+                          generation=generation)
 
 
 def train(args, layout, *, protected: bool, generation: int, progress: bool):
     seed_all(args.seed)
-    model, optimizer, data = build(args, layout, generation)
+    model, optimizer, data = build(args, generation)
     rt = None
     if protected:
         faults = DEFAULT_FAULTS if args.faults is None else ("" if args.faults == "none" else args.faults)
@@ -117,12 +85,7 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
     for i in range(start, args.updates):
         ctx = rt.update() if rt is not None else _null()
         with ctx:  # <- user line 2: one optimizer update, its exit is the committed boundary
-            tokens = data.next_batch()
-            stochastic_augmentation()
-            loss = next_token_loss(model, tokens)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            loss = stochastic_update(model, optimizer, data)
         if rt is not None and rank == 0:
             for rec in rt.history[seen:]:
                 print(f"\n  [rank 0] {rec.summary()}", flush=True)
@@ -130,7 +93,7 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
         if progress and rank == 0:
             frontier = rt.frontier if rt is not None else i + 1
             generation_now = rt.generation if rt is not None else 0
-            line = (f"  update {i + 1:3d}/{args.updates}  loss {loss.item():.4f}  F={frontier} "
+            line = (f"  update {i + 1:3d}/{args.updates}  loss {loss:.4f}  F={frontier} "
                     f"g={generation_now}  recoveries={len(rt.history) if rt else 0}")
             print("\r" + line if sys.stdout.isatty() else line, end="" if sys.stdout.isatty() else "\n",
                   flush=True)

@@ -24,13 +24,17 @@ import torch.nn.functional as F
 from accelpact.comm import make_group
 
 __all__ = [
+    "FRAMEWORKS",
     "Block",
     "HSDPGroups",
     "HSDPLayout",
     "SyntheticTokens",
     "TinyDecoder",
+    "build_hsdp_job",
     "make_adam",
     "next_token_loss",
+    "seed_everything",
+    "stochastic_update",
     "train_step",
     "wrap_ddp",
     "wrap_fsdp1",
@@ -343,3 +347,74 @@ def make_adam(model: nn.Module, lr: float = 1e-2) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=lr, foreach=False)
 
 
+
+
+# --------------------------------------------------------------------------------------------
+# one job: the shape the demo, the drills and the benches share
+
+FRAMEWORKS = ("fsdp2", "fsdp1", "fsdp1-orig", "ddp")
+
+
+def build_hsdp_job(
+    framework: str,
+    *,
+    layers: int = 4,
+    dim: int = 32,
+    seed: int = 0,
+    local: int = 2,
+    seq_len: int = 16,
+    batch_size: int = 4,
+    generation: int = 0,
+    setup_timeout: datetime.timedelta = DEFAULT_GROUP_TIMEOUT,
+) -> tuple[nn.Module, torch.optim.Optimizer, SyntheticTokens]:
+    """This rank's wrapped decoder, optimizer and data shard for an HSDP job of the whole world.
+
+    Groups are built with ``setup_timeout``: set-up collectives (DDP's parameter broadcast, FSDP's
+    init) wait for slow starters; ``accelpact.attach`` later narrows it to the data-plane timeout.
+    """
+    if framework not in FRAMEWORKS:
+        raise ValueError(f"unknown framework {framework!r}; expected one of {', '.join(FRAMEWORKS)}")
+    world = dist.get_world_size()
+    if world % local:
+        raise ValueError(f"world size {world} is not a multiple of {local} ranks per node")
+    layout = HSDPLayout(nodes=world // local, local=local)
+    groups = layout.build_groups(timeout=setup_timeout, generation=generation)
+    model = TinyDecoder(dim=dim, n_layers=layers, seed=seed)
+    if framework == "fsdp2":
+        wrapped = wrap_fsdp2(model, layout, groups=groups)
+    elif framework in ("fsdp1", "fsdp1-orig"):
+        wrapped = wrap_fsdp1(model, layout, use_orig_params=framework == "fsdp1-orig", groups=groups)
+    else:
+        wrapped = wrap_ddp(model, layout, groups=groups)
+    data = SyntheticTokens(vocab=model.vocab, seq_len=seq_len, batch_size=batch_size, seed=seed,
+                           shard=dist.get_rank())
+    return wrapped, make_adam(wrapped), data
+
+
+def seed_everything(seed: int) -> None:
+    """Seed every RNG kind a trainer consumes (torch CPU, NumPy, Python)."""
+    import random
+
+    import numpy as np
+
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def stochastic_update(model: nn.Module, optimizer: torch.optim.Optimizer, data: SyntheticTokens) -> float:
+    """One update of a trainer that also consumes randomness (dropout, sampling) every step: it
+    advances every RNG kind, so a replayed or skipped update shows in a bitwise comparison."""
+    import random
+
+    import numpy as np
+
+    tokens = data.next_batch()
+    torch.rand(1)
+    np.random.rand()
+    random.random()
+    loss = next_token_loss(model, tokens)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss.detach())

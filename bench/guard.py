@@ -20,25 +20,10 @@ from accelpact.testing.spawn import run_world
 
 
 def worker(rank: int, world: int, updates: int, dim: int, layers: int, framework: str) -> dict:
-    import datetime
-
     import accelpact
-    from accelpact.workloads import (
-        HSDPLayout,
-        SyntheticTokens,
-        TinyDecoder,
-        make_adam,
-        next_token_loss,
-        wrap_ddp,
-        wrap_fsdp2,
-    )
+    from accelpact.workloads import build_hsdp_job, next_token_loss
 
-    layout = HSDPLayout(nodes=2, local=world // 2)
-    groups = layout.build_groups(timeout=datetime.timedelta(seconds=10))
-    model = TinyDecoder(dim=dim, n_layers=layers, seed=1)
-    model = wrap_fsdp2(model, layout, groups=groups) if framework == "fsdp2" else wrap_ddp(model, layout, groups=groups)
-    opt = make_adam(model)
-    data = SyntheticTokens(vocab=64, seq_len=32, batch_size=8, seed=1, shard=rank)
+    model, opt, data = build_hsdp_job(framework, layers=layers, dim=dim, seed=1, seq_len=32, batch_size=8)
     rt = accelpact.attach(model, opt, data_state=data,
                           config=accelpact.Config(data_timeout_s=10, control_timeout_s=60))
 

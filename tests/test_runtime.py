@@ -8,13 +8,19 @@ import pytest
 from accelpact.fsm import table
 from accelpact.testing.drills import Drill, run_drill
 from accelpact.testing.spawn import run_world
+from model_checking.trace import assert_valid_run, check_run
 
 pytestmark = pytest.mark.multiproc
 
 
 def drill(tmp_path, **kw):
     d = Drill(trace_dir=str(tmp_path / "trace"), **kw)
-    return run_world(run_drill, 4, d, timeout_s=150, pg_timeout_s=30)
+    results = run_world(run_drill, 4, d, timeout_s=150, pg_timeout_s=30)
+    # TLC: the recorded run is a behaviour of the spec. Runs that break the protocol on purpose
+    # (a tampered frontier, the no-rebind ablation) are checked by their tests instead.
+    if kw.get("tamper_frontier") is None and kw.get("rebind", True):
+        assert_valid_run(tmp_path / "trace")
+    return results
 
 
 def assert_edges_in_table(results):
@@ -74,6 +80,12 @@ def test_without_rebinding_the_next_update_hits_the_retired_communicator(tmp_pat
         assert r["history"][0]["action"] == "preserve"  # the replacement itself succeeded
     causes = {r["rank"]: r["history"][-1]["cause"] for r in results}
     assert "retired_communicator" in causes[0] or "retired_communicator" in causes[2], causes
+    # the spec refuses this run exactly where the ablation breaks the protocol: a rank of the
+    # failed group leaves Rebind while its references still name the retired generation
+    report = check_run(tmp_path / "trace")
+    assert not report.ok
+    first = report.first_failure.first_bad
+    assert (first.action, first.rank in (0, 2)) == ("rebind_refs", True), report.describe()
 
 
 @pytest.mark.timeout(120)

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 import accelpact
+from model_checking.trace import assert_valid_run
 
 pytestmark = pytest.mark.multiproc
 
@@ -40,6 +41,7 @@ def test_backward_fault_exits_every_rank_with_exit_rejected(tmp_path):
         actions = [r["action"] for r in lines if r.get("kind") == "edge"]
         assert actions[-1] in ("decide_reject", "abort", "release_reject")
         assert "release" not in actions and "resume_training" not in actions
+    assert_valid_run(trace)
 
 
 @pytest.mark.timeout(240)
@@ -58,6 +60,7 @@ def test_reject_restart_restore_replay_is_bitwise_equal_to_the_reference(tmp_pat
     assert events == [(0, "fresh_start"), (0, "fail_stop"), (1, "restored")], events
     assert attempts[1]["frontier"] == 5 and attempts[2]["checkpoint_step"] == 3
     assert attempts[2]["updates_replayed"] == 2
+    assert_valid_run(tmp_path / "trace")  # both attempts: the rejected one and the restored one
 
 
 @pytest.mark.timeout(300)

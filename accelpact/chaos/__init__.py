@@ -1,0 +1,34 @@
+"""Real network faults for AccelPact: emulated nodes in network namespaces, a real multi-node
+torchrun job across them, and a nemesis that cuts and restores node links mid-training.
+
+`topology` builds and always tears down the fabric, `job` launches the agents, `nemesis` plans
+(pure, seeded) and performs the cuts, `worker` wraps the demo trainer with timing marks, `analysis`
+turns the records into one row per cut, and `campaign` runs bounded campaigns (`make chaos`).
+"""
+
+from .analysis import CutReport, RunReport, analyse, format_table, load_run
+from .job import Job, JobSpec
+from .nemesis import Cut, CutMethod, Nemesis, cut_commands, parse_schedule, plan_random
+from .topology import ChaosUnavailable, Topology, TopologyError, TopologySpec, emulated_nodes, preflight
+
+__all__ = [
+    "ChaosUnavailable",
+    "Cut",
+    "CutMethod",
+    "CutReport",
+    "Job",
+    "JobSpec",
+    "Nemesis",
+    "RunReport",
+    "Topology",
+    "TopologyError",
+    "TopologySpec",
+    "analyse",
+    "cut_commands",
+    "emulated_nodes",
+    "format_table",
+    "load_run",
+    "parse_schedule",
+    "plan_random",
+    "preflight",
+]

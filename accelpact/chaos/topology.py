@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -70,7 +71,7 @@ class TopologySpec:
     subnet: str = "10.231.0"  # a /24 that exists only inside the namespaces created here
 
     def __post_init__(self) -> None:
-        if not (self.tag.isalnum() and self.tag.islower() and 1 <= len(self.tag) <= 6):
+        if not re.fullmatch(r"[a-z0-9]{1,6}", self.tag):
             raise ValueError(f"tag must be 1-6 lower-case alphanumerics, got {self.tag!r}")
         if not 1 <= self.nodes <= 8:
             raise ValueError(f"nodes must be 1..8, got {self.nodes}")

@@ -142,6 +142,15 @@ RecoveryGen = Generator[Effect, object, RecoveryOutcome]
 MAX_REASON = 400
 
 
+def _as_step(result: object) -> StepResult:
+    """A control-plane failure during a repair step counts as that step failing."""
+    if isinstance(result, ControlPlaneFailure):
+        return StepResult(False, result.reason)
+    if not isinstance(result, StepResult):
+        raise TypeError(f"expected a StepResult, got {result!r}")
+    return result
+
+
 def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
     """Drive one rank through observe → guard → agree → replace → rebind → validate → release.
 
@@ -201,10 +210,7 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
     if ctx.in_failed_group():
         machine.fire("decide_preserve")
         # -- replace ----------------------------------------------------------------------
-        built = yield ReplaceGroups(mine, new_generation)
-        if isinstance(built, ControlPlaneFailure):
-            built = StepResult(False, built.reason)
-        assert isinstance(built, StepResult)
+        built = _as_step((yield ReplaceGroups(mine, new_generation)))
         ctx.replacement_ok = built.ok
         if not built.ok:
             machine.fire("replace_failed")
@@ -212,10 +218,7 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
         else:
             machine.fire("replace_comm")
             # -- rebind ---------------------------------------------------------------------
-            proof = yield RebindReferences(mine, new_generation)
-            if isinstance(proof, ControlPlaneFailure):
-                proof = StepResult(False, proof.reason)
-            assert isinstance(proof, StepResult)
+            proof = _as_step((yield RebindReferences(mine, new_generation)))
             ctx.proof_ok = proof.ok
             if not proof.ok:
                 machine.fire("rebind_failed")
@@ -223,10 +226,7 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
             else:
                 machine.fire("rebind_refs")
                 # -- validate ---------------------------------------------------------------
-                valid = yield ValidateGroups(mine, new_generation)
-                if isinstance(valid, ControlPlaneFailure):
-                    valid = StepResult(False, valid.reason)
-                assert isinstance(valid, StepResult)
+                valid = _as_step((yield ValidateGroups(mine, new_generation)))
                 if not valid.ok:
                     vote_ok, vote_reason = False, f"validation failed: {valid.reason}"
     else:

@@ -52,7 +52,7 @@ from ..fsm.driver import (
 from ..fsm.envelope import DEFAULT_ENVELOPE, Envelope, ObservationKey
 from ..fsm.machine import RecoveryContext, RecoveryMachine
 from ..fsm.phases import FailurePhase, RecoveryAction
-from ..rebind import data_plane_groups, discover
+from ..rebind import NotReadyError, data_plane_groups, discover
 from ..trace import TraceWriter
 from .guard import quiesce
 from .report import RecoveryReport
@@ -198,6 +198,15 @@ class Runtime:
             self.checkpointer.enforce_budget()
             if self.config.restore:
                 self.checkpointer.restore()
+        # Discover the rebind plans now where the wrappers allow it (FSDP1 only after its first
+        # forward), then line every rank up: discovery can take longer than the data-plane
+        # timeout, and a peer already inside the first forward would otherwise time out on us.
+        self._plans_deferred = False
+        try:
+            self.prepare()
+        except NotReadyError:
+            self._plans_deferred = True
+        self.control.boundary_check(0)
         log.info(
             "attached",
             extra={"rank": self.rank, "profile": self.profile, "groups": sorted(self._gids)},
@@ -338,14 +347,22 @@ class Runtime:
 
     def _boundary(self, error: BaseException | None, phase_at_error: FailurePhase | None) -> None:
         t_detect = time.perf_counter()
-        if not self._plans:
+        if self._plans_deferred:
+            # First boundary of a lazily initialised wrapper: discover, then line the ranks up
+            # again before the health check (every rank defers alike: same wrapper type).
+            self._plans_deferred = False
             try:
                 self.prepare()
-            except Exception as exc:  # e.g. a unit never ran forward; recovery will reject
+            except Exception as exc:  # recovery will reject; the cause goes into the evidence
                 log.error("rebind discovery failed: %s", exc)
                 if error is None:
                     error = exc
                     phase_at_error = FailurePhase.COMMITTED
+            try:
+                self.control.boundary_check(0)
+            except ControlPlaneError as exc:
+                self._reject_without_protocol(f"control plane failed after discovery: {exc}", error)
+                return
         if error is None:
             phase = FailurePhase.COMMITTED
             failed, causes = self._health_check() if self.config.health_check else ([], [])

@@ -7,28 +7,15 @@ judges "state preserved" the same way.
 
 from __future__ import annotations
 
-import datetime
-import random
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-import torch
 import torch.distributed as dist
 
 from .. import state as app_state
 from ..config import Config
 from ..errors import RecoveryRejected
-from ..workloads import (
-    HSDPLayout,
-    SyntheticTokens,
-    TinyDecoder,
-    make_adam,
-    next_token_loss,
-    wrap_ddp,
-    wrap_fsdp1,
-    wrap_fsdp2,
-)
+from ..workloads import build_hsdp_job, seed_everything, stochastic_update
 
 
 @dataclass(frozen=True)
@@ -56,42 +43,15 @@ class Drill:
     restart_after_reject: bool = False
 
 
-def _seed(seed: int) -> None:
-    torch.manual_seed(seed)
-    np.random.seed(seed)
-    random.seed(seed)
+_seed = seed_everything
 
 
 def build(drill: Drill, generation: int):
-    rank = dist.get_rank()
-    layout = HSDPLayout(nodes=dist.get_world_size() // drill.local, local=drill.local)
-    # Set-up collectives (DDP's parameter broadcast, FSDP init) wait for slow starters, so the
-    # groups are built with a generous timeout; attach() narrows it to the data-plane timeout.
-    timeout = datetime.timedelta(seconds=30)
-    groups = layout.build_groups(timeout=timeout, generation=generation)
-    model = TinyDecoder(n_layers=drill.layers, seed=drill.seed)
-    if drill.framework == "fsdp2":
-        model = wrap_fsdp2(model, layout, groups=groups)
-    elif drill.framework in ("fsdp1", "fsdp1-orig"):
-        model = wrap_fsdp1(model, layout, use_orig_params=drill.framework == "fsdp1-orig", groups=groups)
-    elif drill.framework == "ddp":
-        model = wrap_ddp(model, layout, groups=groups)
-    else:
-        raise ValueError(f"unknown framework {drill.framework!r}")
-    data = SyntheticTokens(vocab=64, seq_len=8, batch_size=2, seed=drill.seed, shard=rank)
-    return model, make_adam(model), data
+    return build_hsdp_job(drill.framework, layers=drill.layers, seed=drill.seed, local=drill.local,
+                          seq_len=8, batch_size=2, generation=generation)
 
 
-def _one_update(model, optimizer, data) -> float:
-    tokens = data.next_batch()
-    torch.rand(1)  # consume RNG like a stochastic trainer would; replays would show
-    np.random.rand()
-    random.random()
-    loss = next_token_loss(model, tokens)
-    loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return float(loss.detach())
+_one_update = stochastic_update
 
 
 def _protected_run(drill: Drill, *, faults: str, generation: int):

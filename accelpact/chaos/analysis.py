@@ -1,0 +1,301 @@
+"""What each cut did, from the records a run leaves (pure, apart from `load_run`).
+
+Inputs: the nemesis log (cut/restore times), the runtime's per-rank traces (recovery records,
+commit edges, attach records per attempt), the workers' marks (health-check and boundary-check
+times, placement), the checkpoint attempts log, the demo's result JSON and the agents' exit codes.
+All times are CLOCK_MONOTONIC, shared by every process on the machine whatever its namespace.
+
+A cut owns the window from its start to the next cut's start. Within it:
+
+* outcome ``preserve``: recovery records with action preserve on every rank, no restart;
+  ``restart``: a reject (a recovery record with another action, or a new attempt attached);
+  ``absorbed``: no failure at all (the cut only stalled collectives); ``stopped``: the job ended
+  without finishing (restart budget, rendezvous lost); ``skipped``: the anchor was never reached.
+* detection: cut → the first rank whose update or health check saw the failure (its boundary
+  check began with flag 1);
+* repair: Preserve — the protocol's repair time (slowest rank); restart — reject → first commit of
+  the next attempt (restart, rendezvous, restore, replay of nothing yet);
+* restore-to-progress: link restored → the first update committed after it on every rank (after the
+  recovery, for a Preserve): the availability gap the link's return leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CutReport", "RunRecords", "RunReport", "analyse", "format_table", "load_run"]
+
+
+@dataclass
+class RunRecords:
+    nemesis: list[dict[str, Any]]
+    traces: dict[int, list[dict[str, Any]]]
+    marks: dict[int, list[dict[str, Any]]]
+    attempts: list[dict[str, Any]]
+    result: dict[str, Any] | None
+    returncodes: list[int | None]
+    stderr: str = ""
+    local: int = 2
+    trace_dir: str = ""
+    checkpoint_steps: list[int] = field(default_factory=list)
+
+
+@dataclass
+class CutReport:
+    index: int
+    method: str
+    length_s: float  # measured: cut in effect → restore done
+    planned_s: float
+    aligned: bool
+    update: int
+    outcome: str
+    landed: str  # where the cut first hit: boundary | forward | backward | optimizer | control | crash | none
+    detect_s: float | None = None
+    repair_s: float | None = None
+    restore_to_progress_s: float | None = None
+    resume_s: float | None = None  # restore → every rank released by the protocol (TCP backoff + repair)
+    link_wait_s: float | None = None  # restore → the stalled control-plane check returned on every rank
+    failed_groups: list[str] = field(default_factory=list)
+    same_node_replaced: bool = False
+    replayed: int | None = None  # updates replayed after a restart (= lost since the checkpoint)
+    lost: int | None = None  # updates since the last checkpoint when the job stopped for good
+    note: str = ""
+
+
+@dataclass
+class RunReport:
+    name: str
+    cuts: list[CutReport]
+    bitwise: str  # IDENTICAL | DIFFERENT (…) | n/a (why)
+    completed: bool
+    returncodes: list[int | None]
+    placement: dict[int, str]
+    restarts: int
+    trace_dir: str
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut by SIGKILL
+    return out
+
+
+def load_run(root: str | Path, returncodes: Sequence[int | None], *, local: int = 2) -> RunRecords:
+    """Read every record a run left under `root` (the layout of `job.JobPaths`)."""
+    root = Path(root)
+    traces = {int(p.stem.removeprefix("trace-rank")): _read_jsonl(p) for p in (root / "trace").glob("trace-rank*.jsonl")}
+    marks = {int(p.stem.removeprefix("rank")): _read_jsonl(p) for p in (root / "marks").glob("rank*.jsonl")}
+    result = None
+    if (root / "result.json").exists():
+        result = json.loads((root / "result.json").read_text())
+    stderr = "\n".join((root / f"node{n}.err").read_text(errors="replace") for n in range(8)
+                       if (root / f"node{n}.err").exists())
+    steps = sorted(int(m.group(1)) for p in (root / "ckpt").glob("step-*") if (m := re.fullmatch(r"step-(\d+)", p.name)))
+    return RunRecords(nemesis=_read_jsonl(root / "trace" / "nemesis.jsonl"), traces=traces, marks=marks,
+                      attempts=_read_jsonl(root / "ckpt" / "attempts.jsonl"), result=result,
+                      returncodes=list(returncodes), stderr=stderr, local=local, trace_dir=str(root / "trace"),
+                      checkpoint_steps=steps)
+
+
+def _in(t: float | None, lo: float, hi: float) -> bool:
+    return t is not None and lo <= t < hi
+
+
+def _placement(marks: dict[int, list[dict[str, Any]]]) -> dict[int, str]:
+    placement = {}
+    for rank, recs in marks.items():
+        starts = [r for r in recs if r.get("kind") == "start"]
+        if starts:
+            placement[rank] = str(starts[-1].get("node"))
+    return dict(sorted(placement.items()))
+
+
+def _same_node(group_key: str, placement: dict[int, str]) -> bool:
+    """A group key looks like "replicate[0,2]"; same-node if all its ranks sit on one node."""
+    match = re.search(r"\[([\d,\s]*)\]", group_key)
+    ranks = [int(x) for x in match.group(1).split(",") if x.strip()] if match else []
+    nodes = {placement.get(r) for r in ranks}
+    return len(nodes) == 1 and None not in nodes
+
+
+def _commits_after(traces: dict[int, list[dict[str, Any]]], t: float) -> float | None:
+    """Time by which every rank had committed an update after `t` (None if some rank never did)."""
+    firsts = []
+    for recs in traces.values():
+        ts = [r["t"] for r in recs if r.get("kind") == "edge" and r.get("action") == "commit_update" and r["t"] > t]
+        if not ts:
+            return None
+        firsts.append(min(ts))
+    return max(firsts) if firsts else None
+
+
+def _attempt_traces(traces: dict[int, list[dict[str, Any]]], attempt: int) -> dict[int, list[dict[str, Any]]]:
+    """Each rank's records from its attach of `attempt` on (traces are appended across attempts)."""
+    out = {}
+    for rank, recs in traces.items():
+        idx = next((i for i, r in enumerate(recs) if r.get("kind") == "attach" and r.get("attempt") == attempt), None)
+        out[rank] = recs[idx:] if idx is not None else []
+    return out
+
+
+def analyse(rec: RunRecords, name: str = "run") -> RunReport:
+    cuts_log = {r["index"]: r for r in rec.nemesis if r.get("kind") == "cut"}
+    restores = {r["index"]: r for r in rec.nemesis if r.get("kind") == "restore" and r.get("index", -1) >= 0}
+    skipped = {r["index"]: r for r in rec.nemesis if r.get("kind") == "skipped"}
+    schedule = next((r["cuts"] for r in rec.nemesis if r.get("kind") == "schedule"), [])
+    placement = _placement(rec.marks)
+    starts = sorted(c["t_start"] for c in cuts_log.values())
+    all_recoveries = [r for recs in rec.traces.values() for r in recs if r.get("kind") == "recovery"]
+    attaches = [r for recs in rec.traces.values() for r in recs if r.get("kind") == "attach"]
+    boundaries = [r for recs in rec.marks.values() for r in recs if r.get("kind") == "boundary"]
+    restored = [a for a in rec.attempts if a.get("event") == "restored"]
+
+    reports = []
+    for i, planned in enumerate(schedule):
+        base = dict(index=i, method=planned["method"], planned_s=planned["length_s"], aligned=planned["aligned"],
+                    update=planned["update"])
+        if i not in cuts_log:
+            why = skipped.get(i, {}).get("why", "not reached")
+            reports.append(CutReport(**base, length_s=0.0, outcome="skipped", landed="-", note=why))
+            continue
+        cut = cuts_log[i]
+        lo = cut["t_start"]
+        later = [s for s in starts if s > lo]
+        hi = later[0] if later else math.inf
+        restore = restores.get(i)
+        t_restore = restore["t"] if restore else None
+        length = (t_restore - cut["t"]) if t_restore else 0.0
+
+        recs = [r for r in all_recoveries if _in(r["t"], lo, hi)]
+        new_attempts = sorted({a["attempt"] for a in attaches if a.get("attempt", 0) > 0 and _in(a["t"], lo, hi)})
+        flagged = [b for b in boundaries if b.get("flag") == 1 and _in(b["t_in"], lo, hi)]
+        errored = [b for b in boundaries if "error" in b and _in(b["t_in"], lo, hi)]
+
+        if recs and all(r["action"] == "preserve" for r in recs) and not new_attempts:
+            outcome = "preserve"
+        elif recs or new_attempts or errored:
+            # a restart counts only if the new attempt trained: one that attached and then hit the
+            # restart budget (or never attached) means the job stopped here
+            trained = bool(new_attempts) and _commits_after(_attempt_traces(rec.traces, new_attempts[0]), lo) is not None
+            outcome = "restart" if trained else "stopped"
+        else:
+            outcome = "absorbed"
+
+        phases = sorted({r["failure_phase"] for r in recs})
+        if flagged and any(b.get("failed") for b in flagged) and phases in ([], ["committed"]):
+            landed = "boundary"
+        elif phases:
+            landed = "+".join(p for p in phases if p != "committed") or "boundary"
+        elif errored:
+            landed = "control"
+        elif new_attempts:
+            landed = "crash"  # workers died outside the protocol (seen: a checkpoint save under the cut)
+        else:
+            landed = "none"
+
+        detect = None
+        if flagged:
+            detect = min(b["t_in"] for b in flagged) - cut["t"]
+        elif errored:
+            detect = min(b["t_out"] for b in errored) - cut["t"]
+
+        failed = sorted({g for r in recs for g in r.get("failed_groups", [])})
+        report = CutReport(**base, length_s=round(length, 3), outcome=outcome, landed=landed,
+                           detect_s=detect, failed_groups=failed,
+                           same_node_replaced=any(_same_node(g, placement) for g in failed))
+        if outcome == "preserve":
+            report.repair_s = max(r["repair_s"] for r in recs)
+            released = max(r["t"] for r in recs)
+            progress = _commits_after(rec.traces, max(released, t_restore or 0.0))
+            if t_restore is not None:
+                report.resume_s = released - t_restore
+                returned = [b["t_out"] for b in flagged if "t_out" in b]
+                if returned:
+                    report.link_wait_s = max(returned) - t_restore
+                if progress is not None:
+                    report.restore_to_progress_s = progress - t_restore
+        elif outcome == "absorbed" and t_restore is not None:
+            progress = _commits_after(rec.traces, t_restore)
+            if progress is not None:
+                report.restore_to_progress_s = progress - t_restore
+        elif outcome == "restart":
+            first_new = min(a["t"] for a in attaches if a.get("attempt") == new_attempts[0])
+            reject_t = min([b["t_out"] for b in errored] + [r["t"] for r in recs] + [first_new])
+            progress = _commits_after(_attempt_traces(rec.traces, new_attempts[0]), first_new)
+            if progress is not None:
+                report.repair_s = progress - reject_t
+                if t_restore is not None:
+                    report.restore_to_progress_s = progress - t_restore
+            replays = [a.get("updates_replayed") for a in restored if a.get("attempt") in new_attempts]
+            report.replayed = sum(x for x in replays if x is not None) if replays else None
+            report.note = f"attempt {new_attempts[-1]}"
+        if outcome == "stopped":
+            fails = [a["frontier"] for a in rec.attempts if a.get("event") == "fail_stop" and a.get("frontier") is not None]
+            if fails:
+                kept = [s for s in rec.checkpoint_steps if s <= fails[-1]]
+                report.lost = fails[-1] - (max(kept) if kept else 0)
+                report.note = f"stopped at F={fails[-1]}, last checkpoint {max(kept) if kept else 'none'}"
+        reports.append(report)
+
+    mism = None
+    if rec.result is not None:
+        verdicts = rec.result.get("verdicts", [])
+        if verdicts and "mismatches" in verdicts[0]:
+            bad = [v["rank"] for v in verdicts if v["mismatches"]]
+            mism = "IDENTICAL" if not bad else f"DIFFERENT on ranks {bad}"
+    completed = rec.result is not None and all(rc == 0 for rc in rec.returncodes if rc is not None)
+    message = ""
+    if "restart budget exceeded" in rec.stderr:
+        message = next((line.strip() for line in rec.stderr.splitlines() if "restart budget exceeded" in line), "")
+    elif not completed:
+        message = f"job did not finish (agent exit codes {rec.returncodes})"
+    restarts = max([a.get("attempt", 0) for a in attaches] or [0])
+    return RunReport(name=name, cuts=reports, bitwise=mism or ("n/a (no result)" if rec.result is None else "n/a"),
+                     completed=completed, returncodes=rec.returncodes, placement=placement, restarts=restarts,
+                     trace_dir=rec.trace_dir, message=message)
+
+
+def _fmt(x: float | None, unit: str = "s") -> str:
+    return "-" if x is None else f"{x:.2f}{unit}"
+
+
+TABLE_HEADERS = ["run", "#", "method", "length", "anchor", "landed", "outcome", "detect", "repair",
+                 "restore→progress", "replayed", "bitwise"]
+
+
+def table_rows(reports: Iterable[RunReport]) -> list[list[str]]:
+    rows = []
+    for run in reports:
+        for c in run.cuts:
+            anchor = f"{'@' if c.aligned else '~'}{c.update}"
+            rows.append([run.name, str(c.index), c.method, f"{c.length_s:.2f}s" if c.length_s else f"({c.planned_s:g}s)",
+                         anchor, c.landed, c.outcome, _fmt(c.detect_s), _fmt(c.repair_s),
+                         _fmt(c.restore_to_progress_s),
+                         str(c.replayed) if c.replayed is not None else (f"lost {c.lost}" if c.lost is not None else "-"),
+                         run.bitwise.split(" ")[0] if c.outcome != "skipped" else "-"])
+    return rows
+
+
+def format_table(reports: Sequence[RunReport]) -> str:
+    rows = table_rows(reports)
+    cells = [TABLE_HEADERS] + rows
+    widths = [max(len(r[i]) for r in cells) for i in range(len(TABLE_HEADERS))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

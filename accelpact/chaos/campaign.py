@@ -1,0 +1,213 @@
+"""Bounded campaigns of real link cuts: scenarios (pure), one fresh fabric per scenario, a table.
+
+    python -m accelpact.chaos campaign [--quick] [--seed N] [--out DIR] [--budget-s 300]
+    python -m accelpact.chaos run --schedule "port-block:1.5@8,switch-down:9@14" [--updates 20]
+
+Scenarios are data (`Scenario`, `default_campaign`), built from the job's timeouts so that each
+cut's length class means what it says: *short* cuts end before the data-plane timeout can fire
+(absorbed: a stall), *medium* ones outlast it but end inside the recovery budget (the control
+plane's timeout after detection: Preserve), *long* ones outlast the budget (all ranks reject;
+torchrun restarts from the last verified checkpoint once the link is back). Every scenario's traces,
+marks, nemesis log and outputs stay under its own directory for trace validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from .analysis import RunReport, analyse, format_table, load_run
+from .job import Job, JobSpec
+from .nemesis import Cut, CutMethod, Nemesis, format_schedule, method_available, parse_schedule, plan_random
+from .topology import ChaosUnavailable, Topology, TopologySpec, emulated_nodes
+
+__all__ = ["Scenario", "default_campaign", "length_classes", "main", "run_campaign", "run_scenario"]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    job: JobSpec
+    cuts: tuple[Cut, ...]
+    timeout_s: float = 150.0
+    expect: str = ""  # what the scenario is meant to show, for the printout
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def length_classes(job: JobSpec) -> dict[str, float]:
+    """Cut lengths, in seconds from the cut, for an aligned cut `offset` into a `dwell`.
+
+    The health check starts when the dwell ends (`lead` after the cut) and fails `data_timeout`
+    later; the control plane then waits at most `control_timeout` for the link."""
+    lead = job.dwell_s - 0.05
+    detect = lead + job.data_timeout_s
+    return {
+        "short": round(max(0.1, lead + 0.05), 2),  # restored ~when the health check starts
+        "medium": round(detect + 0.2, 2),  # restored just after detection
+        "medium+": round(detect + 0.45 * job.control_timeout_s, 2),  # well inside the budget
+        "long": round(detect + job.control_timeout_s + 3.5, 2),  # past the budget
+    }
+
+
+def _drop_method() -> CutMethod:
+    return CutMethod.BRIDGE_DROP if method_available(CutMethod.BRIDGE_DROP) is None else CutMethod.PORT_BLOCK
+
+
+def default_campaign(seed: int = 7, *, quick: bool = False) -> list[Scenario]:
+    """The `make chaos` campaign (pure). Full: mixed (6 aligned cuts) then random (3 unaligned); quick: one Preserve cut."""
+    base = JobSpec(data_timeout_s=2.0, control_timeout_s=5.0, dwell_s=0.4, checkpoint_every=4)
+    drop = _drop_method()
+    if quick:
+        cuts = (Cut(CutMethod.PORT_BLOCK, length_classes(base)["medium"], 6),)
+        job = replace(base, updates=10, dwell_updates=(6,), run_id="chaos-quick", rdzv_port=29411)
+        return [Scenario("quick", job, cuts, timeout_s=80, expect="preserve, bitwise identical")]
+    L = length_classes(base)
+    mixed_cuts = (
+        Cut(CutMethod.PORT_BLOCK, L["short"], 5),
+        Cut(drop, L["medium"], 8),
+        Cut(CutMethod.SWITCH_DOWN, L["medium+"], 11),
+        Cut(CutMethod.NODE_DOWN, L["medium"], 14),
+        Cut(drop, L["medium+"], 17),
+        Cut(CutMethod.SWITCH_DOWN, L["long"], 22),  # past the budget: restart from checkpoint 20
+    )
+    mixed = replace(base, updates=24, dwell_updates=tuple(c.update for c in mixed_cuts if c.aligned),
+                    run_id="chaos-mixed", rdzv_port=29421)
+    # unaligned: wherever training happens to be, with a seed: the honest landing distribution. A
+    # restart budget of 1 also shows the stop: a second reject ends the job with a clear message.
+    random_cuts = tuple(plan_random(seed, 3, lengths=(L["medium"] + 0.5, L["medium+"]),
+                                    methods=(drop, CutMethod.SWITCH_DOWN, CutMethod.NODE_DOWN),
+                                    first_update=5, gap=(3, 4), aligned=False, max_offset_s=0.15))
+    unaligned = replace(base, updates=random_cuts[-1].update + 2, max_restarts=1, run_id="chaos-random",
+                        rdzv_port=29431, reference=False)
+    return [
+        Scenario("mixed", mixed, mixed_cuts, timeout_s=170,
+                 expect="short: absorbed; medium: preserve; long: restart from checkpoint; bitwise identical"),
+        Scenario("random", unaligned, random_cuts, timeout_s=120,
+                 expect="unaligned cuts land wherever training is; restart budget 1: a second reject stops"),
+    ]
+
+
+def run_scenario(sc: Scenario, out: Path, *, topo: Topology | None = None, log=print) -> RunReport:
+    """One scenario, on `topo` or on a fresh fabric of its own (then torn down whatever happens)."""
+    root = out / sc.name
+    if root.exists():
+        shutil.rmtree(root)
+    log(f"\n== {sc.name}: {format_schedule(sc.cuts)}  ({sc.expect})")
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        if topo is None:
+            topo = stack.enter_context(emulated_nodes(TopologySpec.fresh()))
+        with Job(topo, sc.job, root) as job:
+            nemesis = Nemesis(topo.spec, sc.cuts, marks_dir=job.paths.marks, log_path=job.paths.nemesis_log,
+                              job_alive=job.alive).start()
+            try:
+                codes = job.wait(sc.timeout_s)
+            finally:
+                nemesis.stop()
+    report = analyse(load_run(root, codes, local=sc.job.nproc), sc.name)
+    if job.timed_out:
+        report.message = (report.message + f"; killed after {sc.timeout_s:.0f}s").lstrip("; ")
+    if nemesis.error is not None:
+        report.message = (report.message + f"; nemesis error: {nemesis.error!r}").lstrip("; ")
+    (root / "report.json").write_text(json.dumps(report.to_dict() | {"scenario": asdict(sc),
+                                                                      "wall_s": time.monotonic() - t0},
+                                                 indent=2, default=str))
+    log(f"   {time.monotonic() - t0:.0f}s, agents exit {codes}, placement {report.placement}, "
+        f"restarts {report.restarts}, bitwise {report.bitwise}" + (f" — {report.message}" if report.message else ""))
+    return report
+
+
+def run_campaign(scenarios: Sequence[Scenario], out: Path, *, budget_s: float = 300.0, log=print) -> list[RunReport]:
+    """Scenarios in order, one at a time, skipping those that no longer fit in `budget_s`."""
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    reports = []
+    for sc in scenarios:
+        left = budget_s - (time.monotonic() - t0)
+        if left < sc.timeout_s * 0.6:
+            log(f"\n== {sc.name}: skipped, {left:.0f}s left of the {budget_s:.0f}s budget")
+            continue
+        reports.append(run_scenario(replace(sc, timeout_s=min(sc.timeout_s, left)), out, log=log))
+    return reports
+
+
+def landing_summary(reports: Sequence[RunReport]) -> str:
+    """Where cuts landed, per anchor kind: the honest fraction that Preserve can handle."""
+    lines = []
+    for aligned in (True, False):
+        cuts = [c for r in reports for c in r.cuts if c.aligned == aligned and c.outcome != "skipped"]
+        if not cuts:
+            continue
+        counts: dict[str, int] = {}
+        for c in cuts:
+            counts[f"{c.landed}→{c.outcome}"] = counts.get(f"{c.landed}→{c.outcome}", 0) + 1
+        parts = ", ".join(f"{k} {v}/{len(cuts)}" for k, v in sorted(counts.items()))
+        lines.append(f"  {'aligned (@k)' if aligned else 'unaligned (~k)'}: {parts}")
+    return "\n".join(lines)
+
+
+def print_summary(reports: Sequence[RunReport], out: Path, log=print) -> bool:
+    log("\n" + format_table(reports))
+    log("\nwhere cuts landed → outcome:\n" + landing_summary(reports))
+    rtp = [c.restore_to_progress_s for r in reports for c in r.cuts
+           if c.outcome == "preserve" and c.restore_to_progress_s is not None]
+    if rtp:
+        rtp.sort()
+        log(f"\nrestore→progress after Preserve: median {rtp[len(rtp) // 2]:.2f}s, max {rtp[-1]:.2f}s "
+            f"over {len(rtp)} cuts (goal < 0.5s)")
+    for r in reports:
+        if r.message:
+            log(f"  {r.name}: {r.message}")
+    log(f"\ntraces (per rank, per scenario, with nemesis.jsonl beside them): {out}/<scenario>/trace/")
+    ok = all(not c.same_node_replaced for r in reports for c in r.cuts)
+    return ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m accelpact.chaos", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("campaign", help="the bounded default campaign (make chaos)")
+    c.add_argument("--quick", action="store_true", help="one short Preserve cut (CI-sized)")
+    c.add_argument("--seed", type=int, default=7)
+    c.add_argument("--budget-s", type=float, default=300.0)
+    c.add_argument("--out", default="runs/chaos")
+    r = sub.add_parser("run", help="one job under a schedule of your own")
+    r.add_argument("--schedule", required=True, help="e.g. 'port-block:1.6@6,switch-down:9@12' (see nemesis)")
+    r.add_argument("--updates", type=int, default=20)
+    r.add_argument("--data-timeout", type=float, default=1.0)
+    r.add_argument("--control-timeout", type=float, default=4.0)
+    r.add_argument("--dwell-s", type=float, default=0.4)
+    r.add_argument("--checkpoint-every", type=int, default=4)
+    r.add_argument("--max-restarts", type=int, default=3)
+    r.add_argument("--timeout-s", type=float, default=240)
+    r.add_argument("--out", default="runs/chaos")
+    args = p.parse_args(argv)
+    out = Path(args.out).resolve()
+    try:
+        if args.cmd == "campaign":
+            scenarios = default_campaign(args.seed, quick=args.quick)
+            reports = run_campaign(scenarios, out, budget_s=args.budget_s)
+        else:
+            cuts = tuple(parse_schedule(args.schedule))
+            job = JobSpec(updates=args.updates, data_timeout_s=args.data_timeout,
+                          control_timeout_s=args.control_timeout, dwell_s=args.dwell_s,
+                          checkpoint_every=args.checkpoint_every, max_restarts=args.max_restarts,
+                          dwell_updates=tuple(c.update for c in cuts if c.aligned), run_id="chaos-run",
+                          rdzv_port=29451)
+            reports = [run_scenario(Scenario("run", job, cuts, timeout_s=args.timeout_s), out)]
+    except ChaosUnavailable as exc:
+        print(f"chaos: cannot emulate nodes here: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nchaos: interrupted; fabric torn down", file=sys.stderr)
+        return 130
+    (out / "summary.json").write_text(json.dumps([r.to_dict() for r in reports], indent=2, default=str))
+    ok = print_summary(reports, out)
+    return 0 if ok and reports else 1

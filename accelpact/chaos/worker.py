@@ -1,0 +1,154 @@
+"""The demo trainer under the nemesis: `python -m accelpact.chaos.worker <demo_worker args>`.
+
+It runs `accelpact.demo_worker` unchanged and adds two things around the protected run only
+(the reference run is untouched):
+
+* marks: per-rank JSON lines (`rank<r>.jsonl` in ``ACCELPACT_CHAOS_MARKS``) with the placement of
+  the rank (node namespace) and, per committed boundary, when its health check ran, what failed and
+  when the control-plane boundary check returned. The runtime's traces say *what* the protocol
+  did; these say *when* the data plane saw the cut, which the traces do not record.
+* dwell: at the updates listed in ``ACCELPACT_CHAOS_DWELL`` every rank holds for
+  ``ACCELPACT_CHAOS_DWELL_S`` seconds after its optimizer step, i.e. inside the committed window
+  before the boundary health check. A cut aligned to that window (see `nemesis`) then reaches the
+  cross-node groups first at the boundary, not in backward: the only way to make a Preserve case
+  reproducible on a machine whose update time jitters by tens of milliseconds. The dwell is a
+  pause, not a change of numerics: the bitwise verdict still compares against the reference.
+
+And one workaround (see `agree_attempt`): the attempt number every rank uses is agreed through
+the job's store instead of read from TORCHELASTIC_RESTART_COUNT, which is counted per agent and
+diverges across nodes after a cut (measured: restarted node-1 ranks then read node-0 addresses of
+the previous attempt and fail with "Gloo connectFullMesh failed ... Connection refused").
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from accelpact.chaos._env import ENV_DWELL, ENV_DWELL_S, ENV_MARKS, ENV_NODE
+
+
+def parse_dwell(raw: str) -> frozenset[int]:
+    """"5,12,20" → {5, 12, 20} (update indices, 1-based)."""
+    return frozenset(int(x) for x in raw.split(",") if x.strip())
+
+
+class Marks:
+    """Line-buffered per-rank marks; a SIGKILLed rank leaves a usable prefix."""
+
+    def __init__(self, directory: str | None, rank: int):
+        self._fh = None
+        if directory:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            self._fh = open(Path(directory) / f"rank{rank}.jsonl", "a", buffering=1, encoding="utf-8")
+        self.rank = rank
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self._fh is not None:
+            self._fh.write(json.dumps({"rank": self.rank, **record}, default=str) + "\n")
+
+
+def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks) -> None:
+    """Wrap this runtime's health check and boundary check with marks, and add the dwell hook."""
+    attempt = rt.attempt
+    state: dict[str, Any] = {}
+    health = rt._health_check
+    boundary_check = rt.control.boundary_check
+
+    def timed_health_check():
+        state["health_in"] = time.monotonic()
+        failed, causes = health()
+        state["health_out"] = time.monotonic()
+        state["failed"] = [g.key for g in failed]
+        state["causes"] = causes
+        return failed, causes
+
+    def timed_boundary_check(flag: int) -> int:
+        t_in = time.monotonic()
+        record = {"kind": "boundary", "attempt": attempt, "update": rt.update_index, "flag": flag, "t_in": t_in,
+                  "health_in": state.pop("health_in", None), "health_out": state.pop("health_out", None),
+                  "failed": state.pop("failed", []), "causes": state.pop("causes", [])}
+        try:
+            result = boundary_check(flag)
+        except Exception as exc:
+            marks.write({**record, "t_out": time.monotonic(), "error": str(exc)[:300]})
+            raise
+        marks.write({**record, "t_out": time.monotonic(), "result": result})
+        return result
+
+    rt._health_check = timed_health_check
+    rt.control.boundary_check = timed_boundary_check
+
+    if dwell and dwell_s > 0:
+        def dwell_hook(optimizer, args, kwargs):
+            if rt.update_index in dwell:
+                marks.write({"kind": "dwell", "attempt": attempt, "update": rt.update_index,
+                             "t": time.monotonic(), "dwell_s": dwell_s})
+                time.sleep(dwell_s)
+
+        rt.optimizer.register_step_post_hook(dwell_hook)
+
+
+def agree_attempt(env: dict[str, str] | None = None) -> int | None:
+    """The restart attempt as the number of completed worker generations of this job.
+
+    Every torchrun round starts all `WORLD_SIZE` workers afresh (an agent that re-rendezvouses
+    restarts all its workers), and each worker counts itself once in the job's store on start, so
+    ``(count - 1) // WORLD_SIZE`` is the same on every rank of a round. TORCHELASTIC_RESTART_COUNT
+    is not: an agent that restarts because another node re-rendezvoused (its own workers still
+    healthy, e.g. blocked behind the cut) does not count it. None outside torchrun.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    env = os.environ if env is None else env
+    if "TORCHELASTIC_RUN_ID" not in env or "MASTER_ADDR" not in env:
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
+                          timeout=datetime.timedelta(seconds=120), use_libuv=True)
+    count = store.add(f"accelpact-chaos/{env['TORCHELASTIC_RUN_ID']}/worker-starts", 1)
+    return (count - 1) // int(env["WORLD_SIZE"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch
+    import torch.distributed as dist
+
+    import accelpact
+    from accelpact import demo_worker
+
+    torch.set_num_threads(1)
+    dwell = parse_dwell(os.environ.get(ENV_DWELL, ""))
+    dwell_s = float(os.environ.get(ENV_DWELL_S, "0") or 0)
+    marks_dir = os.environ.get(ENV_MARKS)
+    attach = accelpact.attach
+
+    def attach_instrumented(*args: Any, **kwargs: Any):
+        rt = attach(*args, **kwargs)
+        marks = Marks(marks_dir, dist.get_rank())
+        marks.write({"kind": "start", "attempt": rt.attempt, "node": os.environ.get(ENV_NODE), "pid": os.getpid(),
+                     "netns": os.readlink("/proc/self/ns/net"), "t": time.monotonic(), "frontier": rt.frontier,
+                     "agent_restart_count": os.environ.get("ACCELPACT_CHAOS_AGENT_RESTARTS")})
+        instrument(rt, dwell=dwell, dwell_s=dwell_s, marks=marks)
+        return rt
+
+    accelpact.attach = attach_instrumented
+    own_count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    attempt = agree_attempt()
+    if attempt is not None:
+        os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
+    os.environ["ACCELPACT_CHAOS_AGENT_RESTARTS"] = str(own_count)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--"]:  # the launcher separates worker flags from torchrun's
+        argv = argv[1:]
+    return demo_worker.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

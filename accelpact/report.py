@@ -1,0 +1,494 @@
+"""`accelpact report RUN_DIR`: what happened in a run, read back from its traces.
+
+The traces (`trace-rank<r>.jsonl`, one per rank, every attempt appended) already hold every
+commit and every protocol edge with a timestamp; this module turns them into the numbers an
+operator asks for after an incident — recoveries and their outcomes, mean time to detect,
+repair time per phase, updates lost, recovery time (RTO) and fault-to-frontier time — and into a
+per-rank timeline picture.
+
+Pure parsing and arithmetic (`summarize`, `timeline`, `format_summary`) are kept apart from file
+reading and plotting, so the benches reuse them and the tests check them on records alone.
+matplotlib is imported only by `plot_timeline`.
+
+Clock: trace times are `time.monotonic()`, which on Linux is CLOCK_MONOTONIC, one clock for every
+process of a host; ranks of one host (and a restarted attempt) are therefore on one time axis.
+Ranks on different hosts are not: their records are compared only within the rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: Protocol phases in the order a recovery passes them (trace `to` names), then the outcomes.
+RECOVERY_PHASES = ("Observe", "Guard", "Agree", "Replace", "Rebind", "Validate")
+OUTCOMES = ("Resume", "Reject")
+#: Per-phase timings recorded by the runtime (`timings_s` keys), in protocol order.
+TIMING_PHASES = ("guard", "agree", "replace", "rebind", "validate", "release", "reject")
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One bar of the timeline: rank `rank` spent [start, end) in `kind`."""
+
+    rank: int
+    attempt: int
+    kind: str  # update | replay | detect | Observe ... Validate | Resume | Reject | restart | setup
+    start: float
+    end: float
+    label: str = ""
+
+
+@dataclass
+class Recovery:
+    """One recovery as every rank saw it (slowest rank where times differ)."""
+
+    attempt: int
+    index: int
+    update: int
+    action: str
+    failure_phase: str
+    failed_groups: list[str]
+    frontier_before: int  # committed frontier when the failure struck (F_fail)
+    frontier_after: int  # resume frontier (Preserve) or the abandoned frontier (Restart)
+    detect_s: float  # fault → every rank has observed it (slowest rank)
+    repair_s: float  # control-plane admission → release / reject (slowest rank)
+    phases_s: dict[str, float]  # slowest rank per protocol phase
+    ranks: list[int]
+    t_fault: float
+    t_decided: float
+    t_resumed: float | None = None  # training back at F_fail (RTO end)
+    t_next_commit: float | None = None  # first commit past F_fail (fault-to-frontier end)
+    restored_step: int | None = None  # checkpoint the next attempt restored (Restart)
+    updates_lost: int | None = None  # committed updates redone: 0 under Preserve, A = F - C otherwise
+
+    @property
+    def rto_s(self) -> float | None:
+        return None if self.t_resumed is None else self.t_resumed - self.t_fault
+
+    @property
+    def fault_to_frontier_s(self) -> float | None:
+        return None if self.t_next_commit is None else self.t_next_commit - self.t_fault
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(rto_s=self.rto_s, fault_to_frontier_s=self.fault_to_frontier_s)
+        return d
+
+
+@dataclass
+class RunSummary:
+    ranks: list[int]
+    attempts: int
+    final_frontier: int
+    updates_run: int  # update bodies that committed, replays included
+    recoveries: list[Recovery] = field(default_factory=list)
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+    @property
+    def outcomes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.recoveries:
+            out[r.action] = out.get(r.action, 0) + 1
+        return out
+
+    @property
+    def mttd_s(self) -> float | None:
+        return _mean([r.detect_s for r in self.recoveries])
+
+    @property
+    def mean_repair_s(self) -> float | None:
+        return _mean([r.repair_s for r in self.recoveries])
+
+    @property
+    def mean_phases_s(self) -> dict[str, float]:
+        names = [p for p in TIMING_PHASES if any(p in r.phases_s for r in self.recoveries)]
+        return {p: statistics.fmean(r.phases_s.get(p, 0.0) for r in self.recoveries) for p in names}
+
+    @property
+    def updates_lost(self) -> int:
+        return sum(r.updates_lost or 0 for r in self.recoveries)
+
+    @property
+    def mean_rto_s(self) -> float | None:
+        return _mean([r.rto_s for r in self.recoveries if r.rto_s is not None])
+
+    @property
+    def wall_s(self) -> float:
+        return self.t_end - self.t_start
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ranks": self.ranks, "attempts": self.attempts, "final_frontier": self.final_frontier,
+            "updates_run": self.updates_run, "wall_s": self.wall_s, "outcomes": self.outcomes,
+            "mttd_s": self.mttd_s, "mean_repair_s": self.mean_repair_s, "mean_phases_s": self.mean_phases_s,
+            "updates_lost": self.updates_lost, "mean_rto_s": self.mean_rto_s,
+            "recoveries": [r.to_dict() for r in self.recoveries],
+        }
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+# ------------------------------------------------------------------------------ reading --------
+def load_traces(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
+    """Every rank's records, in file order (attempts appended one after another)."""
+    out: dict[int, list[dict[str, Any]]] = {}
+    for path in sorted(Path(run_dir).glob("trace-rank*.jsonl")):
+        rank = int(path.stem.removeprefix("trace-rank"))
+        recs = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                try:
+                    recs.append(json.loads(line))
+                except json.JSONDecodeError:  # a SIGKILLed rank may leave a torn last line
+                    continue
+        out[rank] = recs
+    if not out:
+        raise FileNotFoundError(f"no trace-rank*.jsonl in {run_dir}")
+    return out
+
+
+def split_attempts(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, list[dict[str, Any]]]]:
+    """One rank's records cut at each `attach`: [(attempt, records), ...] in order.
+
+    Attempts are numbered by position (0, 1, ...), not by the record's torchrun restart count,
+    so that a restart inside the same processes (the drills' `restart_after_reject`), where that
+    count stays 0, still opens a new attempt."""
+    out: list[tuple[int, list[dict[str, Any]]]] = []
+    for rec in records:
+        if rec.get("kind") == "attach" or not out:
+            out.append((len(out), []))
+        out[-1][1].append(dict(rec))
+    return out
+
+
+# ------------------------------------------------------------------------------ summary --------
+def _commits(recs: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in recs if r.get("kind") == "edge" and r.get("action") == "commit_update"]
+
+
+def _frontier_moves(recs: Iterable[Mapping[str, Any]]) -> list[tuple[int, float]]:
+    """(F, t) each time this rank's frontier advanced: commits, and Preserve recoveries at a
+    committed boundary (they commit the update whose boundary failed without a commit edge)."""
+    out = []
+    for r in recs:
+        if r.get("kind") == "edge" and r.get("action") == "commit_update":
+            out.append((int(r["F"]), float(r["t"])))
+        elif r.get("kind") == "recovery" and r.get("action") == "preserve" and r.get("failure_phase") == "committed":
+            out.append((int(r["frontier"]), float(r["t"])))
+    return out
+
+
+def _fault_time(recs: Sequence[Mapping[str, Any]], observe: Mapping[str, Any], rec: Mapping[str, Any]) -> float:
+    """When the fault struck, as this rank can tell.
+
+    At a committed boundary the rank's boundary check started `detect_s` before its observe
+    record. Inside an update the exception surfaced only after the data-plane timeout and the
+    precise instant is not recorded, so the start of that update (the previous commit) is used:
+    an upper bound on detection, never an underestimate.
+    """
+    if rec.get("failure_phase") == "committed":
+        return float(observe["t"]) - float(rec.get("detect_s", 0.0))
+    before = [r for r in recs if r.get("kind") in ("edge", "plans", "config") and r["t"] <= observe["t"]
+              and (r.get("kind") != "edge" or r.get("action") in ("commit_update", "resume_training"))]
+    return float(before[-1]["t"]) if before else float(observe["t"]) - float(rec.get("detect_s", 0.0))
+
+
+def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
+    """Recoveries, outcomes and times of one run from its per-rank records (pure)."""
+    per_rank = {rank: split_attempts(recs) for rank, recs in traces.items()}
+    ranks = sorted(per_rank)
+    # (attempt, index) -> rank -> (observe record, recovery record, records of that attempt)
+    found: dict[tuple[int, int], dict[int, tuple[Mapping, Mapping, list]]] = {}
+    all_t: list[float] = []
+    final_frontier = 0
+    updates_run = 0
+    for rank, attempts in per_rank.items():
+        rank_commits = 0
+        for attempt, recs in attempts:
+            all_t += [float(r["t"]) for r in recs if "t" in r]
+            commits = _commits(recs)
+            rank_commits += len(commits)
+            if commits:
+                final_frontier = max(final_frontier, int(commits[-1]["F"]))
+            observe = None
+            for rec in recs:
+                if rec.get("kind") == "observe":
+                    observe = rec
+                elif rec.get("kind") == "recovery" and observe is not None:
+                    found.setdefault((attempt, int(rec["index"])), {})[rank] = (observe, rec, recs)
+                    observe = None
+        updates_run = max(updates_run, rank_commits)
+    for attempts in per_rank.values():
+        for _, recs in attempts:
+            for rec in recs:
+                if rec.get("kind") == "recovery" and rec.get("action") == "preserve":
+                    final_frontier = max(final_frontier, int(rec["frontier"]))
+
+    recoveries = []
+    for (attempt, index), by_rank in sorted(found.items()):
+        observes = {r: o for r, (o, _, _) in by_rank.items()}
+        recs_of = {r: rec for r, (_, rec, _) in by_rank.items()}
+        first = recs_of[min(recs_of)]
+        action = str(first["action"])
+        t_fault = min(_fault_time(by_rank[r][2], observes[r], recs_of[r]) for r in by_rank)
+        t_observed = max(float(o["t"]) for o in observes.values())
+        slowest: dict[str, float] = {}
+        for rec in recs_of.values():
+            for name, secs in rec.get("timings_s", {}).items():
+                slowest[name] = max(slowest.get(name, 0.0), float(secs))
+        order = {name: i for i, name in enumerate(TIMING_PHASES)}
+        phases = dict(sorted(slowest.items(), key=lambda kv: order.get(kv[0], len(order))))
+        failed = sorted({g for rec in recs_of.values() for g in rec.get("failed_groups", [])})
+        update = int(first["update"])
+        committed = first.get("failure_phase") == "committed"
+        # F when the failure struck: a committed-boundary failure has finished its update
+        # (a Restart records the frontier it abandons, which is the one a checkpoint must reach)
+        frontier_before = int(first["frontier"]) if action == "restart" else (update if committed else update - 1)
+        recovery = Recovery(
+            attempt=attempt, index=index, update=update, action=action,
+            failure_phase=str(first.get("failure_phase")), failed_groups=failed,
+            frontier_before=frontier_before, frontier_after=int(first["frontier"]),
+            detect_s=t_observed - t_fault, repair_s=max(float(r.get("repair_s", 0.0)) for r in recs_of.values()),
+            phases_s=phases, ranks=sorted(by_rank), t_fault=t_fault,
+            t_decided=max(float(r["t"]) for r in recs_of.values()),
+        )
+        _resolve_outcome(recovery, per_rank)
+        recoveries.append(recovery)
+    return RunSummary(ranks=ranks, attempts=max(len(a) for a in per_rank.values()),
+                      final_frontier=final_frontier, updates_run=updates_run, recoveries=recoveries,
+                      t_start=min(all_t) if all_t else 0.0, t_end=max(all_t) if all_t else 0.0)
+
+
+def _resolve_outcome(rec: Recovery, per_rank: Mapping[int, list[tuple[int, list[dict[str, Any]]]]]) -> None:
+    """Fill when training was back at F_fail, the first commit past it, and the updates lost."""
+    f_fail = rec.frontier_before
+    if rec.action == "preserve":
+        rec.t_resumed = rec.t_decided
+        rec.updates_lost = max(0, f_fail - rec.frontier_after)
+        # every rank commits the same update together: the frontier moves when the last one does
+        rec.t_next_commit = _first_per_rank_max(per_rank, rec.attempt, f_fail, rec.t_decided)
+        return
+    nxt = rec.attempt + 1
+    firsts = []
+    attaches = []
+    for attempts in per_rank.values():
+        for a, recs in attempts:
+            if a != nxt:
+                continue
+            attaches.append(float(recs[0]["t"]))
+            commits = _commits(recs)
+            if commits:
+                firsts.append(int(commits[0]["F"]))
+    if not attaches:
+        return  # the run ended in this rejection
+    if firsts:
+        rec.restored_step = min(firsts) - 1
+        rec.updates_lost = max(0, f_fail - rec.restored_step)
+    back = _per_rank_max_at(per_rank, nxt, f_fail)
+    rec.t_resumed = back if back is not None else max(attaches)
+    rec.t_next_commit = _first_per_rank_max(per_rank, nxt, f_fail, rec.t_decided)
+
+
+def _first_per_rank_max(per_rank, attempt: int, f_fail: int, after: float) -> float | None:
+    """Time the first update past `f_fail` had committed on every rank (latest rank)."""
+    times = []
+    for attempts in per_rank.values():
+        t = next((t for a, recs in attempts if a == attempt for f, t in _frontier_moves(recs)
+                  if f > f_fail and t > after), None)
+        if t is not None:
+            times.append(t)
+    return max(times) if times else None
+
+
+def _per_rank_max_at(per_rank, attempt: int, frontier: int) -> float | None:
+    times = [t for attempts in per_rank.values() for a, recs in attempts if a == attempt
+             for f, t in _frontier_moves(recs) if f == frontier]
+    return max(times) if times else None
+
+
+# ------------------------------------------------------------------------------ timeline -------
+def timeline(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[Segment]:
+    """Bars for the timeline picture: updates, replays, detection, each protocol phase, restarts."""
+    summary = summarize(traces)
+    # updates a restarted attempt runs again (F <= the frontier its predecessor abandoned)
+    replay_upto = {r.attempt + 1: r.frontier_before for r in summary.recoveries if r.action == "restart"}
+    segs: list[Segment] = []
+    for rank, recs_all in sorted(traces.items()):
+        prev_end: float | None = None
+        for attempt, recs in split_attempts(recs_all):
+            attach_t = float(recs[0]["t"])
+            if prev_end is not None:
+                segs.append(Segment(rank, attempt, "restart", prev_end, attach_t, "process restart"))
+            cursor = attach_t
+            phase: tuple[str, float] | None = None  # protocol phase in progress and its start
+            observe: Mapping[str, Any] | None = None
+            for i, rec in enumerate(recs):
+                kind, t = rec.get("kind"), float(rec.get("t", cursor))
+                if kind == "edge" and rec.get("action") == "commit_update":
+                    f = int(rec["F"])
+                    kind_u = "replay" if f <= replay_upto.get(attempt, -1) else "update"
+                    segs.append(Segment(rank, attempt, kind_u, cursor, t, f"u{rec.get('update', f)}"))
+                    cursor = t
+                elif kind == "observe":
+                    observe = rec
+                elif kind == "edge" and rec.get("to") == "Observe" and observe is not None:
+                    outcome = next((r for r in recs[i:] if r.get("kind") == "recovery"), {})
+                    committed = outcome.get("failure_phase") == "committed"
+                    fault = float(observe["t"]) - float(outcome.get("detect_s", 0.0)) if committed else cursor
+                    if fault > cursor:
+                        segs.append(Segment(rank, attempt, "update", cursor, fault, f"u{rec.get('update')}"))
+                    segs.append(Segment(rank, attempt, "detect", min(fault, t), t, "detect"))
+                    phase = ("Observe", t)
+                elif kind == "edge" and phase is not None:
+                    segs.append(Segment(rank, attempt, phase[0], phase[1], t, str(rec.get("action"))))
+                    phase = None if rec.get("to") in ("Train", "Resume") else (str(rec.get("to")), t)
+                    cursor = t
+                elif kind == "recovery":
+                    if phase is not None:
+                        segs.append(Segment(rank, attempt, phase[0], phase[1], t, "outcome"))
+                        phase = None
+                    cursor = max(cursor, t)
+                    observe = None
+            prev_end = max(float(r.get("t", attach_t)) for r in recs)
+    return segs
+
+
+# ------------------------------------------------------------------------------ text -----------
+def format_summary(summary: RunSummary) -> str:
+    """Human-readable summary of a run."""
+    lines = [
+        f"ranks {len(summary.ranks)}  attempts {summary.attempts}  final frontier F={summary.final_frontier}  "
+        f"updates run {summary.updates_run}  traced span {summary.wall_s:.2f} s",
+        f"recoveries: {len(summary.recoveries)}  outcomes: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(summary.outcomes.items())) or "none"),
+    ]
+    for r in summary.recoveries:
+        phases = "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in r.phases_s.items())
+        f2f = f"{r.fault_to_frontier_s:.3f}s" if r.fault_to_frontier_s is not None else "n/a"
+        rto = f"{r.rto_s:.3f}s" if r.rto_s is not None else "n/a (run ended)"
+        lost = "n/a" if r.updates_lost is None else str(r.updates_lost)
+        restored = f" restored C={r.restored_step}" if r.restored_step is not None else ""
+        lines.append(
+            f"  #{r.index} attempt {r.attempt} update {r.update} ({r.failure_phase}): {r.action}  "
+            f"F_fail={r.frontier_before}{restored}  groups {','.join(r.failed_groups) or '-'}  "
+            f"detect {r.detect_s:.3f}s  repair {r.repair_s * 1e3:.1f}ms  updates lost {lost}  RTO {rto}  "
+            f"fault-to-frontier {f2f}"
+        )
+        if phases:
+            lines.append(f"      phases (slowest rank): {phases}")
+    if summary.recoveries:
+        mttd = summary.mttd_s
+        rto = summary.mean_rto_s
+        lines.append(
+            f"MTTD {mttd:.3f}s  mean repair {summary.mean_repair_s * 1e3:.1f}ms  updates lost {summary.updates_lost}"
+            f"  mean RTO {'n/a' if rto is None else f'{rto:.3f}s'}"
+        )
+        lines.append("mean per phase: " + "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in summary.mean_phases_s.items()))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ picture --------
+COLORS = {
+    "setup": "#d9d9d9", "update": "#4c72b0", "replay": "#dd8452", "detect": "#c44e52", "restart": "#8c8c8c",
+    "Observe": "#937860", "Guard": "#da8bc3", "Agree": "#8172b3", "Replace": "#ccb974", "Rebind": "#64b5cd",
+    "Validate": "#55a868", "Reject": "#000000",
+}
+
+
+def plot_timeline(segments: Sequence[Segment], summary: RunSummary, path: str | Path, title: str = "") -> Path:
+    """Per-rank timeline PNG: one lane per rank, updates and each recovery phase as bars."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    t0 = summary.t_start
+    ranks = summary.ranks
+    fig, ax = plt.subplots(figsize=(13, 1.4 + 0.6 * len(ranks)))
+    used: list[str] = []
+    for seg in segments:
+        width = max(seg.end - seg.start, 0.002)
+        ax.barh(seg.rank, width, left=seg.start - t0, height=0.6, color=COLORS.get(seg.kind, "#cccccc"),
+                edgecolor="white" if seg.kind in ("update", "replay") else None, linewidth=0.3)
+        if seg.kind not in used:
+            used.append(seg.kind)
+    for r in summary.recoveries:
+        ax.axvline(r.t_fault - t0, color="#c44e52", linestyle=":", linewidth=1)
+        label = f"#{r.index} {r.action}"
+        ax.text(r.t_fault - t0, len(ranks) - 0.4, label, fontsize=8, color="#c44e52")
+    ax.set_yticks(ranks, [f"rank {r}" for r in ranks])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds since the first trace record")
+    ax.set_title(title or "AccelPact run timeline")
+    ax.legend(handles=[Patch(color=COLORS.get(k, "#cccccc"), label=k) for k in used], loc="center left",
+              bbox_to_anchor=(1.0, 0.5), fontsize=8, frameon=False)
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+# ------------------------------------------------------------------------------ CLI ------------
+def _evidence_lines(run_dir: Path) -> list[str]:
+    """One line per attempt that left fail-stop evidence (reject-rank<r>-attempt<a>.json)."""
+    by_attempt: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(run_dir.glob("reject-rank*-attempt*.json")):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        by_attempt.setdefault(str(doc.get("attempt", "?")), []).append(doc)
+    lines = []
+    for attempt, docs in sorted(by_attempt.items()):
+        reasons = docs[0].get("reasons") or ["(no reason recorded)"]
+        lines.append(f"fail-stop evidence, attempt {attempt}: {len(docs)} rank(s) exited "
+                     f"{docs[0].get('exit_code')} at F={docs[0].get('frontier')}: {str(reasons[0])[:200]}")
+    return lines
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_dir", help="directory holding trace-rank<r>.jsonl (a demo's --trace-dir)")
+    parser.add_argument("--png", default=None, help="timeline picture (default RUN_DIR/timeline.png)")
+    parser.add_argument("--json", dest="json_out", default=None, help="also write the summary as JSON here")
+    parser.add_argument("--no-plot", action="store_true", help="text summary only")
+
+
+def run(args: argparse.Namespace) -> int:
+    traces = load_traces(args.run_dir)
+    summary = summarize(traces)
+    print(format_summary(summary))
+    for line in _evidence_lines(Path(args.run_dir)):
+        print(line)
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(summary.to_dict(), indent=2))
+    if not args.no_plot:
+        png = args.png or str(Path(args.run_dir) / "timeline.png")
+        try:
+            plot_timeline(timeline(traces), summary, png, title=f"AccelPact run {args.run_dir}")
+        except ImportError:
+            print("matplotlib is not installed: no timeline picture (pip install matplotlib)")
+            return 0
+        print(f"timeline: {png}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="accelpact report", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,590 @@
+"""Trace validation: check with TLC that a recorded run is a behaviour of spec/AccelPact.tla.
+
+Every rank writes one JSON-lines record per protocol edge (accelpact/trace.py). This module
+
+1. reads a run directory and merges the ranks' edge records into one sequence (pure);
+2. maps each record onto the spec's vocabulary (pure, `abstract_attempt`), cutting the run into
+   segments of one recovery each, because the spec fixes the failed group R as a constant while a
+   run may fail a different group in every recovery;
+3. writes a TLA+ module holding the segments as a constant and a trace spec whose every step must
+   be the spec's own action named by the record, with the recorded phase, F, g and reference
+   generation (`render_module`), and runs TLC on many segments at once (`validate_segments`);
+4. for a segment that TLC cannot follow to its end, runs TLC once more to get a state just
+   before the first record no spec action explains (`diagnose`).
+
+Between records the trace spec lets the environment steps of the spec happen unrecorded (the
+decision and resume published by rank 0, control-plane timeouts, the fault, crashes of ranks that
+record nothing more): the runtime writes no record for them.
+
+The mapping from records to spec values is the only place where the runtime and the spec
+differ in bookkeeping, so it is spelled out here:
+
+- Merge order: by control-plane sequence number, then by protocol stage (the table's row order),
+  then rank; every rank's own record order is kept. The sequence number alone does not put an
+  observer before the ranks that join because of it: both learn of the failure from the same
+  boundary all-reduce, and the spec needs the observation first (`FlagRaised`).
+- A fault at a committed boundary strikes, in the spec, after every rank committed the update
+  (`commit_update`, then `DataPlaneFailure`); the runtime learns of it at the boundary check that
+  would have counted it, reports F+1, and counts it when the recovery returns. For such a recovery
+  the implied `commit_update` of every rank is inserted and the recovery's recorded F is read +1.
+- The runtime's g counts completed recoveries and moves to g+1 only when the protocol returns,
+  while the spec moves a rank to g+1 when it builds the replacement (`replace_comm`) or releases.
+  So a rank's g is read +1 from its `replace_comm` on, and on `release`/`resume_training` of a
+  preserved recovery (F is already +1 there by the previous rule: Preserve needs a committed
+  boundary).
+- References: the spec's `refs[r][s]` (r in R) is read from the generation of every cached
+  reference class of r's failed groups (all slots equal; the smallest if they differ).
+  `replace_comm` is not checked: the spec folds the rebind walk into it, while the runtime
+  records it before the walk (the `rebind_refs` record after it is checked).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .tlc import TlcResult, TraceState, run_tlc
+
+TRACE_MODULE = "AccelPactTrace"
+SLOTS = (1, 2)
+#: Protocol stage of each trigger: the table's row order (merge tie-break within one sequence number).
+_STAGE = {
+    "commit_update": 0, "observe_failure": 1, "join_recovery": 2, "enter_guard": 3, "submit_report": 4,
+    "decide_preserve": 5, "stand_by": 6, "decide_reject": 7, "replace_comm": 8, "replace_failed": 9,
+    "rebind_refs": 10, "rebind_failed": 11, "release": 12, "release_reject": 13, "abort": 14,
+    "resume_training": 15,
+}
+_R_ONLY = {"observe_failure", "decide_preserve", "replace_comm", "replace_failed", "rebind_refs", "rebind_failed"}
+_PROGRESS_RE = re.compile(r'<<"accelpact-progress", (\d+), (\d+)>>')
+SPEC_VARIABLES = ("phase", "frontier", "gen", "refs", "validated", "obs", "reports", "decision", "outcome",
+                  "live", "retired", "crashed", "phi", "resumedAt", "edge")
+
+
+class TraceFormatError(ValueError):
+    """The run directory holds no usable trace (no files, unreadable lines, missing fields)."""
+
+
+# -- reading and merging (pure apart from reading files) --------------------------------------------
+@dataclass(frozen=True)
+class Source:
+    """Where a record came from, for error messages."""
+
+    file: str
+    line: int
+
+
+@dataclass
+class RankLog:
+    """One rank's records of one attach (attempt), in file order."""
+
+    rank: int
+    records: list[tuple[Source, dict[str, Any]]] = field(default_factory=list)
+
+    @property
+    def edges(self) -> list[tuple[Source, dict[str, Any]]]:
+        return [(s, r) for s, r in self.records if r.get("kind") == "edge"]
+
+    def config(self) -> dict[str, Any]:
+        return next((r for _, r in self.records if r.get("kind") == "config"), {})
+
+
+def read_run(run_dir: str | Path) -> list[dict[int, RankLog]]:
+    """The run's attempts: the k-th attach of every rank is attempt k. Raises TraceFormatError."""
+    files = sorted(Path(run_dir).glob("trace-rank*.jsonl"))
+    if not files:
+        raise TraceFormatError(f"no trace-rank*.jsonl files in {run_dir}")
+    attempts: list[dict[int, RankLog]] = []
+    for path in files:
+        rank = int(re.search(r"trace-rank(\d+)\.jsonl$", path.name).group(1))  # type: ignore[union-attr]
+        k = -1
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                if n == len(path.read_text(encoding="utf-8").splitlines()):
+                    break  # a SIGKILLed rank may leave a torn last line
+                raise TraceFormatError(f"{path.name}:{n}: not JSON: {line[:80]!r}") from None
+            if rec.get("kind") == "attach" or k < 0:
+                k += 1
+                while len(attempts) <= k:
+                    attempts.append({})
+            attempts[k].setdefault(rank, RankLog(rank)).records.append((Source(path.name, n), rec))
+    return attempts
+
+
+def merge(logs: dict[int, RankLog]) -> list[tuple[Source, dict[str, Any]]]:
+    """All ranks' edge records in one sequence: by sequence number, protocol stage, then rank,
+    keeping each rank's own order (a k-way merge on the head of every rank's list)."""
+    heads = {r: log.edges for r, log in logs.items()}
+    pos = dict.fromkeys(heads, 0)
+    out: list[tuple[Source, dict[str, Any]]] = []
+    while True:
+        ready = [r for r in heads if pos[r] < len(heads[r])]
+        if not ready:
+            return out
+
+        def key(r: int) -> tuple[int, int, int]:
+            rec = heads[r][pos[r]][1]
+            return (int(rec["seq"]), _STAGE.get(rec["action"], 99), r)
+
+        best = min(ready, key=key)
+        out.append(heads[best][pos[best]])
+        pos[best] += 1
+
+
+# -- abstraction onto the spec's variables (pure) --------------------------------------------------
+@dataclass(frozen=True)
+class SpecRecord:
+    """One step the trace spec must take: the spec's action `action` of `rank`, ending with
+    phase `dst`, frontier F, generation g and (ref >= 0) every reference slot naming `ref`."""
+
+    action: str
+    rank: int
+    src: str
+    dst: str
+    F: int
+    g: int
+    ref: int
+    source: Source | None  # None: implied (the commit of an update that failed at its boundary)
+    raw: dict[str, Any] | None = None
+
+    def describe(self) -> str:
+        where = f"{self.source.file}:{self.source.line}" if self.source else "implied"
+        seq = self.raw.get("seq") if self.raw else None
+        ref = f", refs={self.raw.get('refs')}" if self.raw else ""
+        return (f"rank {self.rank} {self.action}: {self.src} -> {self.dst} (seq {seq}, F={self.F}, g={self.g}"
+                f"{ref}) [{where}]")
+
+
+@dataclass
+class Segment:
+    """A stretch of a run with at most one recovery: the unit TLC checks."""
+
+    name: str
+    world: int
+    R: frozenset[int]
+    frontier0: tuple[int, ...]
+    gen0: tuple[int, ...]
+    ref0: tuple[int, ...]
+    records: list[SpecRecord]
+    note: str = ""
+
+
+def _failed_keys(log: RankLog, first_line: int) -> set[str]:
+    """Failed groups of the recovery starting at `first_line` of this rank's log."""
+    keys: set[str] = set()
+    for src, rec in log.records:
+        if src.line >= first_line and rec.get("kind") in ("recovery", "observe"):
+            keys |= set(rec.get("failed_groups") or ())
+            if rec.get("kind") == "recovery":
+                break
+    return keys
+
+
+def _ref_value(refs: dict[str, int], labels: set[str]) -> int:
+    vals = [int(refs[lb]) for lb in labels if lb in refs]
+    return min(vals) if vals else -1
+
+
+def _observe_phase(log: RankLog, edge_src: Source) -> str | None:
+    """phase_failed of the observe record just before this rank's first recovery edge."""
+    found = None
+    for src, rec in log.records:
+        if src.line >= edge_src.line:
+            break
+        if rec.get("kind") == "observe":
+            found = rec.get("phase_failed")
+        elif rec.get("kind") == "edge" and rec.get("action") == "resume_training":
+            found = None
+    return found
+
+
+def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segment]:
+    """Cut one attempt's merged records into segments and map them onto spec values."""
+    merged = merge(logs)
+    if not merged:
+        return []
+    world = int(next((lg.config().get("world_size") for lg in logs.values() if lg.config()), 0) or
+                max(logs) + 1)
+    for _, rec in merged:
+        for key in ("seq", "action", "from", "to", "F", "g", "rank"):
+            if key not in rec:
+                raise TraceFormatError(f"an edge record has no {key!r}: {rec}")
+    # Frontier/generation each rank holds before its first record.
+    frontier: dict[int, int] = {}
+    gen: dict[int, int] = {}
+    for _, rec in merged:
+        r = int(rec["rank"])
+        if r not in frontier:
+            frontier[r] = int(rec["F"]) - (1 if rec["action"] == "commit_update" else 0)
+            gen[r] = int(rec["g"])
+    for r in range(world):
+        frontier.setdefault(r, 0)
+        gen.setdefault(r, 0)
+    refs_now: dict[int, dict[str, int]] = {}
+
+    # Split the merged sequence into recoveries: a recovery runs from its first non-commit record
+    # until every rank that took part is back in Train (or the records end).
+    chunks: list[list[tuple[Source, dict[str, Any]]]] = []
+    current: list[tuple[Source, dict[str, Any]]] = []
+    active: dict[int, str] = {}
+    for item in merged:
+        rec = item[1]
+        current.append(item)
+        if rec["action"] != "commit_update":
+            active[int(rec["rank"])] = rec["to"]
+            if all(p == "Train" for p in active.values()):
+                chunks.append(current)
+                current, active = [], {}
+    if current:
+        chunks.append(current)
+
+    segments: list[Segment] = []
+    for n, chunk in enumerate(chunks, start=1):
+        recovery = [(s, r) for s, r in chunk if r["action"] != "commit_update"]
+        participants = sorted({int(r["rank"]) for _, r in recovery})
+        first_of = {}
+        for s, r in recovery:
+            first_of.setdefault(int(r["rank"]), s)
+        failed: set[str] = set()
+        for rk, s in first_of.items():
+            failed |= _failed_keys(logs[rk], s.line)
+        labels = {rk: {lb for lb, key in logs[rk].config().get("groups", {}).items() if key in failed}
+                  for rk in logs}
+        members = {rk for rk, lbs in labels.items() if lbs}
+        R = frozenset(members | {int(r["rank"]) for _, r in recovery if r["action"] in _R_ONLY})
+        phases = {rk: _observe_phase(logs[rk], s) for rk, s in first_of.items()}
+        committed = bool(recovery) and len(participants) == world and all(
+            p == "committed" for p in phases.values())
+        preserved = any(r["action"] == "release" for _, r in recovery)
+
+        def ref_of(rank: int, refs: dict[str, int] | None, R: frozenset[int] = R,
+                   labels: dict[int, set[str]] = labels) -> int:
+            if rank not in R:
+                return -1
+            lbs = labels.get(rank) or set()
+            if not lbs or refs is None:
+                return -1
+            return _ref_value(refs, lbs)
+
+        start_frontier = tuple(frontier[r] for r in range(world))
+        start_gen = tuple(gen[r] for r in range(world))
+        ref0 = []
+        for r in range(world):
+            first = next((rec for _, rec in chunk if int(rec["rank"]) == r), None)
+            refs = first.get("refs") if first else refs_now.get(r)
+            ref0.append(max(ref_of(r, refs), 0) if r in R else -1)
+        out: list[SpecRecord] = []
+        inserted = False
+        moved: set[int] = set()  # ranks that built the replacement: the spec moves them to g+1
+        for s, rec in chunk:
+            r, action = int(rec["rank"]), rec["action"]
+            if action != "commit_update" and committed and not inserted:
+                for q in range(world):
+                    frontier[q] += 1
+                    out.append(SpecRecord("commit_update", q, "Train", "Train", frontier[q], gen[q],
+                                          -1, None))
+                inserted = True
+            in_recovery = action != "commit_update"
+            F = int(rec["F"]) + (1 if in_recovery and committed else 0)
+            if action == "replace_comm":
+                moved.add(r)
+            g = int(rec["g"]) + (1 if r in moved or (preserved and action in ("release", "resume_training")) else 0)
+            refs = rec.get("refs")
+            if isinstance(refs, dict):
+                refs_now[r] = refs
+            ref = -1 if action == "replace_comm" else ref_of(r, refs if isinstance(refs, dict) else None)
+            out.append(SpecRecord(action, r, rec["from"], rec["to"], F, g, ref, s, rec))
+            frontier[r], gen[r] = F, g
+        note = f"recovery R={sorted(R)}" + (" at a committed boundary" if committed else "") if recovery else ""
+        segments.append(Segment(f"{name}/segment{n}", world, R, start_frontier, start_gen, tuple(ref0), out, note))
+    return segments
+
+
+def segments_of_run(run_dir: str | Path) -> list[Segment]:
+    """Every segment of every attempt of a run directory."""
+    segs: list[Segment] = []
+    for k, logs in enumerate(read_run(run_dir)):
+        segs += abstract_attempt(logs, name=f"{Path(run_dir).name}/attempt{k}")
+    return segs
+
+
+# -- the TLA+ trace module (pure) ------------------------------------------------------------------
+def _tla_str(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _tla_set(xs: Iterable[int]) -> str:
+    return "{" + ", ".join(str(x) for x in sorted(xs)) + "}"
+
+
+def _tla_seq(xs: Iterable[str]) -> str:
+    return "<<" + ", ".join(xs) + ">>"
+
+
+def _record_tla(rec: SpecRecord) -> str:
+    return (f"[a |-> {_tla_str(rec.action)}, r |-> {rec.rank}, src |-> {_tla_str(rec.src)}, "
+            f"dst |-> {_tla_str(rec.dst)}, F |-> {rec.F}, g |-> {rec.g}, ref |-> {rec.ref}]")
+
+
+def render_module(segments: Sequence[Segment]) -> str:
+    """The trace module: segments as a constant, one named instance of the spec per (N, R)."""
+    if not segments:
+        raise ValueError("no segments to check")
+    configs: dict[tuple[int, frozenset[int]], int] = {}
+    for seg in segments:
+        configs.setdefault((seg.world, seg.R or frozenset({0})), len(configs) + 1)
+    max_f = max([*(r.F for s in segments for r in s.records), *(f for s in segments for f in s.frontier0), 0]) + 1
+    max_g = max([*(r.g for s in segments for r in s.records), *(g for s in segments for g in s.gen0), 0]) + 2
+    actions = list(_STAGE)
+    lines = [
+        f"---------------------------- MODULE {TRACE_MODULE} ----------------------------",
+        "(* Generated by model_checking/trace.py: recorded runs as behaviours of AccelPact. *)",
+        "EXTENDS Integers, Sequences, TLC",
+        "VARIABLES " + ", ".join(SPEC_VARIABLES) + ", t, i",
+        "",
+    ]
+    for (world, R), k in configs.items():
+        lines.append(
+            f"C{k} == INSTANCE AccelPact WITH N <- {world}, R <- {_tla_set(R)}, Slots <- {_tla_set(SLOTS)}, "
+            f"MaxFrontier <- {max_f}, MaxGen <- {max_g}, MaxCrashes <- {world}, "
+            'FaultPhases <- {"forward", "backward", "optimizer", "committed"}, Spurious <- TRUE, '
+            'Mutant <- "none"')
+        body = "\n".join(f"    [] a = {_tla_str(a)} -> C{k}!{a}(r)" for a in actions)
+        lines.append(f"Act{k}(a, r) == CASE\n{body[7:]}\n    [] OTHER -> FALSE")
+        lines.append(f"Env{k}(crashable) == \\/ C{k}!PublishDecision \\/ C{k}!PublishResume "
+                     f"\\/ C{k}!ControlPlaneTimeout \\/ C{k}!DataPlaneFailure \\/ \\E q \\in crashable : C{k}!Crash(q)")
+        lines.append("")
+    segs = []
+    for seg in segments:
+        recs = "<<" + ",\n      ".join(_record_tla(r) for r in seg.records) + ">>"
+        segs.append(
+            f"[cfg |-> {configs[(seg.world, seg.R or frozenset({0}))]}, n |-> {seg.world}, R |-> {_tla_set(seg.R)}, "
+            f"f0 |-> {_tla_seq(map(str, seg.frontier0))}, g0 |-> {_tla_seq(map(str, seg.gen0))}, "
+            f"ref0 |-> {_tla_seq(map(str, seg.ref0))},\n     recs |-> {recs}]")
+    lines.append("Traces == <<\n  " + ",\n  ".join(segs) + ">>")
+    k_cases = "\n".join(f"    [] k = {k} -> Act{k}(a, r)" for k in configs.values())
+    e_cases = "\n".join(f"    [] k = {k} -> Env{k}(c)" for k in configs.values())
+    lines += [
+        "",
+        f"Act(k, a, r) == CASE\n{k_cases[7:]}\n    [] OTHER -> FALSE",
+        f"Env(k, c) == CASE\n{e_cases[7:]}\n    [] OTHER -> FALSE",
+        "Tr == Traces[t]",
+        "Slot == " + _tla_set(SLOTS),
+        "(* Ranks that record nothing more: the only ones whose crash can explain the rest. *)",
+        "Crashable == {q \\in 0 .. (Tr.n - 1) : \\A j \\in (i + 1) .. Len(Tr.recs) : Tr.recs[j].r # q}",
+        "",
+        "TraceInit ==",
+        "    \\E k \\in 1 .. Len(Traces) :",
+        "        LET T == Traces[k]",
+        "            Rk == 0 .. (T.n - 1)",
+        "        IN /\\ t = k /\\ i = 0",
+        '           /\\ phase = [r \\in Rk |-> "Train"]',
+        "           /\\ frontier = [r \\in Rk |-> T.f0[r + 1]]",
+        "           /\\ gen = [r \\in Rk |-> T.g0[r + 1]]",
+        "           /\\ refs = [r \\in T.R |-> [s \\in Slot |-> T.ref0[r + 1]]]",
+        "           /\\ validated = [r \\in Rk |-> FALSE]",
+        '           /\\ obs = [r \\in Rk |-> "none"]',
+        '           /\\ reports = [r \\in Rk |-> [f |-> 0, g |-> 0, phi |-> "none"]]',
+        '           /\\ decision = [kind |-> "none", f |-> 0, g |-> 0]',
+        '           /\\ outcome = "none"',
+        "           /\\ live = {T.g0[1]}",
+        "           /\\ retired = {}",
+        "           /\\ crashed = {}",
+        '           /\\ phi = "none"',
+        "           /\\ resumedAt = [r \\in Rk |-> [f |-> -1, g |-> -1]]",
+        '           /\\ edge = <<"init", "", "">>',
+        "",
+        "(* The next record: the spec's action it names, ending where the record says. *)",
+        "Take(rec) ==",
+        "    /\\ phase[rec.r] = rec.src",
+        "    /\\ Act(Tr.cfg, rec.a, rec.r)",
+        "    /\\ phase'[rec.r] = rec.dst",
+        "    /\\ frontier'[rec.r] = rec.F",
+        "    /\\ gen'[rec.r] = rec.g",
+        "    /\\ rec.ref >= 0 => refs'[rec.r] = [s \\in Slot |-> rec.ref]",
+        "",
+        "TraceNext ==",
+        "    \\/ /\\ i < Len(Tr.recs)",
+        "       /\\ Take(Tr.recs[i + 1])",
+        "       /\\ i' = i + 1 /\\ t' = t",
+        '       /\\ PrintT(<<"accelpact-progress", t, i + 1>>)',
+        "    \\/ Env(Tr.cfg, Crashable) /\\ UNCHANGED <<t, i>>",
+        "",
+        "TraceSpec == TraceInit /\\ [][TraceNext]_<<" + ", ".join(SPEC_VARIABLES) + ", t, i>>",
+        "(* Violated by a state `limit` records in: the diagnosis run's way to get such a state. *)",
+        "NotYetAt(limit) == i < limit",
+        "=============================================================================",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def render_cfg(invariant: str | None = None) -> str:
+    lines = ["\\* deadlock: ignore", "INIT TraceInit", "NEXT TraceNext"]
+    if invariant:
+        lines += ["INVARIANT", f"    {invariant}"]
+    return "\n".join(lines) + "\n"
+
+
+# -- running TLC (effects) -------------------------------------------------------------------------
+@dataclass
+class SegmentVerdict:
+    segment: Segment
+    ok: bool
+    reached: int  # records explained
+    first_bad: SpecRecord | None = None
+    state_before: dict[str, str] = field(default_factory=dict)
+    path: list[TraceState] = field(default_factory=list)
+
+    def describe(self) -> str:
+        seg = self.segment
+        if self.ok:
+            return f"{seg.name}: ok, {len(seg.records)} records ({seg.note or 'training only'})"
+        assert self.first_bad is not None
+        lines = [f"{seg.name}: record {self.reached + 1} of {len(seg.records)} is explained by no action of "
+                 f"spec/AccelPact.tla ({seg.note or 'training only'})",
+                 f"  record: {self.first_bad.describe()}",
+                 f"  expected by the spec: action {self.first_bad.action} of rank {self.first_bad.rank} "
+                 f"ending in {self.first_bad.dst} with F={self.first_bad.F}, g={self.first_bad.g}"
+                 + (f", every reference slot on g={self.first_bad.ref}" if self.first_bad.ref >= 0 else ""),
+                 "  state before it:"]
+        for k in SPEC_VARIABLES:
+            if k in self.state_before:
+                lines.append(f"    {k} = {self.state_before[k]}")
+        return "\n".join(lines)
+
+
+@dataclass
+class BatchResult:
+    verdicts: list[SegmentVerdict]
+    tlc_s: float
+    runs: int
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+def _spec_file(spec_dir: Path | None) -> Path:
+    from .models import spec_path
+
+    return spec_path(spec_dir)
+
+
+def _run(segments: Sequence[Segment], invariant: str | None, spec_dir: Path | None, timeout_s: float,
+         workers: int) -> TlcResult:
+    with tempfile.TemporaryDirectory(prefix="accelpact-trace-") as tmp:
+        module = Path(tmp) / f"{TRACE_MODULE}.tla"
+        module.write_text(render_module(segments))
+        result = run_tlc(module, render_cfg(invariant), workers=workers, check_deadlock=False,
+                         timeout_s=timeout_s, extra_modules=[_spec_file(spec_dir)])
+    if result.errors:
+        raise RuntimeError("TLC could not check the trace module: " + result.errors[0][:2000])
+    return result
+
+
+def progress(output: str) -> dict[int, int]:
+    """Records explained per segment (1-based segment index), read from the trace spec's prints."""
+    reached: dict[int, int] = {}
+    for m in _PROGRESS_RE.finditer(output):
+        k, i = int(m.group(1)), int(m.group(2))
+        reached[k] = max(reached.get(k, 0), i)
+    return reached
+
+
+def validate_segments(segments: Sequence[Segment], *, spec_dir: Path | None = None, batch: int = 100,
+                      timeout_s: float = 600.0, workers: int = 1, diagnose_failures: bool = True) -> BatchResult:
+    """Check every segment with TLC, `batch` segments per TLC run; diagnose the ones that fail."""
+    verdicts: list[SegmentVerdict] = []
+    started, runs = time.monotonic(), 0
+    for lo in range(0, len(segments), batch):
+        chunk = list(segments[lo:lo + batch])
+        result = _run(chunk, None, spec_dir, timeout_s, workers)
+        runs += 1
+        reached = progress(result.output)
+        for k, seg in enumerate(chunk, start=1):
+            got = reached.get(k, 0)
+            verdict = SegmentVerdict(seg, got >= len(seg.records), got)
+            if not verdict.ok:
+                verdict.first_bad = seg.records[got]
+                if diagnose_failures:
+                    _diagnose(verdict, spec_dir, timeout_s, workers)
+                    runs += 1
+            verdicts.append(verdict)
+    return BatchResult(verdicts, time.monotonic() - started, runs)
+
+
+def _diagnose(verdict: SegmentVerdict, spec_dir: Path | None, timeout_s: float, workers: int) -> None:
+    """A state `reached` records in (TLC's counterexample to NotYetAt(reached))."""
+    result = _run_stop(verdict, spec_dir, timeout_s, workers)
+    if result.trace:
+        verdict.path = result.trace
+        verdict.state_before = {k: v for k, v in result.trace[-1].values.items() if k not in ("t", "i")}
+
+
+def _run_stop(verdict: SegmentVerdict, spec_dir: Path | None, timeout_s: float, workers: int) -> TlcResult:
+    with tempfile.TemporaryDirectory(prefix="accelpact-trace-") as tmp:
+        module = Path(tmp) / f"{TRACE_MODULE}.tla"
+        text = render_module([verdict.segment]).replace(
+            "NotYetAt(limit) == i < limit", f"NotYetAt(limit) == i < limit\nStop == NotYetAt({verdict.reached})")
+        module.write_text(text)
+        return run_tlc(module, render_cfg("Stop"), workers=workers, check_deadlock=False, timeout_s=timeout_s,
+                       extra_modules=[_spec_file(spec_dir)])
+
+
+@dataclass
+class RunReport:
+    run_dir: str
+    result: BatchResult
+
+    @property
+    def ok(self) -> bool:
+        return self.result.ok
+
+    @property
+    def first_failure(self) -> SegmentVerdict | None:
+        return next((v for v in self.result.verdicts if not v.ok), None)
+
+    def describe(self) -> str:
+        res = self.result
+        records = sum(len(v.segment.records) for v in res.verdicts)
+        head = (f"{self.run_dir}: {'PASS' if self.ok else 'FAIL'}: {len(res.verdicts)} segment(s), {records} records, "
+                f"{res.runs} TLC run(s), {res.tlc_s:.1f} s")
+        bad = self.first_failure
+        return head if bad is None else head + "\n" + bad.describe()
+
+
+def check_runs(run_dirs: Sequence[str | Path], **kw: Any) -> list[RunReport]:
+    """Validate several run directories in one batch of TLC runs."""
+    segs: list[tuple[int, Segment]] = []
+    for n, d in enumerate(run_dirs):
+        segs += [(n, s) for s in segments_of_run(d)]
+    if not segs:
+        raise TraceFormatError(f"no edge records in {', '.join(map(str, run_dirs))}")
+    res = validate_segments([s for _, s in segs], **kw)
+    reports = []
+    for n, d in enumerate(run_dirs):
+        mine = [v for (m, _), v in zip(segs, res.verdicts) if m == n]
+        reports.append(RunReport(str(d), BatchResult(mine, res.tlc_s, res.runs)))
+    return reports
+
+
+def check_run(run_dir: str | Path, **kw: Any) -> RunReport:
+    """Validate one run directory (all its attempts)."""
+    return check_runs([run_dir], **kw)[0]
+
+
+def assert_valid_run(run_dir: str | Path, **kw: Any) -> RunReport:
+    """For tests: the run passes trace validation."""
+    report = check_run(run_dir, **kw)
+    if not report.ok:
+        raise AssertionError("trace validation failed:\n" + report.describe())
+    return report

@@ -1,0 +1,44 @@
+"""Fault campaigns: the pure expectation, the schedule strategy, the simulation campaign, and the
+CI profile of the real-runtime campaign (2 derandomised schedules on 4 CPU ranks)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+
+from accelpact.testing.campaign import Fault, campaign, expected, fault_schedules, plan, simulation_campaign
+
+
+def test_expected_outcome_follows_the_envelope():
+    c = [Fault(3, "committed", 2, "skip"), Fault(5, "committed", 0, "late")]
+    assert expected(c).outcome == "preserve" and expected(c).preserved_updates == (3, 5)
+    r = expected([*c, Fault(4, "backward", 1, "skip")])
+    assert (r.outcome, r.preserved_updates, r.reject_update) == ("reject", (3,), 4)
+    k = expected([Fault(3, "committed", 1, "kill"), Fault(3, "committed", 2, "skip")])
+    assert (k.outcome, k.reject_update) == ("killed", 3)
+    assert plan([Fault(5, "forward", 1, "kill"), Fault(2, "committed", 0, "skip")]) == \
+        "skip@2:committed:0,kill@5:forward:1"
+
+
+@settings(max_examples=200, derandomize=True, deadline=None)
+@given(fault_schedules())
+def test_schedules_are_valid_fault_plans(faults):
+    from accelpact.faults import FaultPlan
+
+    assert 1 <= len(faults) <= 10
+    FaultPlan.parse(plan(faults)).validate(4)
+
+
+def test_simulation_campaign_profile_runs_the_simulation_property():
+    assert simulation_campaign(50, seed=1, derandomize=True) == 0
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_runtime_campaign_ci_profile(tmp_path):
+    summary = tmp_path / "summary.json"
+    assert campaign(2, updates=4, derandomize=True, seed=0, summary=summary) == 0
+    data = json.loads(summary.read_text())
+    assert data["schedules"] == 2 and not data["failures"], data

@@ -1,0 +1,202 @@
+"""Real link cuts between emulated nodes (accelpact.chaos).
+
+The pure parts (schedules, commands, names, argv, the analysis of records) are tested everywhere.
+The end-to-end test builds two network namespaces, runs the demo trainer as a 2-node torchrun job
+across them, cuts node 1's link at a committed boundary and restores it inside the recovery
+budget: every rank must Preserve, only the cross-node groups may be replaced, the final state must
+be bitwise equal to the uninterrupted reference, and the fabric must be gone afterwards. It needs
+root and iproute2 (CI has both) and skips with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import replace
+
+import pytest
+
+from accelpact.chaos import analysis
+from accelpact.chaos.campaign import Scenario, default_campaign, length_classes, run_scenario
+from accelpact.chaos.job import JobPaths, JobSpec, torchrun_argv, worker_env
+from accelpact.chaos.nemesis import Cut, CutMethod, anchor_time, cut_commands, parse_schedule, plan_random
+from accelpact.chaos.topology import (
+    ChaosUnavailable,
+    TopologySpec,
+    emulated_nodes,
+    list_namespaces,
+    preflight,
+)
+
+# ------------------------------------------------------------------------------ pure parts
+
+
+def test_schedule_round_trips_and_rejects_bad_input():
+    cuts = parse_schedule("port-block:2.5@8,switch-down:0.4~12+0.02, node-down:9@20+0.1")
+    assert [c.method for c in cuts] == [CutMethod.PORT_BLOCK, CutMethod.SWITCH_DOWN, CutMethod.NODE_DOWN]
+    assert [c.aligned for c in cuts] == [True, False, True]
+    assert cuts[1].offset_s == 0.02 and cuts[0].offset_s == 0.05
+    assert parse_schedule(",".join(c.spec() for c in cuts)) == cuts
+    for bad in ("laser:1@3", "port-block:x@3", "port-block:1@0", "port-block:1@5,switch-down:1@5"):
+        with pytest.raises(ValueError):
+            parse_schedule(bad)
+
+
+def test_random_plan_is_seeded_and_mixes_methods_and_lengths():
+    kw = dict(lengths=(0.4, 2.5, 10.0), first_update=4, gap=(3, 5), aligned=0.5)
+    a, b = plan_random(11, 6, **kw), plan_random(11, 6, **kw)
+    assert a == b and a != plan_random(12, 6, **kw)
+    assert {c.length_s for c in a} == {0.4, 2.5, 10.0}  # every length appears in a short campaign
+    assert len({c.method for c in a[:4]}) == 4
+    assert all(y.update - x.update in (3, 4, 5) for x, y in zip(a, a[1:]))
+
+
+def test_cut_commands_touch_only_the_fabric_of_the_spec():
+    spec = TopologySpec(tag="ab12")
+    for method in CutMethod:
+        cut, restore = cut_commands(spec, method, node=1)
+        assert cut and restore
+        for argv in cut + restore:
+            text = " ".join(argv)
+            assert "ab12" in text, text  # every command names this fabric's namespace or interface
+            assert spec.node_if(0) not in text and spec.switch_if(0) not in text  # node 0 is never touched
+
+
+def test_topology_names_fit_the_kernel_and_addresses_stay_inside_the_subnet():
+    spec = TopologySpec.fresh(nodes=2)
+    for i in range(2):
+        assert len(spec.node_if(i)) <= 15 and len(spec.switch_if(i)) <= 15
+        assert spec.address(i).startswith("10.231.0.")
+    assert len(spec.bridge) <= 15
+    assert not any("default" in " ".join(a) for a in spec.up_commands())  # no route out
+    with pytest.raises(ValueError):
+        TopologySpec(tag="NOT-OK")
+    with pytest.raises(ValueError):
+        spec.node_ns(2)
+
+
+def test_torchrun_argv_has_the_flags_measured_to_work_across_namespaces(tmp_path):
+    spec, job, paths = TopologySpec(tag="t1"), JobSpec(updates=5), JobPaths(tmp_path)
+    host, other = torchrun_argv(job, spec, 0, paths), torchrun_argv(job, spec, 1, paths)
+    assert f"--local-addr={spec.address(1)}" in other and f"--rdzv-endpoint={spec.address(0)}:29400" in other
+    assert any("is_host=1" in a for a in host) and not any("is_host=1" in a for a in other)
+    assert other[other.index("accelpact.chaos.worker") + 1] == "--"  # torchrun must not eat --local
+    env = worker_env(job, spec, 1, paths, base={"ACCELPACT_FAULTS": "skip@1:committed:0", "PATH": "/bin"})
+    assert env["GLOO_SOCKET_IFNAME"] == spec.node_if(1) and "ACCELPACT_FAULTS" not in env
+
+
+def test_length_classes_are_ordered_around_detection_and_budget():
+    job = JobSpec(data_timeout_s=2.0, control_timeout_s=5.0, dwell_s=0.4)
+    L = length_classes(job)
+    assert L["short"] < job.dwell_s + job.data_timeout_s < L["medium"] < L["medium+"]
+    assert L["long"] > job.dwell_s + job.data_timeout_s + job.control_timeout_s
+    assert len(default_campaign(quick=True)) == 1
+    assert sum(len(s.cuts) for s in default_campaign()) >= 5
+
+
+def test_anchor_waits_for_the_dwell_or_the_commit_after_the_previous_restore():
+    marks = [{"kind": "dwell", "update": 8, "t": 10.0}, {"kind": "dwell", "update": 8, "t": 30.0},
+             {"kind": "boundary", "update": 9, "result": 0, "t_out": 12.0}]
+    assert anchor_time(Cut(CutMethod.PORT_BLOCK, 1.0, 8), marks, after=0.0) == pytest.approx(10.05)
+    assert anchor_time(Cut(CutMethod.PORT_BLOCK, 1.0, 8), marks, after=20.0) == pytest.approx(30.05)
+    assert anchor_time(Cut(CutMethod.PORT_BLOCK, 1.0, 9, aligned=False, offset_s=0.1), marks, 0.0) == 12.1
+    assert anchor_time(Cut(CutMethod.PORT_BLOCK, 1.0, 10), marks, 0.0) is None
+
+
+def _edge(rank, t, update, action="commit_update"):
+    return {"kind": "edge", "rank": rank, "t": t, "update": update, "action": action}
+
+
+def test_analysis_classifies_preserve_absorbed_and_restart():
+    sched = [{"method": "port-block", "length_s": 2.5, "update": 5, "aligned": True},
+             {"method": "switch-down", "length_s": 0.4, "update": 8, "aligned": True},
+             {"method": "switch-down", "length_s": 9.0, "update": 12, "aligned": True}]
+    nemesis = [{"kind": "schedule", "cuts": sched},
+               {"kind": "cut", "index": 0, "t_start": 100.0, "t": 100.01},
+               {"kind": "restore", "index": 0, "t": 102.5},
+               {"kind": "cut", "index": 1, "t_start": 110.0, "t": 110.01},
+               {"kind": "restore", "index": 1, "t": 110.4},
+               {"kind": "cut", "index": 2, "t_start": 120.0, "t": 120.01},
+               {"kind": "restore", "index": 2, "t": 129.0}]
+    traces, marks = {}, {}
+    for r in range(4):
+        pair = "replicate[0,2]" if r % 2 == 0 else "replicate[1,3]"
+        traces[r] = [{"kind": "attach", "attempt": 0, "t": 1.0, "rank": r},
+                     {"kind": "recovery", "action": "preserve", "failure_phase": "committed", "t": 102.7,
+                      "repair_s": 0.05, "failed_groups": [pair]},
+                     _edge(r, 103.0, 6), _edge(r, 111.0, 9),
+                     {"kind": "attach", "attempt": 1, "t": 131.0, "rank": r}, _edge(r, 133.0, 11)]
+        marks[r] = [{"kind": "start", "node": str(r // 2)},
+                    {"kind": "boundary", "flag": 1, "t_in": 102.4, "t_out": 102.6, "failed": [pair]},
+                    {"kind": "boundary", "flag": 1, "t_in": 122.4, "t_out": 127.4, "error": "timed out"}]
+    rec = analysis.RunRecords(nemesis=nemesis, traces=traces, marks=marks,
+                              attempts=[{"event": "restored", "attempt": 1, "updates_replayed": 2}],
+                              result={"verdicts": [{"rank": r, "mismatches": []} for r in range(4)]},
+                              returncodes=[0, 0])
+    rep = analysis.analyse(rec, "synthetic")
+    assert [c.outcome for c in rep.cuts] == ["preserve", "absorbed", "restart"]
+    first = rep.cuts[0]
+    assert first.landed == "boundary" and not first.same_node_replaced
+    assert first.detect_s == pytest.approx(2.39) and first.restore_to_progress_s == pytest.approx(0.5)
+    assert rep.cuts[2].replayed == 2 and rep.cuts[2].landed == "control"
+    assert rep.bitwise == "IDENTICAL" and rep.placement == {0: "0", 1: "0", 2: "1", 3: "1"}
+    assert "synthetic" in analysis.format_table([rep])
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def _skip_unless_fabric_possible() -> None:
+    try:
+        preflight()
+    except ChaosUnavailable as exc:
+        pytest.skip(f"cannot emulate nodes here: {exc}")
+
+
+@pytest.fixture
+def fabric():
+    """Two emulated nodes, torn down (and checked gone) however the test ends."""
+    _skip_unless_fabric_possible()
+    with emulated_nodes(TopologySpec.fresh()) as topo:
+        yield topo
+    left = [ns for ns in topo.spec.namespaces if ns in list_namespaces()]
+    assert not left, f"namespaces left behind: {left}"
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_cut_at_the_boundary_restored_in_budget_is_preserved_bitwise(fabric, tmp_path):
+    (sc,) = default_campaign(quick=True)
+    sc = replace(sc, timeout_s=110)
+    assert isinstance(sc, Scenario) and sc.cuts[0].method is CutMethod.PORT_BLOCK  # iproute2 only
+    report = run_scenario(sc, tmp_path, topo=fabric, log=lambda *_: None)
+    why = report.message or ""
+    (cut,) = report.cuts
+    assert report.completed, f"{why}\n{_tails(tmp_path / sc.name)}"
+    assert report.placement == {0: "0", 1: "0", 2: "1", 3: "1"}
+    assert cut.outcome == "preserve" and cut.landed == "boundary", (cut, _tails(tmp_path / sc.name))
+    assert cut.failed_groups and all(g.startswith("replicate") for g in cut.failed_groups), cut
+    assert not cut.same_node_replaced
+    assert report.bitwise == "IDENTICAL", report.bitwise
+    assert report.restarts == 0
+    assert (tmp_path / sc.name / "trace" / "nemesis.jsonl").exists()
+    assert all((tmp_path / sc.name / "trace" / f"trace-rank{r}.jsonl").exists() for r in range(4))
+
+
+def _tails(root) -> str:
+    out = []
+    for n in range(2):
+        path = root / f"node{n}.err"
+        if path.exists():
+            out.append(f"--- node{n}.err\n" + path.read_text(errors="replace")[-2500:])
+    return "\n".join(out)
+
+
+def test_preflight_refuses_clearly_without_ip(monkeypatch):
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    if os.geteuid() != 0:
+        with pytest.raises(ChaosUnavailable, match="root"):
+            preflight()
+    else:
+        with pytest.raises(ChaosUnavailable, match="iproute2"):
+            preflight()

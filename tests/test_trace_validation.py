@@ -1,0 +1,174 @@
+"""Trace validation against spec/AccelPact.tla: a synthetic run passes, doctored copies of it are
+rejected at the record that breaks them, and the CLI names that record.
+
+The synthetic run is what the runtime writes for a fault at the committed boundary of update 3
+on replicate[0,2] of a 4-rank HSDP world (2 nodes x 2), both members observing the failure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from model_checking import check
+from model_checking.trace import (
+    check_runs,
+    merge,
+    read_run,
+    render_module,
+    segments_of_run,
+)
+
+WORLD = 4
+
+
+def _groups(r: int) -> dict[str, str]:
+    return {"replicate": f"replicate[{r % 2},{r % 2 + 2}]", "shard": f"shard[{r // 2 * 2},{r // 2 * 2 + 1}]"}
+
+
+def synthetic_run(observers=(0, 2), failed="replicate[0,2]", updates=5, fault=3) -> dict[int, list[dict]]:
+    """Per-rank records of a preserved recovery at the committed boundary of update `fault`."""
+    members = [int(x) for x in failed[failed.index("[") + 1:-1].split(",")]
+    label = failed.split("[")[0]
+    out: dict[int, list[dict]] = {}
+    for r in range(WORLD):
+        recs: list[dict] = [{"kind": "attach", "attempt": 0},
+                            {"kind": "config", "world_size": WORLD, "groups": _groups(r)}]
+        refs = {"replicate": 0, "shard": 0}
+
+        def edge(seq, action, src, dst, F, g, update, refs=refs, recs=recs):
+            recs.append({"kind": "edge", "seq": seq, "action": action, "from": src, "to": dst, "phase": dst,
+                         "F": F, "g": g, "refs": dict(refs), "update": update})
+
+        for u in range(1, fault):
+            edge(u, "commit_update", "Train", "Train", u, 0, u)
+        k, F = fault, fault - 1
+        saw = r in observers
+        recs.append({"kind": "observe", "seq": k, "update": fault, "phase_failed": "committed", "saw": saw,
+                     "failed_groups": [failed] if saw else []})
+        edge(k, "observe_failure" if saw else "join_recovery", "Train", "Observe", F, 0, fault)
+        edge(k, "enter_guard", "Observe", "Guard", F, 0, fault)
+        edge(k, "submit_report", "Guard", "Agree", F, 0, fault)
+        if r in members:
+            edge(k + 1, "decide_preserve", "Agree", "Replace", F, 0, fault)
+            edge(k + 1, "replace_comm", "Replace", "Rebind", F, 0, fault)
+            refs[label] = 1
+            edge(k + 1, "rebind_refs", "Rebind", "Validate", F, 0, fault)
+        else:
+            edge(k + 1, "stand_by", "Agree", "Validate", F, 0, fault)
+        edge(k + 2, "release", "Validate", "Resume", F, 0, fault)
+        edge(k + 2, "resume_training", "Resume", "Train", F, 0, fault)
+        recs.append({"kind": "recovery", "action": "preserve", "failed_groups": [failed]})
+        for u in range(fault + 1, updates + 1):
+            edge(k + 2 + u - fault, "commit_update", "Train", "Train", u, 1, u)
+        out[r] = recs
+    return out
+
+
+def write_run(path: Path, ranks: dict[int, list[dict]]) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for r, recs in ranks.items():
+        lines = [json.dumps({"rank": r, "t": float(n), **rec}) for n, rec in enumerate(recs)]
+        (path / f"trace-rank{r}.jsonl").write_text("\n".join(lines) + "\n")
+    return path
+
+
+def _find(recs, action):
+    return next(n for n, x in enumerate(recs) if x.get("action") == action)
+
+
+def doctored(tmp_path: Path) -> dict[str, Path]:
+    good = synthetic_run()
+    runs = {"good": write_run(tmp_path / "good", good)}
+    dropped = synthetic_run()
+    del dropped[2][_find(dropped[2], "enter_guard")]
+    runs["dropped"] = write_run(tmp_path / "dropped", dropped)
+    stale = synthetic_run()
+    for rec in stale[2][_find(stale[2], "rebind_refs"):]:
+        if rec.get("kind") == "edge":
+            rec["refs"]["replicate"] = 0
+    runs["stale"] = write_run(tmp_path / "stale", stale)
+    early = synthetic_run()  # rank 2 repairs only after the others released: release before validation
+    for rec in early[2]:
+        if rec.get("action") in ("decide_preserve", "replace_comm", "rebind_refs"):
+            rec["seq"] = 6
+    runs["early_release"] = write_run(tmp_path / "early_release", early)
+    runs["skipper_joins"] = write_run(tmp_path / "skipper_joins", synthetic_run(observers=(0,)))
+    return runs
+
+
+@pytest.fixture(scope="module")
+def verdicts(tmp_path_factory):
+    runs = doctored(tmp_path_factory.mktemp("runs"))
+    reports = check_runs(list(runs.values()))
+    return runs, dict(zip(runs, reports))
+
+
+# -- pure parts -------------------------------------------------------------------------------------
+def test_merge_puts_observers_before_joiners_and_keeps_each_rank_in_order(tmp_path):
+    run = write_run(tmp_path / "r", synthetic_run(observers=(2,)))
+    merged = merge(read_run(run)[0])
+    at3 = [(rec["rank"], rec["action"]) for _, rec in merged if rec["seq"] == 3]
+    assert at3[0] == (2, "observe_failure")
+    for r in range(WORLD):
+        own = [rec["action"] for _, rec in merged if rec["rank"] == r]
+        assert own == [x["action"] for x in synthetic_run(observers=(2,))[r] if x.get("kind") == "edge"]
+
+
+def test_committed_recovery_implies_the_commit_of_the_failed_update(tmp_path):
+    segs = segments_of_run(write_run(tmp_path / "r", synthetic_run()))
+    assert [len(s.records) for s in segs] == [2 * WORLD + WORLD + 3 * WORLD + 8 + 2 * WORLD, 2 * WORLD]
+    first = segs[0]
+    assert first.R == frozenset({0, 2})
+    implied = [r for r in first.records if r.source is None]
+    assert [(r.action, r.rank, r.F) for r in implied] == [("commit_update", q, 3) for q in range(WORLD)]
+    release = next(r for r in first.records if r.action == "release")
+    assert (release.F, release.g) == (3, 1)
+    assert "INSTANCE AccelPact" in render_module(segs)
+
+
+# -- TLC --------------------------------------------------------------------------------------------
+def test_recorded_preserve_passes(verdicts):
+    _, rep = verdicts
+    assert rep["good"].ok, rep["good"].describe()
+
+
+def test_dropped_record_is_rejected_at_the_next_record_of_that_rank(verdicts):
+    rep = verdicts[1]["dropped"]
+    bad = rep.first_failure
+    assert bad is not None and bad.first_bad is not None
+    assert (bad.first_bad.rank, bad.first_bad.action) == (2, "submit_report")
+    assert '2 :> "Observe"' in bad.state_before["phase"]
+
+
+def test_stale_reference_generation_is_rejected_at_the_rebind(verdicts):
+    bad = verdicts[1]["stale"].first_failure
+    assert bad is not None and (bad.first_bad.rank, bad.first_bad.action) == (2, "rebind_refs")
+    assert "retired = {0}" in verdicts[1]["stale"].describe()
+
+
+def test_release_before_every_rank_validated_is_rejected_at_the_release(verdicts):
+    bad = verdicts[1]["early_release"].first_failure
+    assert bad is not None and (bad.first_bad.rank, bad.first_bad.action) == (0, "release")
+    assert '2 :> "Agree"' in bad.state_before["phase"]
+
+
+def test_member_of_the_failed_group_that_saw_nothing_may_join(verdicts):
+    """The rank that skipped a collective sees no error itself; it joins at the boundary check
+    and still repairs its group (found by this checker in real runs, then fixed in the spec)."""
+    rep = verdicts[1]["skipper_joins"]
+    assert rep.ok, rep.describe()
+
+
+def test_cli_names_the_first_unexplained_record(tmp_path, capsys):
+    runs = doctored(tmp_path)
+    assert check.main(["--trace", str(runs["dropped"])]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "rank 2 submit_report: Guard -> Agree" in out and "state before it" in out
+    assert "trace-rank2.jsonl:" in out
+
+
+def test_cli_rejects_a_directory_without_traces(tmp_path, capsys):
+    assert check.main(["--trace", str(tmp_path)]) == 1
+    assert "no trace-rank" in capsys.readouterr().out
