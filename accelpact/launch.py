@@ -5,6 +5,11 @@ store with the same keys. A restarted gloo worker can then read a peer's address
 *previous* attempt before the peer overwrites it, and fail with "Gloo connectFullMesh failed ...
 Connection refused" (seen here on the first restart of a 4-rank job). `init_process_group`
 scopes every key of the new attempt under its own prefix, so no attempt can read another's.
+
+The attempt number comes from the job's store, not from TORCHELASTIC_RESTART_COUNT: each node's
+agent counts restarts on its own, and after a cut a node may restart its workers because another
+node re-rendezvoused without counting it. Every worker adds 1 to a counter at start; all workers
+of one attempt start before any worker of the next, so attempt = (count - 1) // world size.
 """
 
 from __future__ import annotations
@@ -14,9 +19,20 @@ import os
 
 import torch.distributed as dist
 
+_attempt: int | None = None
+
+
+def current_attempt() -> int:
+    """This job attempt's number (0 first): from the store when `init_process_group` ran under
+    torchrun, else torchrun's own restart count, else 0."""
+    if _attempt is not None:
+        return _attempt
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
 
 def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | None = None, **kwargs) -> None:
     """Drop-in for `torch.distributed.init_process_group` that is safe across torchrun restarts."""
+    global _attempt
     env = os.environ
     if "TORCHELASTIC_RESTART_COUNT" not in env or "store" in kwargs or "init_method" in kwargs:
         dist.init_process_group(backend, timeout=timeout, **kwargs)
@@ -29,5 +45,7 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
         use_libuv=True,
     )
     run = env.get("TORCHELASTIC_RUN_ID", "run")
-    store = dist.PrefixStore(f"accelpact/{run}/attempt{env['TORCHELASTIC_RESTART_COUNT']}/", client)
+    starts = client.add(f"accelpact/{run}/worker-starts", 1)
+    _attempt = (starts - 1) // world_size
+    store = dist.PrefixStore(f"accelpact/{run}/attempt{_attempt}/", client)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)

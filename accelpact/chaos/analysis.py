@@ -194,6 +194,8 @@ def analyse(rec: RunRecords, name: str = "run") -> RunReport:
             # restart budget (or never attached) means the job stopped here
             trained = bool(new_attempts) and _commits_after(_attempt_traces(rec.traces, new_attempts[0]), lo) is not None
             outcome = "restart" if trained else "stopped"
+        elif t_restore is not None and _commits_after(rec.traces, t_restore) is None:
+            outcome = "stopped"  # nothing committed after the link came back: the job died under this cut
         else:
             outcome = "absorbed"
 
@@ -204,7 +206,7 @@ def analyse(rec: RunRecords, name: str = "run") -> RunReport:
             landed = "+".join(p for p in phases if p != "committed") or "boundary"
         elif errored:
             landed = "control"
-        elif new_attempts:
+        elif new_attempts or outcome == "stopped":
             landed = "crash"  # workers died outside the protocol (seen: a checkpoint save under the cut)
         else:
             landed = "none"

@@ -14,10 +14,10 @@ It runs `accelpact.demo_worker` unchanged and adds two things around the protect
   reproducible on a machine whose update time jitters by tens of milliseconds. The dwell is a
   pause, not a change of numerics: the bitwise verdict still compares against the reference.
 
-And one workaround (see `agree_attempt`): the attempt number every rank uses is agreed through
-the job's store instead of read from TORCHELASTIC_RESTART_COUNT, which is counted per agent and
-diverges across nodes after a cut (measured: restarted node-1 ranks then read node-0 addresses of
-the previous attempt and fail with "Gloo connectFullMesh failed ... Connection refused").
+The attempt number is agreed through the job's store by `accelpact.init_process_group` (the
+demo worker uses it): TORCHELASTIC_RESTART_COUNT is counted per agent and diverges across nodes
+after a cut (measured here: restarted node-1 ranks then read node-0 addresses of the previous
+attempt and fail with "Gloo connectFullMesh failed ... Connection refused").
 """
 
 from __future__ import annotations
@@ -93,28 +93,6 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks) 
         rt.optimizer.register_step_post_hook(dwell_hook)
 
 
-def agree_attempt(env: dict[str, str] | None = None) -> int | None:
-    """The restart attempt as the number of completed worker generations of this job.
-
-    Every torchrun round starts all `WORLD_SIZE` workers afresh (an agent that re-rendezvouses
-    restarts all its workers), and each worker counts itself once in the job's store on start, so
-    ``(count - 1) // WORLD_SIZE`` is the same on every rank of a round. TORCHELASTIC_RESTART_COUNT
-    is not: an agent that restarts because another node re-rendezvoused (its own workers still
-    healthy, e.g. blocked behind the cut) does not count it. None outside torchrun.
-    """
-    import datetime
-
-    import torch.distributed as dist
-
-    env = os.environ if env is None else env
-    if "TORCHELASTIC_RUN_ID" not in env or "MASTER_ADDR" not in env:
-        return None
-    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False,
-                          timeout=datetime.timedelta(seconds=120), use_libuv=True)
-    count = store.add(f"accelpact-chaos/{env['TORCHELASTIC_RUN_ID']}/worker-starts", 1)
-    return (count - 1) // int(env["WORLD_SIZE"])
-
-
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
@@ -139,11 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         return rt
 
     accelpact.attach = attach_instrumented
-    own_count = os.environ.get("TORCHELASTIC_RESTART_COUNT")
-    attempt = agree_attempt()
-    if attempt is not None:
-        os.environ["TORCHELASTIC_RESTART_COUNT"] = str(attempt)
-    os.environ["ACCELPACT_CHAOS_AGENT_RESTARTS"] = str(own_count)
+    # the attempt number itself is agreed through the job's store by accelpact.init_process_group
+    os.environ["ACCELPACT_CHAOS_AGENT_RESTARTS"] = str(os.environ.get("TORCHELASTIC_RESTART_COUNT"))
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--"]:  # the launcher separates worker flags from torchrun's
         argv = argv[1:]

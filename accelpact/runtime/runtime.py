@@ -52,6 +52,7 @@ from ..fsm.driver import (
 from ..fsm.envelope import DEFAULT_ENVELOPE, Envelope, ObservationKey
 from ..fsm.machine import RecoveryContext, RecoveryMachine
 from ..fsm.phases import FailurePhase, RecoveryAction
+from ..launch import current_attempt
 from ..rebind import NotReadyError, data_plane_groups, discover
 from ..trace import TraceWriter
 from .guard import quiesce
@@ -125,7 +126,7 @@ class Runtime:
         self.data_state = data_state
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
-        self.attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        self.attempt = current_attempt()
         self.config.faults.validate(self.world_size)
         if self.attempt > 0 and not self.config.faults_every_attempt:
             self._faults = FaultPlan()  # a drill's faults fire in the first attempt only
@@ -386,7 +387,10 @@ class Runtime:
             self.frontier += 1
             self.machine.fire("commit_update")
             if self.checkpointer is not None:
-                self.checkpointer.after_commit(self)
+                try:
+                    self.checkpointer.after_commit(self)
+                except Exception as exc:  # every rank gets the same agreed save error: fail-stop
+                    self._reject_without_protocol(f"checkpoint save at F={self.frontier} failed: {exc}", exc)
             return
         detect_s = time.perf_counter() - t_detect
         self._recover(error, phase, saw, failed, cause, detect_s)
