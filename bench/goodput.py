@@ -29,8 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import _common  # noqa: F401  (puts the repository on sys.path)
-from _common import table, write_json
+from _common import table, write_json  # (also puts the repository on sys.path)
 
 WORKER = str(Path(__file__).resolve())
 
