@@ -153,8 +153,12 @@ def with_retries(what: str, attempt_fn, retries: int, spurious: list[str]) -> di
     timeout is occasionally hit by an ordinary collective, which makes a second, unplanned failure.
     Such runs are re-run (at most `retries` times) and recorded in `spurious`."""
     for i in range(retries + 1):
+        t0 = time.monotonic()
+        print(f"  [{time.strftime('%H:%M:%S')}] {what}: running (try {i + 1}) ...", flush=True)
         try:
-            return attempt_fn()
+            out = attempt_fn()
+            print(f"  [{time.strftime('%H:%M:%S')}] {what}: done in {time.monotonic() - t0:.1f} s", flush=True)
+            return out
         except (RuntimeError, AssertionError) as exc:
             spurious.append(f"{what} try {i + 1}: {str(exc)[-600:]}")
             print(f"  {what}: unplanned outcome, re-running ({str(exc).splitlines()[0][:160]})", flush=True)
