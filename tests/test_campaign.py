@@ -42,3 +42,13 @@ def test_runtime_campaign_ci_profile(tmp_path):
     assert campaign(2, updates=4, derandomize=True, seed=0, summary=summary) == 0
     data = json.loads(summary.read_text())
     assert data["schedules"] == 2 and not data["failures"], data
+
+
+def test_a_kill_preempted_by_an_earlier_fault_of_the_same_update_may_end_in_reject():
+    """Found by the 40-schedule campaign: rank 2 skipping in forward makes rank 3 fail in forward,
+    so rank 3 never reaches its kill point in backward and every rank rejects instead."""
+    from accelpact.testing.campaign import Fault, expected
+
+    assert expected((Fault(2, "backward", 3, "kill"), Fault(2, "forward", 2, "skip"))).may_reject
+    assert not expected((Fault(2, "backward", 3, "kill"), Fault(2, "backward", 2, "skip"))).may_reject
+    assert not expected((Fault(2, "forward", 3, "kill"),)).may_reject
