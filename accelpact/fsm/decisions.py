@@ -156,15 +156,19 @@ def decide_agreement(
         phases = sorted({str(by_rank[r].failure_phase) for r in uncommitted})
         reasons.append(f"failure outside a committed boundary on ranks {uncommitted} (phase {phases})")
     bad_guard = [r for r in ordered if not r.guard_ok]
-    for r in bad_guard:
-        reasons.append(f"guard failed on rank {r.rank}: {r.guard_reason or 'unspecified'}")
+    if uncommitted and bad_guard:
+        # busy FSDP units are what an uncommitted failure looks like; name the ranks, not the units
+        reasons.append(f"guard failed on ranks {[r.rank for r in bad_guard]} (units not idle mid-update)")
+    else:
+        for r in bad_guard:
+            reasons.append(f"guard failed on rank {r.rank}: {r.guard_reason or 'unspecified'}")
     for name, attr in (("frontier F", "frontier"), ("generation g", "generation"), ("optimizer step tau", "opt_step")):
         values = {getattr(r, attr) for r in ordered}
         if len(values) > 1:
             detail = ", ".join(f"r{r.rank}={getattr(r, attr)}" for r in ordered)
             reasons.append(f"{name} mismatch: {detail}")
     failed = tuple(sorted({g for r in ordered for g in r.failed_groups}))
-    if not failed:
+    if not failed and not uncommitted:
         reasons.append("no rank reported a failed data-plane group: nothing to repair")
     protected = set(protected_groups)
     for g in failed:
