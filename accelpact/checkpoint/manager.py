@@ -93,6 +93,18 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _agreed(comm: Comm, outcome: tuple | None, failure: str) -> tuple:
+    """Broadcast rank 0's ("ok" | "exists" | "error", detail, extra) and raise the same error on
+    every rank, so no rank carries on with a save that another abandoned."""
+    outcome = comm.broadcast(outcome)
+    assert outcome is not None
+    if outcome[0] == "exists":
+        raise CheckpointExistsError(outcome[1])
+    if outcome[0] != "ok":
+        raise CheckpointSaveError(f"{failure}: {outcome[1]}")
+    return outcome
+
+
 class CheckpointManager:
     """Verified, sharded checkpoints of one run under ``root`` (one writer run per root).
 
@@ -204,12 +216,7 @@ class CheckpointManager:
                 prep = ("exists", str(exc), ())
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
                 prep = ("error", _err(exc), ())
-        prep = comm.broadcast(prep)
-        assert prep is not None
-        if prep[0] == "exists":
-            raise CheckpointExistsError(prep[1])
-        if prep[0] != "ok":
-            raise CheckpointSaveError(f"rank 0 could not prepare step {step} under {self.root}: {prep[1]}")
+        prep = _agreed(comm, prep, f"rank 0 could not prepare step {step} under {self.root}")
         tmp, cleaned = Path(prep[1]), prep[2]
 
         # Every rank: shards (DCP raises on every rank if any rank fails) and its own state file.
@@ -267,12 +274,7 @@ class CheckpointManager:
                 result = ("exists", str(exc), ())
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
                 result = ("error", _err(exc), ())
-        result = comm.broadcast(result)
-        assert result is not None
-        if result[0] == "exists":
-            raise CheckpointExistsError(result[1])
-        if result[0] != "ok":
-            raise CheckpointSaveError(f"publishing step {step} failed on rank 0: {result[1]}")
+        result = _agreed(comm, result, f"publishing step {step} failed on rank 0")
         t_end = time.perf_counter()
         (nbytes, nfiles), deleted = result[1], result[2]
         report = SaveReport(

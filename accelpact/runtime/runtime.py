@@ -155,6 +155,7 @@ class Runtime:
         # (lazy init), so discovery runs at the first boundary, before any health check can retire
         # a group; `prepare()` does it earlier for wrappers that are already initialised.
         self._plans: dict = {}
+        self._probes: dict[str, torch.Tensor] = {}  # one health-check tensor per group label
         self._ref_generation = {label: 0 for label in self._groups}
 
         # Keys of the outcome registers are scoped by restart attempt and by attach in this
@@ -318,7 +319,7 @@ class Runtime:
                     continue
                 if fault.kind is FaultKind.LATE:
                     time.sleep(self.config.data_timeout_s + LATE_MARGIN_S)
-            probe = torch.ones(1, dtype=torch.int64)
+            probe = self._probes.setdefault(label, torch.ones(1, dtype=torch.int64)).fill_(1)
             try:
                 works.append((label, dist.all_reduce(probe, group=self._groups[label], async_op=True)))
             except Exception as exc:
