@@ -52,3 +52,14 @@ def test_a_kill_preempted_by_an_earlier_fault_of_the_same_update_may_end_in_reje
     assert expected((Fault(2, "backward", 3, "kill"), Fault(2, "forward", 2, "skip"))).may_reject
     assert not expected((Fault(2, "backward", 3, "kill"), Fault(2, "backward", 2, "skip"))).may_reject
     assert not expected((Fault(2, "forward", 3, "kill"),)).may_reject
+
+
+def test_a_late_rank_in_the_optimizer_phase_fails_at_the_boundary_and_is_preserved():
+    """Found by reading the fault model: a `late` rank sleeps in the step pre-hook and then steps;
+    the first collective that fails is the boundary health check, a committed failure."""
+    from accelpact.testing.campaign import Fault, expected
+
+    e = expected((Fault(3, "optimizer", 1, "late"),))
+    assert e.outcome == "preserve" and e.preserved_updates == (3,)
+    assert expected((Fault(3, "optimizer", 1, "skip"),)).outcome == "reject"
+    assert expected((Fault(3, "optimizer", 1, "late"), Fault(3, "forward", 2, "skip"))).outcome == "reject"
