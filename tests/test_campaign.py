@@ -63,3 +63,16 @@ def test_a_late_rank_in_the_optimizer_phase_fails_at_the_boundary_and_is_preserv
     assert e.outcome == "preserve" and e.preserved_updates == (3,)
     assert expected((Fault(3, "optimizer", 1, "skip"),)).outcome == "reject"
     assert expected((Fault(3, "optimizer", 1, "late"), Fault(3, "forward", 2, "skip"))).outcome == "reject"
+
+
+def test_only_extra_preserves_are_tolerated_beyond_the_schedule():
+    """A peer slower than the data timeout at a boundary is a real failure the runtime must
+    preserve; anything else that differs from the envelope's sequence fails the schedule."""
+    from accelpact.testing.campaign import unscheduled_preserves
+
+    assert unscheduled_preserves(["preserve", "preserve"], ["preserve"]) == 1
+    assert unscheduled_preserves(["preserve", "restart"], ["restart"]) == 1
+    assert unscheduled_preserves(["preserve"], ["preserve"]) == 0
+    assert unscheduled_preserves(["restart"], ["preserve", "restart"]) is None
+    assert unscheduled_preserves(["restart", "preserve"], ["restart"]) == 1
+    assert unscheduled_preserves(["rewind"], []) is None

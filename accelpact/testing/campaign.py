@@ -110,9 +110,27 @@ class ScheduleResult:
     observed: str
     wall_s: float
     failure: str | None = None
+    #: committed-boundary recoveries no fault scheduled: a peer slower than the data timeout
+    #: (2 oversubscribed cores, a cold first step after a rebind) is a real failure, recovered
+    extra: int = 0
 
 
-def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, data_timeout_s: float = 0.8,
+def unscheduled_preserves(taken: Sequence[str], want: Sequence[str]) -> int | None:
+    """How many extra Preserves `taken` holds beyond `want`, or None if it differs otherwise
+    (a missing or reordered recovery, or any extra recovery that is not a Preserve)."""
+    i = 0
+    extra = 0
+    for action in taken:
+        if i < len(want) and action == want[i]:
+            i += 1
+        elif action == "preserve":
+            extra += 1
+        else:
+            return None
+    return extra if i == len(want) else None
+
+
+def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, data_timeout_s: float = 1.5,
                  control_timeout_s: float = 6.0, timeout_s: float = 240.0) -> ScheduleResult:
     """Run one schedule on the real runtime; raise AssertionError when a property fails."""
     from model_checking.trace import assert_valid_run
@@ -127,6 +145,7 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
                   checkpoint_dir=str(workdir / "ckpt"), checkpoint_every=1, restart_after_reject=True)
     t0 = time.monotonic()
     observed = "?"
+    extra = 0
     try:
         results = run_world(run_drill, WORLD, drill, timeout_s=timeout_s, pg_timeout_s=30)
     except WorldError as exc:
@@ -140,7 +159,8 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
         assert observed in allowed, f"expected {exp.outcome}, observed {observed}: {actions}"
         assert len({tuple(a) for a in actions}) == 1, f"ranks disagree on the outcomes (all-or-nothing): {actions}"
         want = ["preserve"] * len(exp.preserved_updates) + (["restart"] if observed == "reject" else [])
-        assert actions[0] == want, f"recoveries {actions[0]}, the envelope prescribes {want}"
+        extra = unscheduled_preserves(actions[0], want)
+        assert extra is not None, f"recoveries {actions[0]}, the envelope prescribes {want}"
         ends = {(r["frontier"], r["generation"]) for r in results}
         assert len(ends) == 1, f"split frontier: {ends}"
         for r in results:
@@ -148,12 +168,12 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
             assert r["frontier"] == updates
             assert r.get("mismatches") == [], f"rank {r['rank']} differs from the reference: {r.get('mismatches')}"
     assert_valid_run(trace)  # TLC: every attempt is a behaviour of the spec (no stale ref, no split F)
-    return ScheduleResult(plan(faults), exp.outcome, observed, time.monotonic() - t0)
+    return ScheduleResult(plan(faults), exp.outcome, observed, time.monotonic() - t0, extra=extra)
 
 
 # -- hypothesis driver ----------------------------------------------------------------------------
 def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None,
-             summary: Path | None, kinds: Sequence[str] = KINDS, data_timeout_s: float = 0.8) -> int:
+             summary: Path | None, kinds: Sequence[str] = KINDS, data_timeout_s: float = 1.5) -> int:
     """Run `examples` schedules; write the summary; 0 if every property held."""
     done: list[ScheduleResult] = []
     failures: list[dict[str, Any]] = []
@@ -167,6 +187,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
             "failures": failures, "seed": seed, "derandomize": derandomize,
             "wall_s": round(time.monotonic() - started, 1),
             "per_schedule_s": round(sum(d.wall_s for d in done) / max(1, len(done)), 1),
+            "unscheduled_preserves": sum(d.extra for d in done),
             "results": [d.__dict__ for d in done]}, indent=2) + "\n")
 
     @settings(max_examples=examples, deadline=None, derandomize=derandomize, database=None, print_blob=True,
