@@ -53,6 +53,33 @@ def _goodput(args: argparse.Namespace) -> int:
     return goodput.run(args)
 
 
+def _qualify(args: argparse.Namespace) -> int:
+    from .qualify import envelope_file, probes
+
+    out = args.out or str(envelope_file.default_envelope_path())
+    frameworks = ("fsdp2",) if args.quick and args.frameworks is None else tuple(
+        f.strip() for f in (args.frameworks or ",".join(probes.DEFAULT_FRAMEWORKS)).split(",") if f.strip())
+    repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
+    phases = tuple(p.strip() for p in (args.phases or ",".join(probes.DEFAULT_PHASES)).split(",") if p.strip())
+    print(f"qualifying {', '.join(frameworks)} x {', '.join(phases)}, {repeats} run(s) each", flush=True)
+    try:
+        result = probes.qualify(out, frameworks=frameworks, repeats=repeats, phases=phases,
+                                data_timeout_s=args.data_timeout, trace_dir=args.traces,
+                                progress=lambda line: print(line, flush=True))
+    except ValueError as exc:
+        print(f"accelpact qualify: {exc}", file=sys.stderr)
+        return 2
+    except probes.QualifyError as exc:
+        print(f"accelpact qualify: the probes could not run: {exc}", file=sys.stderr)
+        return 1
+    for finding in result.findings:
+        print(f"finding: {finding}")
+    if not result.platform_ok:
+        print("finding: retire-and-rebuild failed on this platform: only restart is qualified")
+    print(f"wrote {result.path} ({len(result.rows)} rows, {result.wall_s:.0f} s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="accelpact", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -91,6 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     gp = sub.add_parser("goodput", help="net time saved by in-memory recovery (the paper's model)")
     goodput.add_arguments(gp)
     gp.set_defaults(func=_goodput)
+
+    qual = sub.add_parser("qualify", help="measure which recovery actions work here; write the envelope file")
+    qual.add_argument("--out", default=None, help="envelope file (default: $ACCELPACT_ENVELOPE_DIR, "
+                      "$XDG_CACHE_HOME/accelpact or ~/.cache/accelpact, envelope.json)")
+    qual.add_argument("--frameworks", default=None, help="comma-separated: fsdp2,fsdp1,ddp (default: all)")
+    qual.add_argument("--phases", default=None, help="comma-separated failure phases (default: "
+                      "committed,forward,backward,optimizer)")
+    qual.add_argument("--repeats", type=int, default=None, help="faults per probe (default 3; 1 with --quick)")
+    qual.add_argument("--quick", action="store_true", help="fsdp2 only, one fault per probe (a few minutes)")
+    qual.add_argument("--data-timeout", type=float, default=1.0, help="data-plane timeout of the probes (s)")
+    qual.add_argument("--traces", default=None, help="keep the probes' traces in this directory")
+    qual.set_defaults(func=_qualify)
     return parser
 
 

@@ -47,6 +47,17 @@ class Config:
     #: Fault plans fire in the first attempt only, so a restarted job can finish; set to drill
     #: repeated failures (e.g. the restart budget).
     faults_every_attempt: bool = False
+    #: The qualified recovery envelope (`accelpact qualify` writes it): a JSON file path;
+    #: None: the default path if it exists, else the built-in envelope (Preserve at committed
+    #: boundaries only, no Rewind) with a message; "builtin": that envelope, silently;
+    #: "permissive": every action allowed (the qualification probes themselves use it).
+    envelope: str | None = None
+    #: Keep a host copy of parameters and optimizer state before every optimizer.step(), so a
+    #: failure during or after the step on some ranks (split tau) can still be rewound. Off by
+    #: default: it costs one copy of the rank's shard per update (bench/rewind.py measures it).
+    step_copy: bool = False
+    #: How often one update may be rewound before the recovery rejects (fail-stop).
+    max_rewinds_per_update: int = 3
     #: Platform and resource profile of the recovery envelope key (None: detected).
     platform: str | None = None
     profile: str | None = None
@@ -72,6 +83,8 @@ class Config:
             raise ConfigError("checkpoint_every is set but checkpoint_dir is not")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"checkpoint_keep must be >= 1, got {self.checkpoint_keep}")
+        if self.max_rewinds_per_update < 0:
+            raise ConfigError(f"max_rewinds_per_update must be >= 0, got {self.max_rewinds_per_update}")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
         return self

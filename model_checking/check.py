@@ -29,7 +29,9 @@ PROPERTY_TEXT = {
     "NoStaleReference": "no rank in Train/Resume holds a reference to a retired communicator",
     "ValidatedBeforeRelease": "nobody resumes before every rank validated and voted ok",
     "OutcomeAgreement": "never one rank resumed while another rejected (all-or-nothing)",
-    "ZeroReplay": "Preserve resumes at the committed frontier held at failure, nothing replayed",
+    "ZeroReplay": "Preserve resumes at the committed frontier held at failure, Rewind at the committed F",
+    "RewindNeverAfterStep": "no rank rewinds an update whose step it applied and cannot undo",
+    "NoReapply": "a rewound rank holds exactly F applied steps until the re-run commits (no update twice)",
     "RecoveryEnds": "every recovery ends: each rank resumes, rejects or has crashed "
     "(weak fairness of protocol steps)",
 }

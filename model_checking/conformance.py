@@ -7,7 +7,8 @@ runtime does not have; an edge only in the table is behaviour the model never ch
 row the model cannot reach, which is just as much a finding).
 
 The conformance model has two ranks with R = {0}: rank 0 plays the failed-group member, rank 1
-the rank that joins and stands by, so every row of the table is reachable; spurious control-plane
+the rank that joins and stands by (or, already past its step, rewinds from its pre-step copy),
+so every row of the table is reachable; spurious control-plane
 timeouts make `abort` reachable from every source phase. It is small (about 2k states) because
 it runs without the VIEW that hides `edge` from the property checks.
 """
@@ -31,8 +32,10 @@ CONFORMANCE_CONSTANTS: dict[str, object] = {
     "MaxFrontier": 1,
     "MaxGen": 1,
     "MaxCrashes": 1,
-    "FaultPhases": {"optimizer", "committed"},
+    "FaultPhases": {"backward", "optimizer", "committed"},
     "Spurious": True,
+    "RewindQualified": True,
+    "StepCopy": True,
     "Mutant": "none",
 }
 

@@ -56,14 +56,15 @@ SLOTS = (1, 2)
 #: Protocol stage of each trigger: the table's row order (merge tie-break within one sequence number).
 _STAGE = {
     "commit_update": 0, "observe_failure": 1, "join_recovery": 2, "enter_guard": 3, "submit_report": 4,
-    "decide_preserve": 5, "stand_by": 6, "decide_reject": 7, "replace_comm": 8, "replace_failed": 9,
-    "rebind_refs": 10, "rebind_failed": 11, "release": 12, "release_reject": 13, "abort": 14,
-    "resume_training": 15,
+    "decide_preserve": 5, "decide_rewind": 6, "stand_by": 7, "decide_reject": 8, "replace_comm": 9,
+    "replace_failed": 10, "rebind_refs": 11, "rebind_failed": 12, "release": 13, "rewind": 14,
+    "release_reject": 15, "abort": 16, "resume_training": 17,
 }
-_R_ONLY = {"observe_failure", "decide_preserve", "replace_comm", "replace_failed", "rebind_refs", "rebind_failed"}
+_R_ONLY = {"observe_failure", "decide_preserve", "decide_rewind", "replace_comm", "replace_failed", "rebind_refs",
+           "rebind_failed"}
 _PROGRESS_RE = re.compile(r'<<"accelpact-progress", (\d+), (\d+)>>')
 SPEC_VARIABLES = ("phase", "frontier", "gen", "refs", "validated", "obs", "reports", "decision", "outcome",
-                  "live", "retired", "crashed", "phi", "resumedAt", "edge")
+                  "live", "retired", "crashed", "phi", "resumedAt", "tau", "copy", "edge")
 
 
 class TraceFormatError(ValueError):
@@ -155,13 +156,15 @@ class SpecRecord:
     ref: int
     source: Source | None  # None: implied (the commit of an update that failed at its boundary)
     raw: dict[str, Any] | None = None
+    tau: int = -1  # optimizer steps applied (-1: not recorded, e.g. a trace from before Rewind)
 
     def describe(self) -> str:
         where = f"{self.source.file}:{self.source.line}" if self.source else "implied"
         seq = self.raw.get("seq") if self.raw else None
         ref = f", refs={self.raw.get('refs')}" if self.raw else ""
+        tau = f", tau={self.tau}" if self.tau >= 0 else ""
         return (f"rank {self.rank} {self.action}: {self.src} -> {self.dst} (seq {seq}, F={self.F}, g={self.g}"
-                f"{ref}) [{where}]")
+                f"{tau}{ref}) [{where}]")
 
 
 @dataclass
@@ -176,6 +179,10 @@ class Segment:
     ref0: tuple[int, ...]
     records: list[SpecRecord]
     note: str = ""
+    #: the spec's constants for this run: a Rewind was agreed (so it was qualified); the ranks
+    #: kept pre-step copies (Config.step_copy)
+    rewind: bool = False
+    step_copy: bool = False
 
 
 def _failed_keys(log: RankLog, first_line: int) -> set[str]:
@@ -265,6 +272,10 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
         committed = bool(recovery) and len(participants) == world and all(
             p == "committed" for p in phases.values())
         preserved = any(r["action"] == "release" for _, r in recovery)
+        rewound = any(r["action"] in ("decide_rewind", "rewind") for _, r in recovery)
+        if rewound:  # a Rewind rebuilds every group of every rank: all are "failed" here
+            labels = {rk: set(logs[rk].config().get("groups", {})) for rk in logs}
+        step_copy = any(bool(lg.config().get("step_copy")) for lg in logs.values())
 
         def ref_of(rank: int, refs: dict[str, int] | None, R: frozenset[int] = R,
                    labels: dict[int, set[str]] = labels) -> int:
@@ -291,21 +302,25 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
                 for q in range(world):
                     frontier[q] += 1
                     out.append(SpecRecord("commit_update", q, "Train", "Train", frontier[q], gen[q],
-                                          -1, None))
+                                          -1, None, tau=frontier[q]))
                 inserted = True
             in_recovery = action != "commit_update"
             F = int(rec["F"]) + (1 if in_recovery and committed else 0)
             if action == "replace_comm":
                 moved.add(r)
-            g = int(rec["g"]) + (1 if r in moved or (preserved and action in ("release", "resume_training")) else 0)
+            resumed = (preserved or rewound) and action in ("release", "rewind", "resume_training")
+            g = int(rec["g"]) + (1 if r in moved or resumed else 0)
             refs = rec.get("refs")
             if isinstance(refs, dict):
                 refs_now[r] = refs
             ref = -1 if action == "replace_comm" else ref_of(r, refs if isinstance(refs, dict) else None)
-            out.append(SpecRecord(action, r, rec["from"], rec["to"], F, g, ref, s, rec))
+            tau = int(rec["tau"]) if isinstance(rec.get("tau"), int) else -1
+            out.append(SpecRecord(action, r, rec["from"], rec["to"], F, g, ref, s, rec, tau=tau))
             frontier[r], gen[r] = F, g
-        note = f"recovery R={sorted(R)}" + (" at a committed boundary" if committed else "") if recovery else ""
-        segments.append(Segment(f"{name}/segment{n}", world, R, start_frontier, start_gen, tuple(ref0), out, note))
+        note = (f"recovery R={sorted(R)}" + (" at a committed boundary" if committed else "")
+                + (" rewound" if rewound else "")) if recovery else ""
+        segments.append(Segment(f"{name}/segment{n}", world, R, start_frontier, start_gen, tuple(ref0), out, note,
+                                rewind=rewound, step_copy=step_copy))
     return segments
 
 
@@ -332,16 +347,19 @@ def _tla_seq(xs: Iterable[str]) -> str:
 
 def _record_tla(rec: SpecRecord) -> str:
     return (f"[a |-> {_tla_str(rec.action)}, r |-> {rec.rank}, src |-> {_tla_str(rec.src)}, "
-            f"dst |-> {_tla_str(rec.dst)}, F |-> {rec.F}, g |-> {rec.g}, ref |-> {rec.ref}]")
+            f"dst |-> {_tla_str(rec.dst)}, F |-> {rec.F}, g |-> {rec.g}, ref |-> {rec.ref}, tau |-> {rec.tau}]")
 
 
 def render_module(segments: Sequence[Segment]) -> str:
     """The trace module: segments as a constant, one named instance of the spec per (N, R)."""
     if not segments:
         raise ValueError("no segments to check")
-    configs: dict[tuple[int, frozenset[int]], int] = {}
+    def config_key(seg: Segment) -> tuple[int, frozenset[int], bool, bool]:
+        return (seg.world, seg.R or frozenset({0}), seg.rewind, seg.step_copy)
+
+    configs: dict[tuple[int, frozenset[int], bool, bool], int] = {}
     for seg in segments:
-        configs.setdefault((seg.world, seg.R or frozenset({0})), len(configs) + 1)
+        configs.setdefault(config_key(seg), len(configs) + 1)
     max_f = max([*(r.F for s in segments for r in s.records), *(f for s in segments for f in s.frontier0), 0]) + 1
     max_g = max([*(r.g for s in segments for r in s.records), *(g for s in segments for g in s.gen0), 0]) + 2
     actions = list(_STAGE)
@@ -352,11 +370,12 @@ def render_module(segments: Sequence[Segment]) -> str:
         "VARIABLES " + ", ".join(SPEC_VARIABLES) + ", t, i",
         "",
     ]
-    for (world, R), k in configs.items():
+    for (world, R, rewind, step_copy), k in configs.items():
         lines.append(
             f"C{k} == INSTANCE AccelPact WITH N <- {world}, R <- {_tla_set(R)}, Slots <- {_tla_set(SLOTS)}, "
             f"MaxFrontier <- {max_f}, MaxGen <- {max_g}, MaxCrashes <- {world}, "
             'FaultPhases <- {"forward", "backward", "optimizer", "committed"}, Spurious <- TRUE, '
+            f"RewindQualified <- {'TRUE' if rewind else 'FALSE'}, StepCopy <- {'TRUE' if step_copy else 'FALSE'}, "
             'Mutant <- "none"')
         body = "\n".join(f"    [] a = {_tla_str(a)} -> C{k}!{a}(r)" for a in actions)
         lines.append(f"Act{k}(a, r) == CASE\n{body[7:]}\n    [] OTHER -> FALSE")
@@ -367,7 +386,7 @@ def render_module(segments: Sequence[Segment]) -> str:
     for seg in segments:
         recs = "<<" + ",\n      ".join(_record_tla(r) for r in seg.records) + ">>"
         segs.append(
-            f"[cfg |-> {configs[(seg.world, seg.R or frozenset({0}))]}, n |-> {seg.world}, R |-> {_tla_set(seg.R)}, "
+            f"[cfg |-> {configs[config_key(seg)]}, n |-> {seg.world}, R |-> {_tla_set(seg.R)}, "
             f"f0 |-> {_tla_seq(map(str, seg.frontier0))}, g0 |-> {_tla_seq(map(str, seg.gen0))}, "
             f"ref0 |-> {_tla_seq(map(str, seg.ref0))},\n     recs |-> {recs}]")
     lines.append("Traces == <<\n  " + ",\n  ".join(segs) + ">>")
@@ -393,14 +412,16 @@ def render_module(segments: Sequence[Segment]) -> str:
         "           /\\ refs = [r \\in T.R |-> [s \\in Slot |-> T.ref0[r + 1]]]",
         "           /\\ validated = [r \\in Rk |-> FALSE]",
         '           /\\ obs = [r \\in Rk |-> "none"]',
-        '           /\\ reports = [r \\in Rk |-> [f |-> 0, g |-> 0, phi |-> "none"]]',
+        '           /\\ reports = [r \\in Rk |-> [f |-> 0, g |-> 0, phi |-> "none", tau |-> 0, copy |-> FALSE]]',
         '           /\\ decision = [kind |-> "none", f |-> 0, g |-> 0]',
         '           /\\ outcome = "none"',
         "           /\\ live = {T.g0[1]}",
         "           /\\ retired = {}",
         "           /\\ crashed = {}",
         '           /\\ phi = "none"',
-        "           /\\ resumedAt = [r \\in Rk |-> [f |-> -1, g |-> -1]]",
+        '           /\\ resumedAt = [r \\in Rk |-> [f |-> -1, g |-> -1, kind |-> "none"]]',
+        "           /\\ tau = [r \\in Rk |-> T.f0[r + 1]]",
+        "           /\\ copy = [r \\in Rk |-> FALSE]",
         '           /\\ edge = <<"init", "", "">>',
         "",
         "(* The next record: the spec's action it names, ending where the record says. *)",
@@ -411,6 +432,7 @@ def render_module(segments: Sequence[Segment]) -> str:
         "    /\\ frontier'[rec.r] = rec.F",
         "    /\\ gen'[rec.r] = rec.g",
         "    /\\ rec.ref >= 0 => refs'[rec.r] = [s \\in Slot |-> rec.ref]",
+        "    /\\ rec.tau >= 0 => tau'[rec.r] = rec.tau",
         "",
         "TraceNext ==",
         "    \\/ /\\ i < Len(Tr.recs)",

@@ -28,6 +28,10 @@
 (*  - a rank that stands by votes ok: it has no failed group to validate;  *)
 (*  - Reject is terminal: fail-stop, the supervisor restarts from a        *)
 (*    checkpoint (outside this model).                                     *)
+(* Rewind (beyond the paper): an update interrupted in forward, backward   *)
+(* or the optimizer step is discarded on every rank and re-run from F,     *)
+(* provided no rank keeps an applied step (tau = F, or a pre-step copy     *)
+(* puts it back); every rank rebuilds its groups (decide_rewind).          *)
 (* Reductions of the state space, each argued where it is made: commits    *)
 (* in rank order within an update (commit_update), one slot the rebind     *)
 (* walk may miss (MissableSlot), crashes only before the outcome is        *)
@@ -46,12 +50,15 @@ CONSTANTS
     FaultPhases,  \* failure phases a fault may strike in: the protocol only tells "committed"
                   \* from the rest, so one uncommitted phase stands exactly for all three
     Spurious,     \* TRUE: control-plane timeouts may also fire without a crash (slow peers)
+    RewindQualified, \* TRUE: every rank's envelope qualifies Rewind for the uncommitted phases
+    StepCopy,     \* TRUE: ranks keep a host copy of their state before optimizer.step()
     Mutant        \* "none" or the name of a deliberately broken variant
 
 Ranks == 0 .. (N - 1)
 
 Mutants == {"none", "release_before_validation", "skip_rebind", "local_frontier",
-            "unilateral_release", "no_timeout", "preserve_uncommitted", "blind_outcome"}
+            "unilateral_release", "no_timeout", "preserve_uncommitted", "blind_outcome",
+            "rewind_after_step", "rewind_keeps_step"}
 
 (* Phase names: exactly the values of accelpact.fsm.phases.Phase. *)
 Phases == {"Train", "Observe", "Guard", "Agree", "Replace", "Rebind", "Validate", "Resume", "Reject"}
@@ -62,8 +69,9 @@ AbortSources == {"Observe", "Guard", "Agree", "Replace", "Rebind"}
 
 (* The table's triggers, and the tags of steps that are not rank edges. *)
 Triggers == {"commit_update", "observe_failure", "join_recovery", "enter_guard", "submit_report",
-             "decide_preserve", "stand_by", "decide_reject", "replace_comm", "replace_failed",
-             "rebind_refs", "rebind_failed", "release", "release_reject", "abort", "resume_training"}
+             "decide_preserve", "decide_rewind", "stand_by", "decide_reject", "replace_comm",
+             "replace_failed", "rebind_refs", "rebind_failed", "release", "rewind", "release_reject",
+             "abort", "resume_training"}
 EnvTags == {"init", "env:decide", "env:resume", "env:timeout", "env:fault", "env:crash"}
 
 ASSUME /\ N \in Nat \ {0}
@@ -72,13 +80,13 @@ ASSUME /\ N \in Nat \ {0}
        /\ MaxFrontier \in Nat /\ MaxGen \in Nat /\ MaxCrashes \in Nat
        /\ Mutant \in Mutants
        /\ FaultPhases \subseteq FailurePhases /\ FaultPhases # {}
-       /\ Spurious \in BOOLEAN
+       /\ Spurious \in BOOLEAN /\ RewindQualified \in BOOLEAN /\ StepCopy \in BOOLEAN
 
 Gens == 0 .. MaxGen
 Frontiers == 0 .. MaxFrontier
-NoReport == [f |-> 0, g |-> 0, phi |-> "none"]                 \* phi = "none": nothing posted
+NoReport == [f |-> 0, g |-> 0, phi |-> "none", tau |-> 0, copy |-> FALSE]  \* phi = "none": nothing posted
 NoDecision == [kind |-> "none", f |-> 0, g |-> 0]
-NotResumed == [f |-> -1, g |-> -1]
+NotResumed == [f |-> -1, g |-> -1, kind |-> "none"]
 (* The slot a faulty rebind walk may miss.  Slots are interchangeable, so letting the walk
    miss any one of them only adds symmetric copies of the same behaviours. *)
 MissableSlot == CHOOSE s \in Slots : TRUE
@@ -97,11 +105,13 @@ VARIABLES
     retired,    \* generations destroyed: no reference may name them after recovery
     crashed,    \* ranks that stopped for good
     phi,        \* failure phase of the current fault ("none" before the first fault)
-    resumedAt,  \* ghost: [f, g] rank r held when it released in the current recovery
+    resumedAt,  \* ghost: [f, g, kind] rank r held when it resumed (kind: preserve | rewind)
+    tau,        \* tau[r]: optimizer steps rank r has applied (frontier[r], or one more mid-update)
+    copy,       \* copy[r]: r holds a host copy of its state from before its last step
     edge        \* <<trigger, from, to>> of the last rank step (conformance with the table)
 
 vars == <<phase, frontier, gen, refs, validated, obs, reports, decision, outcome,
-          live, retired, crashed, phi, resumedAt, edge>>
+          live, retired, crashed, phi, resumedAt, tau, copy, edge>>
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -116,7 +126,7 @@ FlagRaised == outcome = "reject" \/ \E q \in Ranks : obs[q] # "none"
 Posted(r) == reports[r].phi # "none"
 Resumed(r) == resumedAt[r].f >= 0
 (* The stale-reference proof run after the rebind walk. *)
-ProofPasses(r) == \A s \in Slots : refs[r][s] \notin retired
+ProofPasses(r) == r \in R => \A s \in Slots : refs[r][s] \notin retired
 (* compare_set(outcome, "none", "reject"); the blind_outcome mutant overwrites instead. *)
 WriteReject == outcome' = IF outcome = "none" \/ Mutant = "blind_outcome" THEN "reject" ELSE outcome
 
@@ -126,16 +136,23 @@ Step(r, trigger, to) ==
     /\ edge' = <<trigger, phase[r], to>>
 
 (* decide_agreement of decisions.py, on complete reports: Preserve only if every rank
-   failed at a committed boundary and all agree on F and g. *)
+   failed at a committed boundary and all agree on F and g; Rewind if the update was
+   interrupted, all agree on F and g, and every rank that applied the step can undo it
+   from its pre-step copy (mutant rewind_after_step: the step is not looked at). *)
 AllCommitted == \A r \in Ranks : reports[r].phi = "committed"
 SameF == \A r, q \in Ranks : reports[r].f = reports[q].f
 SameG == \A r, q \in Ranks : reports[r].g = reports[q].g
+StepUndoable(r) == reports[r].tau = reports[r].f \/ reports[r].copy
 Decide ==
     IF /\ (AllCommitted \/ Mutant = "preserve_uncommitted")
        /\ (SameF \/ Mutant = "local_frontier")
        /\ SameG
     THEN [kind |-> "preserve", f |-> reports[0].f, g |-> reports[0].g]
+    ELSE IF /\ RewindQualified /\ ~AllCommitted /\ SameF /\ SameG
+            /\ (\A r \in Ranks : StepUndoable(r)) \/ Mutant = "rewind_after_step"
+    THEN [kind |-> "rewind", f |-> reports[0].f, g |-> reports[0].g]
     ELSE [kind |-> "reject", f |-> 0, g |-> 0]
+Resuming == decision.kind \in {"preserve", "rewind"}
 
 -----------------------------------------------------------------------------
 Init ==
@@ -153,6 +170,8 @@ Init ==
     /\ crashed = {}
     /\ phi = "none"
     /\ resumedAt = [r \in Ranks |-> NotResumed]
+    /\ tau = [r \in Ranks |-> 0]
+    /\ copy = [r \in Ranks |-> FALSE]
     /\ edge = <<"init", "", "">>
 
 -----------------------------------------------------------------------------
@@ -169,46 +188,62 @@ commit_update(r) ==
     /\ phase[r] = "Train" /\ ~Recovering
     /\ \A q \in Ranks : phase[q] = "Train"
     /\ \A q \in Ranks : IF q < r THEN frontier[q] = frontier[r] + 1 ELSE frontier[q] = frontier[r]
-    /\ frontier[r] < MaxFrontier
+    /\ frontier[r] < MaxFrontier /\ tau[r] = frontier[r]
     /\ Step(r, "commit_update", "Train")
     /\ frontier' = [frontier EXCEPT ![r] = @ + 1]
+    /\ tau' = [tau EXCEPT ![r] = @ + 1]
     /\ UNCHANGED <<gen, refs, validated, obs, reports, decision, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, copy>>
 
-(* Members of the failed group see the collective fail, in failure phase phi. *)
+(* The failure phase member r of the failed group reports: phi, except that a member that got
+   through its own step before the failure reached it sees the failure at its boundary
+   (committed), and a member that had not reached the step when another failed inside it
+   sees it mid-backward.  A failure inside the step counts the step as applied (tau = F+1):
+   it may be half done. *)
+ObservedPhase(r) ==
+    IF phi = "committed" THEN "committed"
+    ELSE IF tau[r] = frontier[r] + 1 THEN (IF phi = "optimizer" THEN "optimizer" ELSE "committed")
+    ELSE IF phi = "optimizer" THEN "backward" ELSE phi
+
+(* Members of the failed group see the collective fail; mid-update so does every rank that has
+   not got through its step (its next collective waits on a rank that is gone from the update). *)
 observe_failure(r) ==
-    /\ r \notin crashed /\ r \in R
+    /\ r \notin crashed
+    /\ r \in R \/ (phi # "committed" /\ tau[r] = frontier[r])
     /\ phase[r] = "Train" /\ Recovering /\ obs[r] = "none"
     /\ Step(r, "observe_failure", "Observe")
-    /\ obs' = [obs EXCEPT ![r] = phi]
+    /\ obs' = [obs EXCEPT ![r] = ObservedPhase(r)]
     /\ UNCHANGED <<frontier, gen, refs, validated, reports, decision, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
-(* A rank learns of the recovery at its next boundary check, with nothing in flight: a rank
+(* A rank learns of the recovery at its next boundary check, with nothing in flight (so, mid-
+   update, only a rank that got through its step can join; the others observe): a rank
    outside R, or a member of R whose own side saw no error (its peer timed out waiting for it,
    e.g. the rank that skipped a collective). Such a member joins only once another member of
    R has a failure on record, so a failed group always has an observer. *)
 join_recovery(r) ==
     /\ r \notin crashed
+    /\ phi = "committed" \/ tau[r] = frontier[r] + 1  \* at its boundary: it got through its update
     /\ r \in R => \E q \in R \ {r} : obs[q] # "none"
     /\ phase[r] = "Train" /\ Recovering /\ obs[r] = "none" /\ FlagRaised
     /\ Step(r, "join_recovery", "Observe")
     /\ obs' = [obs EXCEPT ![r] = "committed"]
     /\ UNCHANGED <<frontier, gen, refs, validated, reports, decision, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 enter_guard(r) ==
     /\ r \notin crashed /\ phase[r] = "Observe"
     /\ Step(r, "enter_guard", "Guard")
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 submit_report(r) ==
     /\ r \notin crashed /\ phase[r] = "Guard"
     /\ Step(r, "submit_report", "Agree")
-    /\ reports' = [reports EXCEPT ![r] = [f |-> frontier[r], g |-> gen[r], phi |-> obs[r]]]
+    /\ reports' = [reports EXCEPT ![r] = [f |-> frontier[r], g |-> gen[r], phi |-> obs[r],
+                                           tau |-> tau[r], copy |-> copy[r]]]
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, decision, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 (* Preserve agreed and r owns the failed group: destroy the retired communicator. *)
 decide_preserve(r) ==
@@ -218,7 +253,18 @@ decide_preserve(r) ==
     /\ retired' = retired \cup {decision.g}
     /\ live' = live \ {decision.g}
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
+
+(* Rewind agreed: every rank discards the update and rebuilds all its groups (the failed one is
+   retired like under Preserve); the step and the snapshot are restored before replace_comm. *)
+decide_rewind(r) ==
+    /\ r \notin crashed
+    /\ phase[r] = "Agree" /\ decision.kind = "rewind"
+    /\ Step(r, "decide_rewind", "Replace")
+    /\ retired' = retired \cup {decision.g}
+    /\ live' = live \ {decision.g}
+    /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome,
+                   crashed, phi, resumedAt, tau, copy>>
 
 (* Preserve agreed but r is in no failed group: nothing to repair, vote ok and wait. *)
 stand_by(r) ==
@@ -227,7 +273,7 @@ stand_by(r) ==
     /\ Step(r, "stand_by", "Validate")
     /\ validated' = [validated EXCEPT ![r] = TRUE]
     /\ UNCHANGED <<frontier, gen, refs, obs, reports, decision, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 decide_reject(r) ==
     /\ r \notin crashed
@@ -235,20 +281,25 @@ decide_reject(r) ==
     /\ Step(r, "decide_reject", "Reject")
     /\ WriteReject
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 (* The identical-membership group is built at generation g+1, then the rebind walk
-   redirects the cached references; the walk may miss one slot (it stays on g). *)
+   redirects the cached references; the walk may miss one slot (it stays on g).  Under Rewind
+   the rank has first put its applied step back from the copy (mutant rewind_keeps_step: not). *)
 replace_comm(r) ==
     /\ r \notin crashed /\ phase[r] = "Replace"
     /\ Step(r, "replace_comm", "Rebind")
     /\ gen' = [gen EXCEPT ![r] = decision.g + 1]
     /\ live' = live \cup {decision.g + 1}
-    /\ \E miss \in {{}, {MissableSlot}} :
-          refs' = [refs EXCEPT ![r] = [s \in Slots |-> IF s \in miss THEN refs[r][s]
-                                                                 ELSE decision.g + 1]]
+    /\ IF r \in R
+         THEN \E miss \in {{}, {MissableSlot}} :
+                refs' = [refs EXCEPT ![r] = [s \in Slots |-> IF s \in miss THEN refs[r][s]
+                                                                       ELSE decision.g + 1]]
+         ELSE UNCHANGED refs
+    /\ tau' = IF decision.kind = "rewind" /\ copy[r] /\ Mutant # "rewind_keeps_step"
+              THEN [tau EXCEPT ![r] = frontier[r]] ELSE tau
     /\ UNCHANGED <<frontier, validated, obs, reports, decision, outcome, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, copy>>
 
 (* The replacement could not be built: vote against release. *)
 replace_failed(r) ==
@@ -256,7 +307,7 @@ replace_failed(r) ==
     /\ Step(r, "replace_failed", "Validate")
     /\ WriteReject
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 (* The stale-reference proof passed; in Validate the rank runs an integer all-reduce on the
    new group and votes: ok if it succeeded, against release (reject) if not.
@@ -270,7 +321,7 @@ rebind_refs(r) ==
        \/ /\ WriteReject
           /\ UNCHANGED validated
     /\ UNCHANGED <<frontier, gen, refs, obs, reports, decision, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 (* A stale reference survived the walk: vote against release. *)
 rebind_failed(r) ==
@@ -279,13 +330,13 @@ rebind_failed(r) ==
     /\ Step(r, "rebind_failed", "Validate")
     /\ WriteReject
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 (* Resume at the agreed frontier on generation g+1, once the register says resume.
    Mutant unilateral_release: release on seeing every vote ok, ignoring the register.
    Mutant local_frontier: keep the local F instead of the agreed one. *)
 release(r) ==
-    /\ r \notin crashed /\ phase[r] = "Validate"
+    /\ r \notin crashed /\ phase[r] = "Validate" /\ decision.kind = "preserve"
     /\ IF Mutant = "unilateral_release"
          THEN \A q \in Ranks : validated[q]
          ELSE outcome = "resume"
@@ -294,34 +345,47 @@ release(r) ==
            g == decision.g + 1
        IN /\ frontier' = [frontier EXCEPT ![r] = f]
           /\ gen' = [gen EXCEPT ![r] = g]
-          /\ resumedAt' = [resumedAt EXCEPT ![r] = [f |-> f, g |-> g]]
+          /\ resumedAt' = [resumedAt EXCEPT ![r] = [f |-> f, g |-> g, kind |-> "preserve"]]
     /\ UNCHANGED <<refs, validated, obs, reports, decision, outcome, live, retired,
-                   crashed, phi>>
+                   crashed, phi, tau, copy>>
+
+(* Rewind released: resume at the agreed committed F on generation g+1; the interrupted
+   update F+1 runs again from the boundary snapshot. *)
+rewind(r) ==
+    /\ r \notin crashed /\ phase[r] = "Validate" /\ decision.kind = "rewind"
+    /\ outcome = "resume"
+    /\ Step(r, "rewind", "Resume")
+    /\ LET g == decision.g + 1
+       IN /\ frontier' = [frontier EXCEPT ![r] = decision.f]
+          /\ gen' = [gen EXCEPT ![r] = g]
+          /\ resumedAt' = [resumedAt EXCEPT ![r] = [f |-> decision.f, g |-> g, kind |-> "rewind"]]
+    /\ UNCHANGED <<refs, validated, obs, reports, decision, outcome, live, retired,
+                   crashed, phi, tau, copy>>
 
 release_reject(r) ==
     /\ r \notin crashed /\ phase[r] = "Validate" /\ outcome = "reject"
     /\ Step(r, "release_reject", "Reject")
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 abort(r) ==
     /\ r \notin crashed /\ phase[r] \in AbortSources /\ outcome = "reject"
     /\ Step(r, "abort", "Reject")
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 resume_training(r) ==
     /\ r \notin crashed /\ phase[r] = "Resume"
     /\ Step(r, "resume_training", "Train")
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 (* Every protocol step of rank r (training progress, commit_update, is not required). *)
 RankStep(r) ==
     \/ observe_failure(r) \/ join_recovery(r) \/ enter_guard(r) \/ submit_report(r)
-    \/ decide_preserve(r) \/ stand_by(r) \/ decide_reject(r)
+    \/ decide_preserve(r) \/ decide_rewind(r) \/ stand_by(r) \/ decide_reject(r)
     \/ replace_comm(r) \/ replace_failed(r) \/ rebind_refs(r) \/ rebind_failed(r)
-    \/ release(r) \/ release_reject(r) \/ abort(r) \/ resume_training(r)
+    \/ release(r) \/ rewind(r) \/ release_reject(r) \/ abort(r) \/ resume_training(r)
 
 -----------------------------------------------------------------------------
 (* Control plane: rank 0 publishes into the store; not rank edges. *)
@@ -335,18 +399,18 @@ PublishDecision ==
     /\ decision' = Decide
     /\ EnvStep("decide")
     /\ UNCHANGED <<phase, frontier, gen, refs, validated, obs, reports, outcome, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 (* Rank 0: compare_set(outcome, "none", "resume") after every rank voted ok.
    Mutant release_before_validation: publish as soon as Preserve is decided. *)
 PublishResume ==
     /\ 0 \notin crashed
-    /\ outcome = "none" /\ decision.kind = "preserve"
+    /\ outcome = "none" /\ Resuming
     /\ (\A r \in Ranks : validated[r]) \/ Mutant = "release_before_validation"
     /\ outcome' = "resume"
     /\ EnvStep("resume")
     /\ UNCHANGED <<phase, frontier, gen, refs, validated, obs, reports, decision, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 (* A rank's control-plane wait timed out: compare_set(outcome, "none", "reject").
    It may fire spuriously (a slow peer) at any time during a recovery; it is only
@@ -358,7 +422,7 @@ ControlPlaneTimeout ==
     /\ WriteReject
     /\ EnvStep("timeout")
     /\ UNCHANGED <<phase, frontier, gen, refs, validated, obs, reports, decision, live, retired,
-                   crashed, phi, resumedAt>>
+                   crashed, phi, resumedAt, tau, copy>>
 
 ControlPlane == PublishDecision \/ PublishResume \/ (ControlPlaneTimeout /\ crashed # {})
 
@@ -367,11 +431,22 @@ ControlPlane == PublishDecision \/ PublishResume \/ (ControlPlaneTimeout /\ cras
 
 (* A data-plane collective of group R fails in failure phase p while all ranks train;
    it opens a new recovery (a fresh control-plane prefix: per-recovery state is reset).
-   Bounded by MaxGen so the state space is finite. *)
+   Mid-update (p uncommitted) any set of ranks may already have applied the update's step
+   (they got through before the failure reached them): the split tau of seed 003.  With
+   StepCopy each of them holds its pre-step copy.  Bounded by MaxGen so the state space is
+   finite. *)
 DataPlaneFailure ==
     /\ ~Recovering
     /\ \A r \in Alive : gen[r] < MaxGen
-    /\ \E p \in FaultPhases : phi' = p
+    /\ \E p \in FaultPhases, ahead \in SUBSET Ranks :
+          /\ phi' = p
+          /\ p = "committed" => ahead = {}
+          \* someone in R sees it in phase p: mid-forward/backward a member that has not
+          \* stepped, inside the step a member that has (ObservedPhase)
+          /\ p \in {"forward", "backward"} => \E r \in R : r \notin ahead
+          /\ p = "optimizer" => \E r \in R : r \in ahead
+          /\ tau' = [r \in Ranks |-> IF r \in ahead THEN frontier[r] + 1 ELSE frontier[r]]
+          /\ copy' = [r \in Ranks |-> StepCopy /\ r \in ahead]
     /\ obs' = [r \in Ranks |-> "none"]
     /\ reports' = [r \in Ranks |-> NoReport]
     /\ decision' = NoDecision
@@ -390,7 +465,7 @@ Crash(r) ==
     /\ crashed' = crashed \cup {r}
     /\ EnvStep("crash")
     /\ UNCHANGED <<phase, frontier, gen, refs, validated, obs, reports, decision, outcome,
-                   live, retired, phi, resumedAt>>
+                   live, retired, phi, resumedAt, tau, copy>>
 
 (* Legitimate ends: every live rank rejected (fail-stop), or training with no fault left to
    inject.  Stuttering there is not a deadlock; stuttering anywhere else is a hang. *)
@@ -419,13 +494,17 @@ TypeOK ==
     /\ refs \in [R -> [Slots -> Gens]]
     /\ validated \in [Ranks -> BOOLEAN]
     /\ obs \in [Ranks -> FailurePhases \cup {"none"}]
-    /\ reports \in [Ranks -> [f : Frontiers, g : Gens, phi : FailurePhases \cup {"none"}]]
-    /\ decision \in [kind : {"none", "preserve", "reject"}, f : Frontiers, g : Gens]
+    /\ reports \in [Ranks -> [f : Frontiers, g : Gens, phi : FailurePhases \cup {"none"},
+                              tau : 0 .. (MaxFrontier + 1), copy : BOOLEAN]]
+    /\ decision \in [kind : {"none", "preserve", "rewind", "reject"}, f : Frontiers, g : Gens]
     /\ outcome \in {"none", "resume", "reject"}
     /\ live \subseteq Gens /\ retired \subseteq Gens
     /\ crashed \subseteq Ranks
     /\ phi \in FailurePhases \cup {"none"}
-    /\ resumedAt \in [Ranks -> [f : Frontiers \cup {-1}, g : Gens \cup {-1}]]
+    /\ resumedAt \in [Ranks -> [f : Frontiers \cup {-1}, g : Gens \cup {-1},
+                                kind : {"none", "preserve", "rewind"}]]
+    /\ tau \in [Ranks -> 0 .. (MaxFrontier + 1)]
+    /\ copy \in [Ranks -> BOOLEAN]
     /\ edge \in (Triggers \cup EnvTags) \X (Phases \cup {""}) \X (Phases \cup {""})
 
 (* All ranks that resumed from this recovery hold the same F and g. *)
@@ -445,9 +524,21 @@ OutcomeAgreement ==
     ~ \E r, q \in Ranks : Resumed(r) /\ phase[q] = "Reject"
 
 (* Preserve resumes exactly where the failure struck: at a committed boundary, at the
-   frontier the rank held at failure, so no update is replayed or half-applied. *)
+   frontier the rank held at failure, so no update is replayed or half-applied.  Rewind
+   resumes at the committed F it reported: only the interrupted update runs again. *)
 ZeroReplay ==
-    \A r \in Ranks : Resumed(r) => phi = "committed" /\ resumedAt[r].f = reports[r].f
+    \A r \in Ranks : Resumed(r) => /\ resumedAt[r].f = reports[r].f
+                                   /\ resumedAt[r].kind = "preserve" => phi = "committed"
+
+(* A rewind never follows an applied step: a rank that had applied the interrupted update's
+   step without a copy to undo it never rewinds. *)
+RewindNeverAfterStep ==
+    \A r \in Ranks : resumedAt[r].kind = "rewind" => ~(reports[r].tau # reports[r].f /\ ~reports[r].copy)
+
+(* No rank re-applies an update: a rewound rank holds exactly F applied steps until the re-run
+   of F+1 commits, so that re-run applies F+1 once. *)
+NoReapply ==
+    \A r \in Ranks : resumedAt[r].kind = "rewind" /\ frontier[r] = resumedAt[r].f => tau[r] = frontier[r]
 
 (* Every recovery ends: each rank resumes, rejects or has crashed. *)
 Settled ==
@@ -462,6 +553,6 @@ RecoveryEnds == (phi # "none") ~> Settled
    is exact and divides the state count by about three.  The conformance run, which
    needs every edge, does not use the VIEW. *)
 StateView == <<phase, frontier, gen, refs, validated, obs, reports, decision, outcome,
-               live, retired, crashed, phi, resumedAt>>
+               live, retired, crashed, phi, resumedAt, tau, copy>>
 
 =============================================================================

@@ -11,12 +11,12 @@ from hypothesis import given, settings
 from accelpact.testing.campaign import Fault, campaign, expected, fault_schedules, plan, simulation_campaign
 
 
-def test_expected_outcome_follows_the_envelope():
+def test_expected_outcome_follows_the_paper_envelope():
     c = [Fault(3, "committed", 2, "skip"), Fault(5, "committed", 0, "late")]
-    assert expected(c).outcome == "preserve" and expected(c).preserved_updates == (3, 5)
-    r = expected([*c, Fault(4, "backward", 1, "skip")])
+    assert expected(c, rewind=False).outcome == "preserve" and expected(c, rewind=False).preserved_updates == (3, 5)
+    r = expected([*c, Fault(4, "backward", 1, "skip")], rewind=False)
     assert (r.outcome, r.preserved_updates, r.reject_update) == ("reject", (3,), 4)
-    k = expected([Fault(3, "committed", 1, "kill"), Fault(3, "committed", 2, "skip")])
+    k = expected([Fault(3, "committed", 1, "kill"), Fault(3, "committed", 2, "skip")], rewind=False)
     assert (k.outcome, k.reject_update) == ("killed", 3)
     assert plan([Fault(5, "forward", 1, "kill"), Fault(2, "committed", 0, "skip")]) == \
         "skip@2:committed:0,kill@5:forward:1"
@@ -49,9 +49,15 @@ def test_a_kill_preempted_by_an_earlier_fault_of_the_same_update_may_end_in_reje
     so rank 3 never reaches its kill point in backward and every rank rejects instead."""
     from accelpact.testing.campaign import Fault, expected
 
-    assert expected((Fault(2, "backward", 3, "kill"), Fault(2, "forward", 2, "skip"))).may_reject
-    assert not expected((Fault(2, "backward", 3, "kill"), Fault(2, "backward", 2, "skip"))).may_reject
-    assert not expected((Fault(2, "forward", 3, "kill"),)).may_reject
+    def paper(*fs):
+        return expected(fs, rewind=False)
+
+    assert paper(Fault(2, "backward", 3, "kill"), Fault(2, "forward", 2, "skip")).may_reject
+    assert not paper(Fault(2, "backward", 3, "kill"), Fault(2, "backward", 2, "skip")).may_reject
+    assert not paper(Fault(2, "forward", 3, "kill")).may_reject
+    # with Rewind the pre-empted kill fires in the re-run: killed, unless a split step ends it first
+    assert not expected((Fault(2, "backward", 3, "kill"), Fault(2, "forward", 2, "skip"))).may_reject
+    assert expected((Fault(2, "committed", 3, "kill"), Fault(2, "optimizer", 2, "skip"))).may_reject
 
 
 def test_a_late_rank_in_the_optimizer_phase_fails_at_the_boundary_and_is_preserved():
@@ -62,17 +68,62 @@ def test_a_late_rank_in_the_optimizer_phase_fails_at_the_boundary_and_is_preserv
     e = expected((Fault(3, "optimizer", 1, "late"),))
     assert e.outcome == "preserve" and e.preserved_updates == (3,)
     assert expected((Fault(3, "optimizer", 1, "skip"),)).outcome == "reject"
-    assert expected((Fault(3, "optimizer", 1, "late"), Fault(3, "forward", 2, "skip"))).outcome == "reject"
+    assert expected((Fault(3, "optimizer", 1, "late"), Fault(3, "forward", 2, "skip")), rewind=False).outcome == "reject"
+
+
+def test_expected_outcome_with_rewind():
+    """Rewind for forward/backward, once per firing; a boundary fault of the same update may be
+    preserved after the re-run; a skip inside the step (split tau, no copy) rejects."""
+    e = expected([Fault(3, "backward", 1, "skip")])
+    assert (e.outcome, e.rewound_updates, e.tokens) == ("rewind", (3,), ("W{1,1}",))
+    assert e.matches(["rewind"], observed="rewind") == 0
+    assert e.matches(["restart"], observed="reject") is None
+    e = expected([Fault(3, "forward", 0, "skip"), Fault(3, "backward", 2, "late"), Fault(3, "committed", 1, "late"),
+                  Fault(5, "committed", 3, "skip")])
+    assert e.outcome == "rewind" and e.preserved_updates == (5,)
+    for ok in (["rewind", "preserve"], ["rewind", "rewind", "preserve"], ["rewind", "preserve", "preserve"]):
+        assert e.matches(ok, observed="rewind") == 0, ok
+    assert e.matches(["rewind", "rewind", "rewind", "preserve"], observed="rewind") is None  # 2 mid faults
+    assert e.matches(["preserve", "rewind", "preserve"], observed="rewind") == 1  # one unscheduled
+    r = expected([Fault(2, "forward", 1, "late"), Fault(2, "optimizer", 0, "skip")])
+    assert (r.outcome, r.reject_update) == ("reject", 2)
+    assert r.matches(["restart"], observed="reject") == 0 and r.matches(["rewind", "restart"], observed="reject") == 0
+    k = expected([Fault(2, "backward", 1, "skip"), Fault(4, "forward", 3, "kill")])
+    assert (k.outcome, k.rewound_updates, k.reject_update) == ("killed", (2,), 4)
+
+
+def test_a_shrunk_failing_schedule_is_reproducible_from_the_printed_seed(tmp_path, capsys):
+    """The driver's contract: the seed it prints replays the campaign, and hypothesis shrinks a
+    failure to the same minimal schedule every time. A stand-in runner fails every schedule that
+    holds a kill inside the optimizer step, deterministically, so no process is spawned."""
+    from accelpact.testing.campaign import ScheduleResult
+
+    def runner(faults, workdir, **_):
+        if any(f.kind == "kill" and f.phase == "optimizer" for f in faults):
+            raise AssertionError(f"planted failure in {plan(faults)}")
+        return ScheduleResult(plan(faults), "preserve", "preserve", 0.0)
+
+    shrunk = []
+    for attempt in range(2):
+        summary = tmp_path / f"s{attempt}.json"
+        assert campaign(60, updates=6, derandomize=False, seed=424242, summary=summary, runner=runner) == 1
+        out = capsys.readouterr()
+        assert "seed 424242" in out.out and "--seed 424242" in out.out and "FAILED (seed 424242)" in out.err
+        failures = json.loads(summary.read_text())["failures"]
+        shrunk.append(failures[-1]["schedule"])  # hypothesis reports the shrunk example last
+    assert shrunk[0] == shrunk[1]
+    assert shrunk[0] == "kill@2:optimizer:0"  # minimal: one fault, smallest update and rank
 
 
 def test_only_extra_preserves_are_tolerated_beyond_the_schedule():
     """A peer slower than the data timeout at a boundary is a real failure the runtime must
     preserve; anything else that differs from the envelope's sequence fails the schedule."""
-    from accelpact.testing.campaign import unscheduled_preserves
-
-    assert unscheduled_preserves(["preserve", "preserve"], ["preserve"]) == 1
-    assert unscheduled_preserves(["preserve", "restart"], ["restart"]) == 1
-    assert unscheduled_preserves(["preserve"], ["preserve"]) == 0
-    assert unscheduled_preserves(["restart"], ["preserve", "restart"]) is None
-    assert unscheduled_preserves(["restart", "preserve"], ["restart"]) == 1
-    assert unscheduled_preserves(["rewind"], []) is None
+    one = expected([Fault(3, "committed", 1, "skip")], rewind=False)
+    assert one.matches(["preserve", "preserve"], observed="preserve") == 1
+    assert one.matches(["preserve"], observed="preserve") == 0
+    rej = expected([Fault(3, "backward", 1, "skip")], rewind=False)
+    assert rej.matches(["preserve", "restart"], observed="reject") == 1
+    assert rej.matches(["restart", "preserve"], observed="reject") == 1
+    two = expected([Fault(2, "committed", 1, "skip"), Fault(3, "backward", 1, "skip")], rewind=False)
+    assert two.matches(["restart"], observed="reject") is None  # the scheduled Preserve is missing
+    assert rej.matches(["rewind", "restart"], observed="reject") is None

@@ -49,7 +49,7 @@ def _variant(tmp_path, old: str, new: str):
 def test_spec_edges_equal_table_edges(found):
     diff = compare_edges(found.edges, table_edges())
     assert diff.ok, diff.describe()
-    assert len(found.edges) == len(table_edges()) == 20
+    assert len(found.edges) == len(table_edges()) == 22
 
 
 @pytest.mark.tlc

@@ -13,7 +13,8 @@ from accelpact.fsm.simulation import Scenario, simulate
 def test_committed_failure_is_preserved_on_every_rank_at_the_frontier():
     res = simulate(Scenario(4, (0, 2), frontier=9, generation=3), seed=0)
     assert res.actions == {RecoveryAction.PRESERVE}
-    assert {(o.frontier, o.generation) for o in res.outcomes.values()} == {(9, 4)}
+    # the update at the boundary counts: F = 9 committed before it, 10 after
+    assert {(o.frontier, o.generation) for o in res.outcomes.values()} == {(10, 4)}
     # ranks outside R stand by; ranks in R replace and rebind
     triggers = {r: {t for (rr, t, _, _) in res.trace if rr == r} for r in range(4)}
     assert "replace_comm" in triggers[0] and "replace_comm" in triggers[2]
@@ -28,6 +29,46 @@ def test_uncommitted_failure_is_rejected_everywhere():
         assert res.register == "reject"
 
 
+UNCOMMITTED = (FailurePhase.FORWARD, FailurePhase.BACKWARD, FailurePhase.OPTIMIZER)
+
+
+def test_interrupted_update_is_rewound_on_every_rank_when_qualified():
+    for phase in (FailurePhase.FORWARD, FailurePhase.BACKWARD):
+        res = simulate(Scenario(4, (0, 2), failure_phase=phase, frontier=9, generation=3,
+                                rewind_phases=UNCOMMITTED), seed=3)
+        assert res.actions == {RecoveryAction.REWIND}
+        # back to the committed F; every rank rebuilt its groups (none stands by)
+        assert {(o.frontier, o.generation) for o in res.outcomes.values()} == {(9, 4)}
+        triggers = {t for (_, t, _, _) in res.trace}
+        assert {"decide_rewind", "rewind"} <= triggers and not {"stand_by", "release"} & triggers
+        assert {(t, a, b) for (_, t, a, b) in res.trace} <= table.edges()
+
+
+def test_rewind_needs_every_rank_qualified_and_able_to_rerun():
+    assert simulate(Scenario(4, (0, 2), failure_phase=FailurePhase.BACKWARD,
+                             rewind_phases=(FailurePhase.FORWARD,)), seed=1).actions == {RecoveryAction.RESTART}
+    res = simulate(Scenario(4, (0, 2), failure_phase=FailurePhase.FORWARD, rewind_phases=UNCOMMITTED,
+                            rerun_blocked=(3,)), seed=1)
+    assert res.actions == {RecoveryAction.RESTART}
+    assert any("rank 3 cannot re-run" in why for o in res.outcomes.values() for why in o.reasons)
+
+
+def test_split_optimizer_step_is_rejected_unless_every_rank_ahead_holds_a_copy():
+    split = dict(failure_phase=FailurePhase.BACKWARD, rewind_phases=UNCOMMITTED, stepped=(1, 3))
+    res = simulate(Scenario(4, (0, 2), **split), seed=4)
+    assert res.actions == {RecoveryAction.RESTART}
+    assert any("split optimizer step" in why for o in res.outcomes.values() for why in o.reasons)
+    assert simulate(Scenario(4, (0, 2), step_copies=(1,), **split), seed=4).actions == {RecoveryAction.RESTART}
+    res = simulate(Scenario(4, (0, 2), step_copies=(1, 3), **split), seed=4)
+    assert res.actions == {RecoveryAction.REWIND}  # the copies put tau back to F before the re-run
+
+
+def test_a_failed_boundary_restore_rejects_all_ranks():
+    res = simulate(Scenario(4, (0, 2), failure_phase=FailurePhase.FORWARD, rewind_phases=UNCOMMITTED,
+                            restore_fail=(1,)), seed=2)
+    assert res.actions == {RecoveryAction.RESTART}
+
+
 def test_one_missed_reference_rejects_all_ranks():
     res = simulate(Scenario(4, (1, 3), rebind_miss=(3,)), seed=2)
     assert res.actions == {RecoveryAction.RESTART}
@@ -40,7 +81,7 @@ def test_crash_mid_protocol_rejects_survivors():
 
 
 schedules = st.builds(
-    lambda n, grp, phase, skew, lost, crash, miss, rf, vf, lv, gf, seed: (
+    lambda n, grp, phase, skew, lost, crash, miss, rf, vf, lv, gf, rw, stepped, copies, blocked, seed: (
         Scenario(
             world_size=n,
             failed_group=tuple(sorted(set(g % n for g in grp))) or (0,),
@@ -53,6 +94,10 @@ schedules = st.builds(
             validate_fail=tuple(x % n for x in vf),
             lost_votes=tuple(x % n for x in lv),
             guard_fail=tuple(x % n for x in gf),
+            rewind_phases=UNCOMMITTED if rw else (),
+            stepped=tuple(sorted({x % n for x in stepped})),
+            step_copies=tuple(sorted({x % n for x in copies})),
+            rerun_blocked=tuple(x % n for x in blocked),
         ),
         seed,
     ),
@@ -67,6 +112,10 @@ schedules = st.builds(
     st.lists(st.integers(0, 5), max_size=1),
     st.lists(st.integers(0, 5), max_size=1),
     st.lists(st.integers(0, 5), max_size=1),
+    st.booleans(),
+    st.lists(st.integers(0, 5), max_size=2),
+    st.lists(st.integers(0, 5), max_size=2),
+    st.lists(st.integers(0, 5), max_size=1),
     st.integers(0, 2**16),
 )
 
@@ -77,27 +126,26 @@ def test_simulated_fault_schedules_keep_every_safety_property(case):
     """Invariants are asserted inside simulate() after every step; here: the envelope's outcome."""
     scenario, seed = case
     res = simulate(scenario, seed=seed)
-    clean = (
-        scenario.failure_phase is FailurePhase.COMMITTED
-        and not any(scenario.frontier_skew.values())
-        and not (
-            scenario.lost_reports
-            or scenario.crash_at
-            or scenario.rebind_miss
-            or scenario.replace_fail
-            or scenario.validate_fail
-            or scenario.lost_votes
-            or scenario.guard_fail
-        )
-    )
+    sc = scenario
+    effect_faults = (sc.lost_reports or sc.crash_at or sc.rebind_miss or sc.replace_fail or sc.validate_fail
+                     or sc.lost_votes or sc.guard_fail)
     assert len(res.actions) == 1, "OutcomeAgreement"
-    if clean:
+    committed = sc.failure_phase is FailurePhase.COMMITTED
+    if committed and not any(sc.frontier_skew.values()) and not sc.stepped and not effect_faults:
         assert res.actions == {RecoveryAction.PRESERVE}
         return
-    if res.crashed or scenario.lost_reports or scenario.lost_votes or scenario.guard_fail:
+    rewindable = (not committed and sc.rewind_phases and not any(sc.frontier_skew.values())
+                  and set(sc.stepped) <= set(sc.step_copies) and not sc.rerun_blocked)
+    if rewindable and not effect_faults:
+        assert res.actions == {RecoveryAction.REWIND}
+        return
+    if res.crashed or sc.lost_reports or sc.lost_votes or sc.guard_fail:
         assert res.actions == {RecoveryAction.RESTART}
     if res.actions == {RecoveryAction.PRESERVE}:
         # only effect faults on ranks with nothing to repair, or crashes never reached, are harmless
-        harmful = set(scenario.rebind_miss) | set(scenario.replace_fail) | set(scenario.validate_fail)
-        assert not (harmful & set(scenario.failed_group))
-        assert scenario.failure_phase is FailurePhase.COMMITTED and not any(scenario.frontier_skew.values())
+        harmful = set(sc.rebind_miss) | set(sc.replace_fail) | set(sc.validate_fail)
+        assert not (harmful & set(sc.failed_group))
+        assert committed and not any(sc.frontier_skew.values()) and not sc.stepped
+    if res.actions == {RecoveryAction.REWIND}:
+        # a Rewind rebuilds every group on every rank: any effect fault anywhere would reject
+        assert rewindable and not (sc.rebind_miss or sc.replace_fail or sc.validate_fail)

@@ -42,8 +42,10 @@ def test_every_phase_is_reachable_and_every_recovery_phase_can_reject():
 
 def test_resume_only_from_validate_and_only_under_resume_outcome():
     into_resume = [row for row in table.TRANSITIONS if row.dest is Phase.RESUME]
-    assert [(r.trigger, r.source) for r in into_resume] == [("release", (Phase.VALIDATE,))]
-    assert into_resume[0].conditions == ("outcome_is_resume",)
+    assert [(r.trigger, r.source) for r in into_resume] == [("release", (Phase.VALIDATE,)),
+                                                           ("rewind", (Phase.VALIDATE,))]
+    assert [r.conditions for r in into_resume] == [("outcome_is_resume", "decision_is_preserve"),
+                                                   ("outcome_is_resume", "decision_is_rewind")]
 
 
 def test_outcome_phases_have_no_exit_except_resume_to_train():
@@ -148,6 +150,57 @@ def test_agreement_rejects_any_mismatch(over, needle):
     assert any(needle in r for r in d.reasons), d.reasons
 
 
+DATA = GroupId("data", (0, 1, 2, 3))
+UNCOMMITTED = (FailurePhase.FORWARD, FailurePhase.BACKWARD, FailurePhase.OPTIMIZER)
+
+
+def interrupted(n=4, over=None, phi=FailurePhase.BACKWARD):
+    """Ranks 0 and 2 failed mid-update at F=7; 1 and 3 reached the boundary (would-be F=8)."""
+    over = over or {}
+    out = []
+    for r in range(n):
+        mid = r in (0, 2)
+        kw = dict(phi=phi if mid else FailurePhase.COMMITTED, F=7 if mid else 8, tau=7, base_frontier=7,
+                  rewind_phases=UNCOMMITTED, rerun_ok=True, held_groups=(REP, DATA) if mid else (DATA,))
+        kw.update(over.get(r, {}))
+        out.append(report(r, **kw))
+    return out
+
+
+def test_agreement_rewinds_an_interrupted_update_everyone_can_rerun():
+    d = decide_agreement(interrupted(), 4)
+    assert d.action is RecoveryAction.REWIND
+    assert (d.frontier, d.generation) == (7, 1)  # the committed F, not the boundary's F+1
+    assert d.failed_groups == (DATA, REP) and d.repair_ranks == {0, 1, 2, 3}  # every group is rebuilt
+    assert AgreementDecision.from_dict(d.to_dict()) == d
+
+
+@pytest.mark.parametrize(
+    "over, needle",
+    [
+        ({1: {"tau": 8}}, "split optimizer step: ranks [1] applied (or began) update 8, ranks [0, 2, 3] did not"),
+        ({r: {"tau": 8} for r in range(4)}, "every rank applied (or began) update 8"),
+        ({3: {"base_frontier": 6}}, "frontier F mismatch"),
+        ({1: {"g": 2}}, "generation g mismatch"),
+        ({0: {"rewind_phases": (FailurePhase.FORWARD,)}}, "envelope does not qualify rewind for phase backward on ranks [0]"),
+        ({3: {"rerun_ok": False, "rerun_reason": "update body is not re-runnable"}},
+         "rank 3 cannot re-run update 8: update body is not re-runnable"),
+        ({2: {"guard_ok": False, "guard_reason": "unit 1 still unsharded"}}, "guard failed on rank 2 after discarding"),
+        ({1: {"tau": 9}}, "optimizer step tau out of range"),
+    ],
+)
+def test_agreement_rejects_a_rewind_any_rank_cannot_take(over, needle):
+    d = decide_agreement(interrupted(over=over), 4)
+    assert d.action is RecoveryAction.RESTART
+    assert any("outside a committed boundary" in r for r in d.reasons)
+    assert any(needle in r for r in d.reasons), d.reasons
+
+
+def test_agreement_rewinds_a_split_step_when_every_rank_ahead_holds_a_copy():
+    d = decide_agreement(interrupted(over={1: {"tau": 8, "step_copy": True}, 3: {"tau": 8, "step_copy": True}}), 4)
+    assert d.action is RecoveryAction.REWIND and d.frontier == 7
+
+
 def test_agreement_rejects_missing_and_foreign_reports():
     reps = all_reports()
     d = decide_agreement([reps[0], None, reps[2], reps[3]], 4)
@@ -169,6 +222,8 @@ def test_agreement_is_independent_of_report_order():
 
 def test_report_round_trips_through_dict():
     r = report(2, failed=(REP,), guard_ok=False, guard_reason="x")
+    assert RankReport.from_dict(r.to_dict()) == r
+    r = interrupted(over={1: {"tau": 8, "step_copy": True, "rerun_reason": "y"}})[1]
     assert RankReport.from_dict(r.to_dict()) == r
     assert GroupId.parse(REP.key) == REP
     with pytest.raises(ValueError):

@@ -44,13 +44,27 @@ class RankReport:
     """What one rank contributes to frontier agreement."""
 
     rank: int
-    frontier: int  # F: committed updates
+    frontier: int  # F this rank would hold if the update at hand counts (F+1 at a committed boundary)
     generation: int  # g: communicator generation
-    opt_step: int  # tau: optimizer steps applied
+    opt_step: int  # tau: optimizer steps applied (F+1 if the failure struck inside optimizer.step())
     failure_phase: FailurePhase  # phi as seen by this rank (committed for ranks that only joined)
     failed_groups: tuple[GroupId, ...] = ()
     guard_ok: bool = True
     guard_reason: str = ""
+    #: F committed before the interrupted update (what a Rewind goes back to); None: `frontier`
+    base_frontier: int | None = None
+    #: Rewind inputs: failure phases this rank's envelope qualifies Rewind for; whether this
+    #: rank can re-run the update from its boundary snapshot (and why not); whether it holds a
+    #: host copy of its pre-step state; every data-plane group it holds (a Rewind rebuilds all).
+    rewind_phases: tuple[FailurePhase, ...] = ()
+    rerun_ok: bool = False
+    rerun_reason: str = ""
+    step_copy: bool = False
+    held_groups: tuple[GroupId, ...] = ()
+
+    @property
+    def base(self) -> int:
+        return self.frontier if self.base_frontier is None else self.base_frontier
 
     def to_dict(self) -> dict:
         return {
@@ -62,10 +76,17 @@ class RankReport:
             "failed_groups": [g.key for g in self.failed_groups],
             "guard_ok": self.guard_ok,
             "guard_reason": self.guard_reason,
+            "base_frontier": self.base_frontier,
+            "rewind_phases": [str(p) for p in self.rewind_phases],
+            "rerun_ok": self.rerun_ok,
+            "rerun_reason": self.rerun_reason,
+            "step_copy": self.step_copy,
+            "held_groups": [g.key for g in self.held_groups],
         }
 
     @classmethod
     def from_dict(cls, d: Mapping) -> RankReport:
+        base = d.get("base_frontier")
         return cls(
             rank=int(d["rank"]),
             frontier=int(d["frontier"]),
@@ -75,6 +96,12 @@ class RankReport:
             failed_groups=tuple(GroupId.parse(k) for k in d.get("failed_groups", ())),
             guard_ok=bool(d.get("guard_ok", True)),
             guard_reason=str(d.get("guard_reason", "")),
+            base_frontier=None if base is None else int(base),
+            rewind_phases=tuple(FailurePhase.parse(p) for p in d.get("rewind_phases", ())),
+            rerun_ok=bool(d.get("rerun_ok", False)),
+            rerun_reason=str(d.get("rerun_reason", "")),
+            step_copy=bool(d.get("step_copy", False)),
+            held_groups=tuple(GroupId.parse(k) for k in d.get("held_groups", ())),
         )
 
 
@@ -126,8 +153,9 @@ def decide_agreement(
     *,
     protected_groups: Iterable[str] = ("control",),
 ) -> AgreementDecision:
-    """Frontier agreement: Preserve only if every rank reported, all at a committed boundary,
-    all guards passed, and all agree on F, g and tau; otherwise Restart (reject, fail-stop).
+    """Frontier agreement. Preserve only if every rank reported, all at a committed boundary,
+    all guards passed, and all agree on F, g and tau. Rewind if the update was interrupted and
+    every rank can discard and re-run it (`_decide_rewind`). Otherwise Restart (fail-stop).
 
     `reports` may contain None for ranks whose report never arrived (missing → reject).
     """
@@ -151,16 +179,13 @@ def decide_agreement(
         return _reject(*reasons)
 
     ordered = [by_rank[r] for r in range(world_size)]
+    protected = set(protected_groups)
     uncommitted = [r.rank for r in ordered if r.failure_phase is not FailurePhase.COMMITTED]
     if uncommitted:
-        phases = sorted({str(by_rank[r].failure_phase) for r in uncommitted})
-        reasons.append(f"failure outside a committed boundary on ranks {uncommitted} (phase {phases})")
-    bad_guard = [r for r in ordered if not r.guard_ok]
-    if uncommitted and bad_guard:
-        # busy FSDP units are what an uncommitted failure looks like; name the ranks, not the units
-        reasons.append(f"guard failed on ranks {[r.rank for r in bad_guard]} (units not idle mid-update)")
-    else:
-        for r in bad_guard:
+        return _decide_rewind(ordered, uncommitted, world_size, protected)
+
+    for r in ordered:
+        if not r.guard_ok:
             reasons.append(f"guard failed on rank {r.rank}: {r.guard_reason or 'unspecified'}")
     for name, attr in (("frontier F", "frontier"), ("generation g", "generation"), ("optimizer step tau", "opt_step")):
         values = {getattr(r, attr) for r in ordered}
@@ -168,18 +193,64 @@ def decide_agreement(
             detail = ", ".join(f"r{r.rank}={getattr(r, attr)}" for r in ordered)
             reasons.append(f"{name} mismatch: {detail}")
     failed = tuple(sorted({g for r in ordered for g in r.failed_groups}))
-    if not failed and not uncommitted:
+    if not failed:
         reasons.append("no rank reported a failed data-plane group: nothing to repair")
-    protected = set(protected_groups)
-    for g in failed:
-        if g.label in protected:
-            reasons.append(f"group {g.key} is part of the control plane and cannot be replaced in-band")
-        if any(not 0 <= m < world_size for m in g.ranks):
-            reasons.append(f"group {g.key} names ranks outside the world of size {world_size}")
+    reasons += _unreplaceable(failed, world_size, protected)
     if reasons:
         return _reject(*reasons)
     first = ordered[0]
     return AgreementDecision(RecoveryAction.PRESERVE, first.frontier, first.generation, failed, ())
+
+
+def _unreplaceable(groups: Iterable[GroupId], world_size: int, protected: set[str]) -> list[str]:
+    reasons = []
+    for g in groups:
+        if g.label in protected:
+            reasons.append(f"group {g.key} is part of the control plane and cannot be replaced in-band")
+        if any(not 0 <= m < world_size for m in g.ranks):
+            reasons.append(f"group {g.key} names ranks outside the world of size {world_size}")
+    return reasons
+
+
+def _decide_rewind(
+    ordered: Sequence[RankReport], uncommitted: list[int], world_size: int, protected: set[str]
+) -> AgreementDecision:
+    """An update was interrupted. Rewind (discard it everywhere and re-run it from F) only if every
+    rank can: the same committed F and g, no rank left with an applied step it cannot undo
+    (tau == F, or a pre-step copy puts it back), Rewind qualified for every phase that failed on
+    every rank's envelope, and every rank able to re-run the update from its snapshot."""
+    phases = sorted({str(r.failure_phase) for r in ordered if r.failure_phase is not FailurePhase.COMMITTED})
+    reasons = [f"failure outside a committed boundary on ranks {uncommitted} (phase {phases})"]
+    blockers: list[str] = []
+    for name, values in (("frontier F", [r.base for r in ordered]), ("generation g", [r.generation for r in ordered])):
+        if len(set(values)) > 1:
+            blockers.append(f"{name} mismatch: " + ", ".join(f"r{r.rank}={v}" for r, v in zip(ordered, values)))
+    base = ordered[0].base
+    stepped = [r.rank for r in ordered if r.opt_step == r.base + 1]
+    odd = [r.rank for r in ordered if r.opt_step not in (r.base, r.base + 1)]
+    if odd:
+        blockers.append("optimizer step tau out of range: " + ", ".join(f"r{r.rank}={r.opt_step}" for r in ordered))
+    uncopied = [r for r in stepped if not ordered[r].step_copy]
+    if uncopied:
+        clean = [r.rank for r in ordered if r.rank not in stepped]
+        what = (f"split optimizer step: ranks {stepped} applied (or began) update {base + 1}, ranks {clean} did not"
+                if clean else f"every rank applied (or began) update {base + 1}")
+        blockers.append(f"{what}; no pre-step copy on ranks {uncopied}, so the update cannot be undone")
+    for phase in phases:
+        unqualified = [r.rank for r in ordered if FailurePhase(phase) not in r.rewind_phases]
+        if unqualified:
+            blockers.append(f"envelope does not qualify rewind for phase {phase} on ranks {unqualified}")
+    blockers += [f"rank {r.rank} cannot re-run update {base + 1}: {r.rerun_reason or 'unspecified'}"
+                 for r in ordered if not r.rerun_ok]
+    blockers += [f"guard failed on rank {r.rank} after discarding the update: {r.guard_reason or 'unspecified'}"
+                 for r in ordered if not r.guard_ok]
+    held = tuple(sorted({g for r in ordered for g in r.held_groups}))
+    if not held:
+        blockers.append("no rank reported a data-plane group to rebuild")
+    blockers += _unreplaceable(held, world_size, protected)
+    if blockers:
+        return _reject(*reasons, *blockers)
+    return AgreementDecision(RecoveryAction.REWIND, base, ordered[0].generation, held, ())
 
 
 @dataclass(frozen=True)

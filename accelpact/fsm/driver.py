@@ -35,6 +35,14 @@ class Observation:
     saw_failure: bool  # True: this rank's own collective failed; False: joined via the control plane
     failed_groups: tuple[GroupId, ...] = ()
     cause: str = ""
+    #: F committed before the update at hand (None: `frontier`); what a Rewind returns to
+    base_frontier: int | None = None
+    #: Rewind inputs, reported as they are (see RankReport)
+    rewind_phases: tuple[FailurePhase, ...] = ()
+    rerun_ok: bool = False
+    rerun_reason: str = "this rank cannot re-run an update"
+    step_copy: bool = False
+    held_groups: tuple[GroupId, ...] = ()
 
 
 # --------------------------------------------------------------------------------- effects ----
@@ -47,7 +55,21 @@ class Effect:
 
 @dataclass(frozen=True)
 class Quiesce(Effect):
-    """Guard: flush device work, check every FSDP unit idle. Result: GuardVerdict."""
+    """Guard: flush device work, check every FSDP unit idle. Result: GuardVerdict.
+
+    With `discard` (this rank's update was interrupted) the partial update is thrown away first
+    (gradients, unsharded parameters, pending collectives): either the update is rewound or the
+    process restarts, and in both cases nothing of it may survive."""
+
+    discard: bool = False
+
+
+@dataclass(frozen=True)
+class RestoreBoundary(Effect):
+    """Rewind: drop this rank's partial update, undo an applied step from the pre-step copy,
+    restore the boundary snapshot of F (RNG, data cursor). Result: StepResult."""
+
+    frontier: int
 
 
 @dataclass(frozen=True)
@@ -135,6 +157,11 @@ class RecoveryOutcome:
     def preserved(self) -> bool:
         return self.action is RecoveryAction.PRESERVE
 
+    @property
+    def resumed(self) -> bool:
+        """Training goes on in this process (Preserve, or Rewind of the interrupted update)."""
+        return self.action in (RecoveryAction.PRESERVE, RecoveryAction.REWIND)
+
 
 RecoveryGen = Generator[Effect, object, RecoveryOutcome]
 
@@ -154,7 +181,8 @@ def _as_step(result: object) -> StepResult:
 def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
     """Drive one rank through observe → guard → agree → replace → rebind → validate → release.
 
-    Returns Preserve (resume at the agreed frontier with generation g+1) or Restart (reject).
+    Returns Preserve (resume at the agreed frontier with generation g+1), Rewind (resume at the
+    committed F with generation g+1 and re-run the interrupted update) or Restart (reject).
     """
     ctx: RecoveryContext = machine.ctx
     ctx.reset()
@@ -173,7 +201,7 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
 
     # -- guard ------------------------------------------------------------------------------
     machine.fire("enter_guard")
-    verdict = yield Quiesce()
+    verdict = yield Quiesce(discard=obs.failure_phase is not FailurePhase.COMMITTED)
     if isinstance(verdict, ControlPlaneFailure):  # pragma: no cover - guard is local
         verdict = GuardVerdict(False, verdict.reason)
     assert isinstance(verdict, GuardVerdict)
@@ -186,6 +214,12 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
         failed_groups=tuple(obs.failed_groups),
         guard_ok=verdict.ok,
         guard_reason=verdict.reason[:MAX_REASON],
+        base_frontier=obs.base_frontier,
+        rewind_phases=tuple(obs.rewind_phases),
+        rerun_ok=obs.rerun_ok,
+        rerun_reason=obs.rerun_reason[:MAX_REASON],
+        step_copy=obs.step_copy,
+        held_groups=tuple(obs.held_groups),
     )
 
     # -- frontier agreement -----------------------------------------------------------------
@@ -197,7 +231,7 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
         return done(RecoveryAction.RESTART, obs.frontier, obs.generation, reports.reason)
     decision = decide_agreement(reports, obs.world_size)  # type: ignore[arg-type]
     ctx.decision = decision
-    if decision.action is not RecoveryAction.PRESERVE:
+    if decision.action is RecoveryAction.RESTART:
         yield ForceReject("; ".join(decision.reasons))
         machine.fire("decide_reject")
         return done(RecoveryAction.RESTART, obs.frontier, obs.generation, *decision.reasons)
@@ -207,10 +241,17 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
     mine = tuple(g for g in decision.failed_groups if obs.rank in g.ranks)
     vote_ok, vote_reason = True, ""
 
+    rewinding = decision.action is RecoveryAction.REWIND
     if ctx.in_failed_group():
-        machine.fire("decide_preserve")
-        # -- replace ----------------------------------------------------------------------
-        built = _as_step((yield ReplaceGroups(mine, new_generation)))
+        machine.fire("decide_rewind" if rewinding else "decide_preserve")
+        # -- replace (a rewind first throws the interrupted update away) --------------------
+        built = StepResult(True)
+        if rewinding:
+            built = _as_step((yield RestoreBoundary(decision.frontier)))
+            if not built.ok:
+                built = StepResult(False, f"restoring the boundary snapshot failed: {built.reason}")
+        if built.ok:
+            built = _as_step((yield ReplaceGroups(mine, new_generation)))
         ctx.replacement_ok = built.ok
         if not built.ok:
             machine.fire("replace_failed")
@@ -239,8 +280,8 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
         outcome = yield from forced_reject(outcome.reason)
     ctx.outcome = str(outcome)
     if ctx.outcome == "resume":
-        machine.fire("release")
+        machine.fire("rewind" if rewinding else "release")
         machine.fire("resume_training")
-        return done(RecoveryAction.PRESERVE, decision.frontier, new_generation)
+        return done(decision.action, decision.frontier, new_generation)
     machine.fire("release_reject")
     return done(RecoveryAction.RESTART, obs.frontier, obs.generation, vote_reason or "a peer voted against release")

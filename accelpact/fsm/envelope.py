@@ -93,3 +93,16 @@ def _default_rows() -> Iterable[EnvelopeRow]:
 
 
 DEFAULT_ENVELOPE = Envelope(_default_rows())
+
+
+def permissive_envelope(platform: str, profile: str) -> Envelope:
+    """Every action allowed for one platform and profile: what the qualification probes run under,
+    so that what passes is measured rather than assumed. Never a default."""
+    rows = []
+    for phase in FailurePhase:
+        if phase is FailurePhase.COMMITTED:
+            actions = (RecoveryAction.PRESERVE, RecoveryAction.RESTART)
+        else:
+            actions = (RecoveryAction.REWIND, RecoveryAction.RESTART)
+        rows.append(EnvelopeRow(ObservationKey(platform, profile, phase), actions, "qualification run: unqualified"))
+    return Envelope(rows)

@@ -38,8 +38,14 @@ class RecoveryContext:
     def decision_is_preserve(self) -> bool:
         return self.decision is not None and self.decision.action is RecoveryAction.PRESERVE
 
+    def decision_is_rewind(self) -> bool:
+        return self.decision is not None and self.decision.action is RecoveryAction.REWIND
+
+    def decision_resumes(self) -> bool:
+        return self.decision_is_preserve() or self.decision_is_rewind()
+
     def decision_is_reject(self) -> bool:
-        return self.decision is not None and self.decision.action is not RecoveryAction.PRESERVE
+        return self.decision is not None and self.decision.action is RecoveryAction.RESTART
 
     def in_failed_group(self) -> bool:
         return self.decision is not None and self.decision.in_failed_group(self.rank)

@@ -59,3 +59,4 @@ class RecoveryAction(StrEnum):
 
     PRESERVE = "preserve"  # L1: keep S_app, rebuild communicators, rebind, resume at F
     RESTART = "restart"  # L2: fail-stop; the supervisor restores the last verified checkpoint
+    REWIND = "rewind"  # L1': discard the interrupted update, rebuild every group, re-run it from F

@@ -25,6 +25,7 @@ from .driver import (
     RebindReferences,
     RecoveryOutcome,
     ReplaceGroups,
+    RestoreBoundary,
     StepResult,
     ValidateGroups,
     VoteRelease,
@@ -58,6 +59,12 @@ class Scenario:
     validate_fail: tuple[int, ...] = ()
     lost_votes: tuple[int, ...] = ()
     slots: int = 2  # cached references per rank and failed group
+    #: Rewind: failure phases every rank's envelope qualifies it for (empty: Rewind is off)
+    rewind_phases: tuple[FailurePhase, ...] = ()
+    rerun_blocked: tuple[int, ...] = ()  # ranks that cannot re-run the update (no snapshot, ...)
+    stepped: tuple[int, ...] = ()  # ranks that applied the interrupted update's step (tau = F+1)
+    step_copies: tuple[int, ...] = ()  # ranks holding a host copy of their pre-step state
+    restore_fail: tuple[int, ...] = ()  # ranks whose boundary restore fails
 
 
 @dataclass
@@ -69,8 +76,11 @@ class SimRank:
     pending: Effect | None = None
     outcome: RecoveryOutcome | None = None
     crashed: bool = False
+    rebound: bool = False
     frontier: int = 0
     generation: int = 0
+    base: int = 0  # F committed before the update at hand
+    tau: int = 0  # optimizer steps applied
 
 
 @dataclass
@@ -121,18 +131,31 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
             trace.append((r, trigger, src, dst))
 
         machine = RecoveryMachine(ctx, on_edge=on_edge)
+        phase = sc.phase_override.get(r, sc.failure_phase) if r in observers else FailurePhase.COMMITTED
+        base = sc.frontier + sc.frontier_skew.get(r, 0)
+        tau = base + sc.step_skew.get(r, 0) + (1 if r in sc.stepped else 0)
+        held = (group,) if r in group.ranks else ()
+        held += (GroupId("data", tuple(range(n))),)
         obs = Observation(
             rank=r,
             world_size=n,
-            frontier=sc.frontier + sc.frontier_skew.get(r, 0),
+            # a rank at a committed boundary counts the update at hand (F+1 if it commits)
+            frontier=base + (1 if phase is FailurePhase.COMMITTED else 0),
             generation=sc.generation + sc.generation_skew.get(r, 0),
-            opt_step=sc.frontier + sc.step_skew.get(r, 0),
-            failure_phase=sc.phase_override.get(r, sc.failure_phase),
+            opt_step=tau,
+            failure_phase=phase,
             saw_failure=r in observers,
             failed_groups=(group,) if r in observers else (),
+            base_frontier=base,
+            rewind_phases=sc.rewind_phases,
+            rerun_ok=r not in sc.rerun_blocked,
+            rerun_reason="no boundary snapshot" if r in sc.rerun_blocked else "",
+            step_copy=r in sc.step_copies,
+            held_groups=held,
         )
-        refs = [sc.generation] * sc.slots if r in group.ranks else []
-        sim = SimRank(r, machine, run_recovery(machine, obs), refs, frontier=obs.frontier, generation=obs.generation)
+        refs = [sc.generation] * sc.slots
+        sim = SimRank(r, machine, run_recovery(machine, obs), refs, frontier=obs.frontier,
+                      generation=obs.generation, base=base, tau=tau)
         sim.pending = next(sim.gen)
         ranks[r] = sim
 
@@ -143,6 +166,14 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
         """Return (ready, result) for effect `eff` of rank s."""
         if isinstance(eff, Quiesce):
             return True, GuardVerdict(s.rank not in sc.guard_fail, "FSDP unit not idle" if s.rank in sc.guard_fail else "")
+        if isinstance(eff, RestoreBoundary):
+            if s.rank in sc.restore_fail:
+                return True, StepResult(False, "data cursor would not load")
+            if s.tau != eff.frontier:
+                if s.rank not in sc.step_copies:
+                    return True, StepResult(False, f"tau={s.tau} and no pre-step copy")
+                s.tau = eff.frontier  # the copy puts the parameters and tau back
+            return True, StepResult(True)
         if isinstance(eff, GatherReports):
             if s.rank not in bus.lost_reports:
                 bus.reports[s.rank] = eff.report
@@ -155,6 +186,7 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
             ok = s.rank not in sc.replace_fail
             return True, StepResult(ok, "" if ok else "store unreachable")
         if isinstance(eff, RebindReferences):
+            s.rebound = True
             for i in range(len(s.refs)):
                 if s.rank in sc.rebind_miss and i == len(s.refs) - 1:
                     continue  # the missed slot stays on the retired generation
@@ -198,7 +230,7 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
                     s.pending = s.gen.send(result)
                 except StopIteration as stop:
                     s.outcome = stop.value
-                    if s.outcome.preserved:
+                    if s.outcome.resumed:
                         s.frontier, s.generation = s.outcome.frontier, s.outcome.generation
                 progressed = True
                 break
@@ -220,21 +252,31 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
 
 def _check_invariants(ranks: dict[int, SimRank], bus: FakeBus, sc: Scenario) -> None:
     done = {r: s.outcome for r, s in ranks.items() if s.outcome is not None}
-    resumed = {r: o for r, o in done.items() if o.preserved}
-    rejected = {r: o for r, o in done.items() if not o.preserved}
+    resumed = {r: o for r, o in done.items() if o.resumed}
+    rejected = {r: o for r, o in done.items() if not o.resumed}
     if resumed and rejected:
         raise InvariantViolation(f"OutcomeAgreement: resumed {sorted(resumed)} but rejected {sorted(rejected)}")
-    if resumed:
-        if bus.register != "resume":
-            raise InvariantViolation("ValidatedBeforeRelease: a rank resumed without the release register")
-        if not all(v.ok for v in bus.votes.values()) or len(bus.votes) < sc.world_size:
-            raise InvariantViolation("ValidatedBeforeRelease: release without every rank's ok vote")
-        pairs = {(o.frontier, o.generation) for o in resumed.values()}
-        if len(pairs) > 1:
-            raise InvariantViolation(f"NoSplitFrontier: resumed with {pairs}")
-        for r, o in resumed.items():
-            if o.frontier != sc.frontier:
-                raise InvariantViolation(f"ZeroReplay: rank {r} resumed at {o.frontier}, committed {sc.frontier}")
-            stale = [g for g in ranks[r].refs if g != o.generation]
+    if not resumed:
+        return
+    if bus.register != "resume":
+        raise InvariantViolation("ValidatedBeforeRelease: a rank resumed without the release register")
+    if not all(v.ok for v in bus.votes.values()) or len(bus.votes) < sc.world_size:
+        raise InvariantViolation("ValidatedBeforeRelease: release without every rank's ok vote")
+    kinds = {(o.action, o.frontier, o.generation) for o in resumed.values()}
+    if len(kinds) > 1:
+        raise InvariantViolation(f"NoSplitFrontier: resumed with {kinds}")
+    for r, o in resumed.items():
+        s = ranks[r]
+        if o.action is RecoveryAction.PRESERVE and o.frontier != s.base + 1:
+            raise InvariantViolation(f"ZeroReplay: rank {r} preserved at {o.frontier}, committed {s.base} + 1")
+        if o.action is RecoveryAction.REWIND:
+            if o.frontier != s.base:
+                raise InvariantViolation(f"RewindToFrontier: rank {r} rewound to {o.frontier}, committed {s.base}")
+            if s.tau != s.base:
+                raise InvariantViolation(f"RewindNeverAfterStep: rank {r} rewound holding tau={s.tau} > F={s.base}")
+            if not s.rebound:
+                raise InvariantViolation(f"rank {r} rewound without rebuilding its groups")
+        if s.rebound:
+            stale = [g for g in s.refs if g != o.generation]
             if stale:
                 raise InvariantViolation(f"NoStaleReference: rank {r} resumed holding generations {stale}")

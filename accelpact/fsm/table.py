@@ -52,9 +52,13 @@ TRANSITIONS: tuple[Row, ...] = (
     # -- frontier agreement --------------------------------------------------------------------
     _row("decide_preserve", P.AGREE,    P.REPLACE,  conditions=["decision_is_preserve", "in_failed_group"],
          effect="retire_groups", why="all committed, F and g agree; this rank owns a failed group"),
-    _row("stand_by",        P.AGREE,    P.VALIDATE, conditions=["decision_is_preserve"],
+    _row("decide_rewind",   P.AGREE,    P.REPLACE,  conditions=["decision_is_rewind", "in_failed_group"],
+         effect="discard_update_restore_snapshot_retire_groups",
+         why="an interrupted update, every rank at tau = F: discard it, restore the boundary snapshot, "
+             "rebuild every group"),
+    _row("stand_by",        P.AGREE,    P.VALIDATE, conditions=["decision_resumes"],
          unless=["in_failed_group"], effect="await_release",
-         why="preserve agreed, but no failed group has this rank: wait for release"),
+         why="preserve or rewind agreed, but no group to rebuild has this rank: wait for release"),
     _row("decide_reject",   P.AGREE,    P.REJECT,   conditions=["decision_is_reject"],
          effect="fail_stop", why="any mismatch, uncommitted phase, guard failure or missing report"),
     # -- replace -------------------------------------------------------------------------------
@@ -68,15 +72,18 @@ TRANSITIONS: tuple[Row, ...] = (
     _row("rebind_failed",   P.REBIND,   P.VALIDATE, unless=["proof_passed"],
          effect="vote_failure", why="a stale reference survived: vote against release"),
     # -- validate and release ------------------------------------------------------------------
-    _row("release",         P.VALIDATE, P.RESUME,   conditions=["outcome_is_resume"],
+    _row("release",         P.VALIDATE, P.RESUME,   conditions=["outcome_is_resume", "decision_is_preserve"],
          effect="resume_at_frontier", why="every rank validated; the single release decision is resume"),
+    _row("rewind",          P.VALIDATE, P.RESUME,   conditions=["outcome_is_resume", "decision_is_rewind"],
+         effect="rerun_interrupted_update",
+         why="every rank validated; resume at F and re-run the interrupted update F+1"),
     _row("release_reject",  P.VALIDATE, P.REJECT,   conditions=["outcome_is_reject"],
          effect="fail_stop", why="a rank voted against release; all reject together"),
     _row("abort",           [P.OBSERVE, P.GUARD, P.AGREE, P.REPLACE, P.REBIND], P.REJECT,
          conditions=["outcome_is_reject"], effect="fail_stop",
          why="control-plane timeout or crash: the one outcome register was set to reject"),
     _row("resume_training", P.RESUME,   P.TRAIN,    effect="clear_recovery",
-         why="continue training at the agreed frontier with generation g+1"),
+         why="continue training at the agreed frontier with generation g+1 (after a rewind: re-run F+1)"),
 )
 # fmt: on
 

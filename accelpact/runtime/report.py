@@ -24,6 +24,7 @@ class RecoveryReport:
     repair_s: float = 0.0  # control-plane admission → release
     rebound: dict[str, int] = field(default_factory=dict)  # references rebound per site kind
     edges: list[tuple[str, str, str]] = field(default_factory=list)
+    discarded: dict = field(default_factory=dict)  # what a discarded (rewound) update left behind
 
     @property
     def preserved(self) -> bool:

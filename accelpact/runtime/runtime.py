@@ -17,9 +17,9 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -44,25 +44,30 @@ from ..fsm.driver import (
     RebindReferences,
     RecoveryOutcome,
     ReplaceGroups,
+    RestoreBoundary,
     StepResult,
     ValidateGroups,
     VoteRelease,
     run_recovery,
 )
-from ..fsm.envelope import DEFAULT_ENVELOPE, Envelope, ObservationKey
+from ..fsm.envelope import Envelope, ObservationKey, UnknownObservationKey
 from ..fsm.machine import RecoveryContext, RecoveryMachine
 from ..fsm.phases import FailurePhase, RecoveryAction
 from ..launch import current_attempt
 from ..rebind import NotReadyError, data_plane_groups, discover
 from ..trace import TraceWriter
+from .envelope_choice import choose_envelope
 from .guard import quiesce
 from .report import RecoveryReport
+
+T = TypeVar("T")
 
 log = logging.getLogger("accelpact.runtime")
 
 _EFFECT_PHASE = {
     Quiesce: "guard",
     GatherReports: "agree",
+    RestoreBoundary: "restore",
     ReplaceGroups: "replace",
     RebindReferences: "rebind",
     ValidateGroups: "validate",
@@ -115,7 +120,7 @@ class Runtime:
         data_state: Any = None,
         config: Config | None = None,
         *,
-        envelope: Envelope = DEFAULT_ENVELOPE,
+        envelope: Envelope | None = None,
         meshes: tuple[Any, ...] = (),
     ):
         if not dist.is_initialized():
@@ -143,6 +148,10 @@ class Runtime:
         for pg in self._groups.values():
             dist.distributed_c10d._set_pg_timeout(data_timeout, pg)
         self.platform = self.config.platform or detect_platform(self._groups)
+        if envelope is None:
+            envelope, self.envelope_source = choose_envelope(self.config, self.platform, self.profile, rank=self.rank)
+        else:
+            self.envelope_source = "given to attach"
         self.envelope = envelope
         key = ObservationKey(self.platform, self.profile, FailurePhase.COMMITTED)
         self.envelope.lookup(key)  # unknown platform/profile: refuse at attach with a clear error
@@ -177,6 +186,15 @@ class Runtime:
         self._phase: FailurePhase | None = None
         self._injected: set[tuple[int, FailurePhase]] = set()
         self._recoveries = 0
+        # Rewind state: the boundary snapshot of F (taken as `step` starts an update), the
+        # optional pre-step copy, whether the update in flight can be re-run, rewinds so far.
+        self._snapshot = None
+        self._step_copy = None
+        self._step_copy_for: int | None = None
+        self._rerunnable = False
+        self._rewound = False
+        self._rewinds = 0
+        self._failure_phase: FailurePhase | None = None
         self._hooks = [
             model.register_forward_pre_hook(self._on_forward_pre),
             model.register_forward_hook(self._on_forward),
@@ -191,6 +209,9 @@ class Runtime:
                 "platform": self.platform,
                 "groups": {label: gid.key for label, gid in self._gids.items()},
                 "faults": str(self._faults),
+                "envelope": self.envelope_source,
+                "rewind_phases": [str(p) for p in self._rewind_phases()],
+                "step_copy": self.config.step_copy,
             }
         )
         if self.config.checkpoint_dir is not None:
@@ -250,6 +271,27 @@ class Runtime:
             self._phase = None
         self._boundary(error, phase_at_error)
 
+    def step(self, fn: Callable[[], T]) -> T:
+        """Run `fn()` as one optimizer update (forward, backward, optimizer.step(), zero_grad).
+
+        Unlike `with rt.update():`, the body can be run again: if the update is interrupted and
+        every rank agrees to Rewind, the partial update is discarded, RNG and data cursor go back
+        to this boundary's snapshot, every group is rebuilt, and `fn()` runs once more."""
+        from .snapshot import BoundarySnapshot
+
+        self._snapshot = BoundarySnapshot.capture(self.data_state, self.frontier, self.model)
+        self._rewinds = 0
+        while True:
+            self._rewound = False
+            self._rerunnable = True
+            try:
+                with self.update():
+                    result = fn()
+            finally:
+                self._rerunnable = False
+            if not self._rewound:
+                return result
+
     def close(self) -> None:
         for h in self._hooks:
             h.remove()
@@ -294,6 +336,12 @@ class Runtime:
     def _on_step_pre(self, optimizer, args, kwargs):
         if self._phase is not None:
             self._phase = FailurePhase.OPTIMIZER
+            if self.config.step_copy and self._rerunnable:
+                from .snapshot import StepCopy
+
+                self._step_copy = self._step_copy or StepCopy()
+                self._step_copy.take(self.model, self.optimizer)
+                self._step_copy_for = self.frontier
             fault = self._fault(FailurePhase.OPTIMIZER)
             if fault is not None:
                 perform_fault(fault, data_timeout_s=self.config.data_timeout_s)
@@ -402,7 +450,14 @@ class Runtime:
         self._epoch = f"r{self._recoveries}"
         self._pending: dict[str, tuple[dist.ProcessGroup, dist.ProcessGroup]] = {}
         self._rebound: dict[str, int] = {}
+        self._discarded: dict = {}
         committed = phase is FailurePhase.COMMITTED
+        self._failure_phase = phase
+        if phase is FailurePhase.OPTIMIZER:
+            # a failure inside optimizer.step() may leave the step half applied: count it as
+            # applied, so agreement sees the rank as ahead (undo needs the pre-step copy)
+            self.opt_step = max(self.opt_step, self.frontier + 1)
+        rerun_ok, rerun_reason = self._can_rerun()
         obs = Observation(
             rank=self.rank,
             world_size=self.world_size,
@@ -413,6 +468,12 @@ class Runtime:
             saw_failure=saw,
             failed_groups=tuple(failed),
             cause=cause,
+            base_frontier=self.frontier,
+            rewind_phases=self._rewind_phases(),
+            rerun_ok=rerun_ok,
+            rerun_reason=rerun_reason,
+            step_copy=self._step_copy is not None and self._step_copy_for == self.frontier,
+            held_groups=tuple(sorted(self._gids.values())),
         )
         self.trace.write({"kind": "observe", "seq": self.control.seq, "update": self.update_index,
                           "phase_failed": str(phase), "saw": saw, "cause": cause,
@@ -448,6 +509,7 @@ class Runtime:
             repair_s=repair_s,
             rebound=dict(self._rebound),
             edges=list(outcome.edges),
+            discarded=self._discarded,
         )
         self.history.append(report)
         self.trace.write({"kind": "recovery", **report.to_dict()})
@@ -456,17 +518,82 @@ class Runtime:
             self.generation = outcome.generation
             log.info(report.summary())
             return
+        if outcome.action is RecoveryAction.REWIND:
+            assert outcome.frontier == self.frontier, (outcome.frontier, self.frontier)
+            self.generation = outcome.generation
+            self.update_index -= 1  # the same update runs again (faults already fired stay fired)
+            self._rewound = True
+            self._rewinds += 1
+            log.info(report.summary())
+            return
         reasons = list(outcome.reasons) + self.control.release_reasons(self._epoch)
         report.reasons = reasons
         self._fail_stop(reasons, error, report)
 
+    def _rewind_phases(self) -> tuple[FailurePhase, ...]:
+        """Failure phases this rank's envelope qualifies Rewind for on its platform and profile."""
+        out = []
+        for phase in (FailurePhase.FORWARD, FailurePhase.BACKWARD, FailurePhase.OPTIMIZER):
+            try:
+                if self.envelope.permits(ObservationKey(self.platform, self.profile, phase), RecoveryAction.REWIND):
+                    out.append(phase)
+            except UnknownObservationKey:
+                pass
+        return tuple(out)
+
+    def _can_rerun(self) -> tuple[bool, str]:
+        """Whether this rank could re-run the update in flight from its boundary snapshot."""
+        if not self._rerunnable:
+            return False, "the update ran in `with rt.update()`, whose body cannot be re-run (use rt.step(fn))"
+        if self._snapshot is None or self._snapshot.frontier != self.frontier:
+            return False, f"no boundary snapshot of F={self.frontier}"
+        if self.data_state is None:
+            return False, "no data cursor (pass data_state= to attach) so a re-run could read another batch"
+        if self._rewinds >= self.config.max_rewinds_per_update:
+            return False, f"update {self.update_index} was already rewound {self._rewinds} time(s) (max_rewinds_per_update)"
+        return True, ""
+
+    def _restore_boundary(self, effect: RestoreBoundary) -> StepResult:
+        """Rewind on this rank: nothing of the interrupted update may survive."""
+        from .discard import discard_partial_update
+
+        try:
+            again = discard_partial_update(self.model, self.optimizer)
+            if not again.was_idle or not self._discarded:  # keep what the guard's discard found
+                self._discarded = again.to_dict()
+            stepped = self.opt_step != effect.frontier or self._failure_phase is FailurePhase.OPTIMIZER
+            if stepped:
+                if self._step_copy is None or self._step_copy_for != effect.frontier:
+                    return StepResult(False, f"tau={self.opt_step} at F={effect.frontier} and no pre-step copy")
+                self._step_copy.restore(self.model, self.optimizer)
+                self.opt_step = effect.frontier
+            if self._snapshot is None or self._snapshot.frontier != effect.frontier:
+                return StepResult(False, f"no boundary snapshot of F={effect.frontier}")
+            self._snapshot.restore(self.data_state)
+        except Exception as exc:
+            return StepResult(False, f"{type(exc).__name__}: {exc}")
+        return StepResult(True)
+
     def _perform(self, effect: Effect) -> object:
         if isinstance(effect, Quiesce):
+            if effect.discard:
+                from .discard import discard_partial_update, partial_state
+
+                try:
+                    self._discarded = discard_partial_update(self.model, self.optimizer).to_dict()
+                    left = partial_state(self.model, self.optimizer)
+                except Exception as exc:
+                    return GuardVerdict(False, f"discarding the interrupted update failed: {type(exc).__name__}: {exc}")
+                if left:
+                    return GuardVerdict(False, f"still not idle after discarding the update: {'; '.join(left[:4])}")
+                return quiesce(self.model)
             verdict = quiesce(self.model)
             key = ObservationKey(self.platform, self.profile, FailurePhase.COMMITTED)
             if verdict.ok and not self.envelope.permits(key, RecoveryAction.PRESERVE):
                 return GuardVerdict(False, f"envelope does not qualify preserve for K={key}")
             return verdict
+        if isinstance(effect, RestoreBoundary):
+            return self._restore_boundary(effect)
         if isinstance(effect, GatherReports):
             try:
                 got = self.control.gather(effect.report.to_dict())
@@ -532,6 +659,7 @@ class Runtime:
             generation=self.generation,
             refs=dict(self._ref_generation),
             update=self.update_index,
+            tau=self.opt_step,
         )
 
     def _reject_without_protocol(self, reason: str, error: BaseException | None) -> None:
@@ -612,7 +740,8 @@ def attach(
     **kwargs: Any,
 ) -> Runtime:
     """Protect `model`'s training: discover its data-plane groups, build the rebind plans once,
-    open the control plane. Use `with rt.update():` around each optimizer update."""
+    open the control plane. Run each optimizer update as `rt.step(fn)` (it can be rewound) or
+    inside `with rt.update():` (a failure inside it can only be preserved or restarted)."""
     if not isinstance(model, nn.Module):
         raise UnsupportedModelError(f"attach expects a torch.nn.Module, got {type(model).__name__}")
     if not isinstance(optimizer, torch.optim.Optimizer):

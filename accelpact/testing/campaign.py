@@ -2,12 +2,14 @@
 
 A schedule is 1-10 faults (kind@update:phase:rank). For each one the real runtime trains under
 the faults; the campaign asserts the outcome the envelope prescribes (Preserve at committed
-boundaries, Reject otherwise, all-or-nothing), bitwise state against an uninterrupted reference
-when preserved and after a checkpoint restart when rejected, one frontier and generation on every
-rank, and that the recorded trace is a behaviour of spec/AccelPact.tla (TLC).
+boundaries, Rewind for updates interrupted in forward/backward, Reject for a split optimizer step,
+all-or-nothing; `--envelope paper`: Reject for everything uncommitted), bitwise state against an
+uninterrupted reference when recovered in memory and after a checkpoint restart when rejected, one
+frontier and generation on every rank, and that the recorded trace is a behaviour of
+spec/AccelPact.tla (TLC).
 
     python -m accelpact.testing.campaign                 the CI profile: 2 derandomised schedules
-    python -m accelpact.testing.campaign --campaign --examples 200 --summary out.json [--seed N]
+    python -m accelpact.testing.campaign --campaign --examples 200 --summary out.json [--seed N] [--envelope paper]
     python -m accelpact.testing.campaign --sim --campaign --examples 5000 [--seed N]   pure simulation
 
 The expectation (`expected`) is pure; `run_schedule` is the effectful part. A failing schedule is
@@ -19,12 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +51,42 @@ class Fault:
         return f"{self.kind}@{self.update}:{self.phase}:{self.rank}"
 
 
+#: The campaign's rewind budget per update: above the most mid-update faults one update can hold,
+#: so every fault that fires gets its rewind and the expectation stays exact (the budget of a
+#: real job, Config.max_rewinds_per_update, has its own tests).
+REWIND_BUDGET = 2 * WORLD
+_LETTER = {"preserve": "P", "rewind": "W", "restart": "R"}
+
+
 @dataclass(frozen=True)
 class Expectation:
     """What the envelope prescribes for a schedule."""
 
-    outcome: str  # "preserve" | "reject" | "killed"
+    outcome: str  # "preserve" | "rewind" (in memory) | "reject" | "killed"
     preserved_updates: tuple[int, ...]  # updates whose committed faults are recovered in memory
     reject_update: int | None  # the update that ends the first attempt (reject or kill)
     #: a kill that another rank's earlier fault in the same update may pre-empt: the killed rank
     #: then fails in a collective before it reaches its kill point, and every rank rejects
     may_reject: bool = False
+    rewound_updates: tuple[int, ...] = ()  # updates interrupted mid-update and re-run in memory
+    #: the first attempt's recoveries, one token per update (P preserve, W rewind, R restart)
+    tokens: tuple[str, ...] = ()
+
+    def matches(self, actions: Sequence[str], *, observed: str) -> int | None:
+        """Extra unscheduled Preserves if the recoveries fit the prescription, else None. A Preserve
+        no fault scheduled (a peer slower than the data timeout at a boundary) is a real failure
+        the runtime must recover, so one may appear anywhere; nothing else may differ."""
+        tokens = list(self.tokens)
+        if observed == "reject" and self.outcome != "reject":  # the may_reject alternative
+            tokens = [t for t in tokens if t != "KILL"] + ["W*R"]
+        tokens = [t for t in tokens if t != "KILL"]
+        letters = "".join(_LETTER.get(a, "?") for a in actions)
+        if not re.fullmatch("P*" + "".join(f"(?:{t})P*" for t in tokens), letters):
+            return None
+        if re.fullmatch("".join(f"(?:{t})" for t in tokens), letters):
+            return 0
+        optional = sum(t.count("P?") for t in tokens)
+        return max(1, letters.count("P") - tokens.count("P") - optional)
 
 
 def plan(faults: Sequence[Fault]) -> str:
@@ -78,20 +107,53 @@ def _preempted(kill: Fault, same_update: Sequence[Fault]) -> bool:
                for f in same_update)
 
 
-def expected(faults: Sequence[Fault]) -> Expectation:
-    """Faults fire update by update; an update whose faults are all non-kill at the committed
-    boundary is preserved; the first other one ends the attempt (a kill: the process is gone)."""
+def expected(faults: Sequence[Fault], *, rewind: bool = True) -> Expectation:
+    """Faults fire update by update. An update whose faults all strike at the committed boundary
+    is preserved. With Rewind (the envelope qualifies it for forward and backward), an update
+    interrupted mid-update is rewound once per firing of its mid-update faults (faults that fire
+    together share one rewind; a fault never fires twice) and may then be preserved at its
+    boundary; a skip inside optimizer.step() leaves a split step (no pre-step copy) and ends the
+    attempt in Restart. Without Rewind (the paper's envelope) any uncommitted fault does.
+    A kill ends the attempt: the process is gone."""
     preserved: list[int] = []
+    rewound: list[int] = []
+    tokens: list[str] = []
+
+    def out(outcome: str, end: int | None, may_reject: bool = False) -> Expectation:
+        return Expectation(outcome, tuple(preserved), end, may_reject, tuple(rewound), tuple(tokens))
+
     for update in sorted({f.update for f in faults}):
         here = [f for f in faults if f.update == update]
         kills = [f for f in here if f.kind == "kill"]
+        soft = [f for f in here if f.kind != "kill"]
+        mid = [f for f in soft if struck_phase(f) in ("forward", "backward")]
+        in_step = [f for f in soft if struck_phase(f) == "optimizer"]
+        at_boundary = [f for f in soft if struck_phase(f) == "committed"]
+        if not rewind:
+            if kills:
+                tokens.append("KILL")
+                return out("killed", update, all(_preempted(k, here) for k in kills))
+            if mid or in_step:
+                tokens.append("R")
+                return out("reject", update)
+            tokens.append("P")
+            preserved.append(update)
+            continue
+        before = f"W{{0,{len(mid)}}}" if mid else ""
         if kills:
-            may_reject = all(_preempted(k, here) for k in kills)
-            return Expectation("killed", tuple(preserved), update, may_reject=may_reject)
-        if any(struck_phase(f) != "committed" for f in here):
-            return Expectation("reject", tuple(preserved), update)
+            # pre-empted kills fire in the re-run after a rewind; a split step may end it first
+            tokens.append("KILL")
+            return out("killed", update, bool(in_step))
+        if in_step:
+            tokens.append(before + "R")
+            return out("reject", update)
+        if mid:
+            tokens.append(f"W{{1,{len(mid)}}}" + ("P?" if at_boundary else ""))
+            rewound.append(update)
+            continue
+        tokens.append("P")
         preserved.append(update)
-    return Expectation("preserve", tuple(preserved), None)
+    return out("rewind" if rewound else "preserve", None)
 
 
 def fault_schedules(updates: int = 6, max_faults: int = 10, kinds: Sequence[str] = KINDS) -> st.SearchStrategy:
@@ -113,39 +175,31 @@ class ScheduleResult:
     #: committed-boundary recoveries no fault scheduled: a peer slower than the data timeout
     #: (2 oversubscribed cores, a cold first step after a rebind) is a real failure, recovered
     extra: int = 0
-
-
-def unscheduled_preserves(taken: Sequence[str], want: Sequence[str]) -> int | None:
-    """How many extra Preserves `taken` holds beyond `want`, or None if it differs otherwise
-    (a missing or reordered recovery, or any extra recovery that is not a Preserve)."""
-    i = 0
-    extra = 0
-    for action in taken:
-        if i < len(want) and action == want[i]:
-            i += 1
-        elif action == "preserve":
-            extra += 1
-        else:
-            return None
-    return extra if i == len(want) else None
+    recoveries: list[str] = field(default_factory=list)  # actions of the first attempt
 
 
 def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, data_timeout_s: float = 1.5,
-                 control_timeout_s: float = 6.0, timeout_s: float = 240.0) -> ScheduleResult:
-    """Run one schedule on the real runtime; raise AssertionError when a property fails."""
+                 control_timeout_s: float = 6.0, timeout_s: float = 240.0, rewind: bool = True) -> ScheduleResult:
+    """Run one schedule on the real runtime; raise AssertionError when a property fails.
+
+    `rewind`: every update runs as rt.step(fn) under an envelope qualifying Rewind for every
+    uncommitted phase (the protocol is what is checked here; `accelpact qualify` measures the
+    platform); False: the paper's envelope, Preserve at committed boundaries only."""
     from model_checking.trace import assert_valid_run
 
     from .drills import Drill, run_drill
     from .spawn import WorldError, run_world
 
-    exp = expected(faults)
+    exp = expected(faults, rewind=rewind)
     trace = workdir / "trace"
     drill = Drill(updates=updates, faults=plan(faults), data_timeout_s=data_timeout_s,
                   control_timeout_s=control_timeout_s, trace_dir=str(trace),
-                  checkpoint_dir=str(workdir / "ckpt"), checkpoint_every=1, restart_after_reject=True)
+                  checkpoint_dir=str(workdir / "ckpt"), checkpoint_every=1, restart_after_reject=True,
+                  rewind=rewind, envelope="permissive" if rewind else "builtin", max_rewinds=REWIND_BUDGET)
     t0 = time.monotonic()
     observed = "?"
     extra = 0
+    actions: list[list[str]] = [[]]
     try:
         results = run_world(run_drill, WORLD, drill, timeout_s=timeout_s, pg_timeout_s=30)
     except WorldError as exc:
@@ -154,13 +208,16 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
     else:
         first = [r.get("first_attempt", {"history": r["history"]})["history"] for r in results]
         actions = [[h["action"] for h in hist] for hist in first]
-        observed = "reject" if any(r.get("first_attempt") for r in results) else "preserve"
+        if any(r.get("first_attempt") for r in results):
+            observed = "reject"
+        else:
+            observed = "rewind" if "rewind" in actions[0] else "preserve"
         allowed = {exp.outcome} | ({"reject"} if exp.may_reject else set())
         assert observed in allowed, f"expected {exp.outcome}, observed {observed}: {actions}"
         assert len({tuple(a) for a in actions}) == 1, f"ranks disagree on the outcomes (all-or-nothing): {actions}"
-        want = ["preserve"] * len(exp.preserved_updates) + (["restart"] if observed == "reject" else [])
-        extra = unscheduled_preserves(actions[0], want)
-        assert extra is not None, f"recoveries {actions[0]}, the envelope prescribes {want}"
+        got = exp.matches(actions[0], observed=observed)
+        assert got is not None, f"recoveries {actions[0]}, the envelope prescribes {list(exp.tokens)}"
+        extra = got
         ends = {(r["frontier"], r["generation"]) for r in results}
         assert len(ends) == 1, f"split frontier: {ends}"
         for r in results:
@@ -168,13 +225,18 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
             assert r["frontier"] == updates
             assert r.get("mismatches") == [], f"rank {r['rank']} differs from the reference: {r.get('mismatches')}"
     assert_valid_run(trace)  # TLC: every attempt is a behaviour of the spec (no stale ref, no split F)
-    return ScheduleResult(plan(faults), exp.outcome, observed, time.monotonic() - t0, extra=extra)
+    return ScheduleResult(plan(faults), exp.outcome, observed, time.monotonic() - t0, extra=extra,
+                          recoveries=list(actions[0]))
 
 
 # -- hypothesis driver ----------------------------------------------------------------------------
 def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None,
-             summary: Path | None, kinds: Sequence[str] = KINDS, data_timeout_s: float = 1.5) -> int:
-    """Run `examples` schedules; write the summary; 0 if every property held."""
+             summary: Path | None, kinds: Sequence[str] = KINDS, data_timeout_s: float = 1.5,
+             rewind: bool = True, runner: Any = None) -> int:
+    """Run `examples` schedules; write the summary; 0 if every property held.
+
+    `runner` replaces `run_schedule` (tests of the driver itself: seeds, shrinking, summary)."""
+    runner = runner or run_schedule
     done: list[ScheduleResult] = []
     failures: list[dict[str, Any]] = []
     started = time.monotonic()
@@ -182,8 +244,17 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
     def write_summary() -> None:
         if summary is None:
             return
+        recoveries = Counter(a for d in done for a in d.recoveries)
+        killed = sum(1 for d in done if d.observed == "killed")
+        in_memory = recoveries["preserve"] + recoveries["rewind"]
         summary.write_text(json.dumps({
+            "envelope": "rewind" if rewind else "paper (preserve at committed boundaries only)",
             "schedules": len(done) + len(failures), "outcomes": dict(Counter(d.observed for d in done)),
+            "recoveries": dict(recoveries), "killed": killed,
+            # of every recovery the first attempts needed (a kill ends one with no recovery)
+            "recovered_in_memory_share": round(in_memory / max(1, in_memory + recoveries["restart"] + killed), 3),
+            "schedules_without_restart_share": round(
+                sum(1 for d in done if d.observed in ("preserve", "rewind")) / max(1, len(done)), 3),
             "failures": failures, "seed": seed, "derandomize": derandomize,
             "wall_s": round(time.monotonic() - started, 1),
             "per_schedule_s": round(sum(d.wall_s for d in done) / max(1, len(done)), 1),
@@ -196,7 +267,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
     def one(faults):
         with tempfile.TemporaryDirectory(prefix="accelpact-campaign-") as tmp:
             try:
-                res = run_schedule(faults, Path(tmp), updates=updates, data_timeout_s=data_timeout_s)
+                res = runner(faults, Path(tmp), updates=updates, data_timeout_s=data_timeout_s, rewind=rewind)
             except AssertionError as exc:
                 failures.append({"schedule": plan(faults), "error": str(exc)[:2000]})
                 write_summary()
@@ -206,8 +277,8 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
         write_summary()
 
     test = one if derandomize else hyp_seed(seed)(one)
-    print(f"[campaign] {examples} schedule(s), seed {seed if not derandomize else 'derandomized'} "
-          f"(replay: --seed {seed})", flush=True)
+    print(f"[campaign] {examples} schedule(s), envelope {'rewind' if rewind else 'paper'}, "
+          f"seed {seed if not derandomize else 'derandomized'} (replay: --seed {seed})", flush=True)
     try:
         test()
     except Exception as exc:  # hypothesis re-raises the shrunk failure after printing it
@@ -251,12 +322,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=None, help="hypothesis seed (printed; replays a campaign)")
     p.add_argument("--summary", type=Path, default=None, help="write a JSON summary here")
     p.add_argument("--sim", action="store_true", help="the pure simulation campaign (thousands of schedules)")
+    p.add_argument("--envelope", choices=("rewind", "paper"), default="rewind",
+                   help="rewind: Rewind qualified for uncommitted phases (default); paper: Preserve only")
     args = p.parse_args(argv)
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     if args.sim:
         return simulation_campaign(args.examples or 5000, seed=seed, derandomize=not args.campaign)
     examples = args.examples or (200 if args.campaign else 2)
-    return campaign(examples, updates=args.updates, derandomize=not args.campaign, seed=seed, summary=args.summary)
+    return campaign(examples, updates=args.updates, derandomize=not args.campaign, seed=seed, summary=args.summary,
+                    rewind=args.envelope == "rewind")
 
 
 if __name__ == "__main__":

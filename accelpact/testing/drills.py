@@ -41,6 +41,12 @@ class Drill:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
     restart_after_reject: bool = False
+    #: run every update as `rt.step(fn)`, so an interrupted update can be rewound
+    rewind: bool = False
+    #: Config.envelope: None (default file or built-in), "builtin", "permissive" or a file path
+    envelope: str | None = "builtin"
+    step_copy: bool = False
+    max_rewinds: int = 3
 
 
 _seed = seed_everything
@@ -70,6 +76,9 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
         checkpoint_dir=drill.checkpoint_dir,
         checkpoint_every=drill.checkpoint_every,
         run_id="drill",
+        envelope=drill.envelope,
+        step_copy=drill.step_copy,
+        max_rewinds_per_update=drill.max_rewinds,
     )
     rt = accelpact.attach(model, optimizer, data_state=data, config=config)
     rejected = None
@@ -78,8 +87,11 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
         for i in range(rt.frontier, drill.updates):
             if drill.tamper_at and i + 1 == drill.tamper_at:
                 rt.frontier += drill.tamper_frontier.get(dist.get_rank(), 0)
-            with rt.update():
-                _one_update(model, optimizer, data)
+            if drill.rewind:
+                rt.step(lambda: _one_update(model, optimizer, data))
+            else:
+                with rt.update():
+                    _one_update(model, optimizer, data)
     except RecoveryRejected as rej:
         rejected = rej
     return rt, model, optimizer, data, rejected, restored_step
