@@ -6,7 +6,7 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 WORKERS ?= 2
 
-.PHONY: install test lint pytest modelcheck check demo bench clean campaign
+.PHONY: install test lint pytest modelcheck check demo bench clean campaign qualify
 
 install: $(STAMP)
 
@@ -60,12 +60,18 @@ clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info
 
 # Property-based fault campaigns: >= 200 real-runtime schedules (4 CPU ranks, TLC on every trace;
-# ~30 s each, so hours) and thousands of pure-simulation schedules. SEED replays a campaign.
+# ~15 s each on 2 cores, so about an hour) and thousands of pure-simulation schedules. SEED replays
+# a campaign; ENVELOPE=paper runs the paper's envelope (Preserve at committed boundaries only).
 CAMPAIGN_EXAMPLES ?= 200
 campaign: install
 	$(PY) -m accelpact.testing.campaign --sim --campaign --examples 5000 $(if $(SEED),--seed $(SEED))
 	$(PY) -m accelpact.testing.campaign --campaign --examples $(CAMPAIGN_EXAMPLES) \
-	  --summary campaign-summary.json $(if $(SEED),--seed $(SEED))
+	  --summary campaign-summary.json $(if $(SEED),--seed $(SEED)) $(if $(ENVELOPE),--envelope $(ENVELOPE))
+
+# Measure which recovery actions work on this platform and write the envelope file the runtime
+# obeys (~/.cache/accelpact/envelope.json; about 5 minutes on 2 cores, QUICK=1 about 2).
+qualify: install
+	$(VENV)/bin/accelpact qualify $(if $(QUICK),--quick)
 
 # Real link cuts between 2 emulated nodes (network namespaces; needs root): a bounded campaign
 # (<= 5 min) that prints one row per cut. nftables is installed for the bridge drop rule if missing.

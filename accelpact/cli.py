@@ -21,6 +21,8 @@ def _demo(args: argparse.Namespace) -> int:
         cmd.append(f"--faults={args.faults}")
     if args.no_rebind:
         cmd.append("--no-rebind")
+    if args.envelope is not None:
+        cmd.append(f"--envelope={args.envelope}")
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     print(f"$ {' '.join(cmd)}", flush=True)
     code = subprocess.call(cmd, env=env)
@@ -95,6 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--faults", default=None, help="fault plan, e.g. skip@8:committed:2 ('none' for none)")
     demo.add_argument("--trace-dir", default=None)
     demo.add_argument("--no-rebind", action="store_true", help="ablation: replace groups without rebinding")
+    demo.add_argument("--envelope", default=None,
+                      help="envelope file from `accelpact qualify` (default: its default path if present), "
+                           "'builtin' or 'permissive'; backward/forward faults are rewound only where qualified")
 
     chk = sub.add_parser("check", help="model-check the protocol spec with TLC")
     try:

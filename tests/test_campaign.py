@@ -127,3 +127,18 @@ def test_only_extra_preserves_are_tolerated_beyond_the_schedule():
     two = expected([Fault(2, "committed", 1, "skip"), Fault(3, "backward", 1, "skip")], rewind=False)
     assert two.matches(["restart"], observed="reject") is None  # the scheduled Preserve is missing
     assert rej.matches(["rewind", "restart"], observed="reject") is None
+
+
+def test_fault_shares_count_what_fired_and_what_was_recovered_in_memory():
+    from accelpact.testing.campaign import fault_shares, parse_plan
+
+    sched = "skip@2:backward:1,late@3:committed:0,skip@5:forward:2"
+    assert plan(parse_plan(sched)) == sched
+    # paper envelope: the backward fault at update 2 ends the attempt; later faults never fire
+    assert fault_shares([(sched, "reject")], rewind=False) == {
+        "faults_fired": 1, "faults_in_memory": 0, "faults_in_memory_share": 0.0}
+    # with Rewind the same schedule is recovered in memory, every fault
+    assert fault_shares([(sched, "rewind")], rewind=True)["faults_in_memory"] == 3
+    killed = "late@2:committed:0,kill@4:forward:1,skip@6:backward:0"
+    assert fault_shares([(killed, "killed")], rewind=True) == {
+        "faults_fired": 2, "faults_in_memory": 1, "faults_in_memory_share": 0.5}

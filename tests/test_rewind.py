@@ -6,12 +6,14 @@ that cannot be re-run, an envelope that does not qualify it, an exhausted rewind
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from accelpact.fsm import table
 from accelpact.testing.drills import Drill, run_drill
 from accelpact.testing.spawn import run_world
-from model_checking.trace import assert_valid_run
+from model_checking.trace import assert_valid_run, check_run
 
 pytestmark = pytest.mark.multiproc
 
@@ -80,6 +82,25 @@ def test_a_split_optimizer_step_rejects_without_a_copy_and_rewinds_with_one(tmp_
     results = drill(tmp_path / "copy", faults="skip@3:optimizer:1", step_copy=True)
     assert_bitwise(results)
     assert all(actions(r)[:1] == ["rewind"] for r in results)
+
+    # trace validation covers the undo: the same trace, doctored so that rank 0 keeps its applied
+    # step (tau = 3) into the re-run, is refused at rank 0's replace_comm
+    doctored = tmp_path / "doctored"
+    doctored.mkdir()
+    for path in (tmp_path / "copy" / "trace").glob("trace-rank*.jsonl"):
+        lines = path.read_text().splitlines()
+        if path.name.startswith("trace-rank0"):
+            seen = False
+            for n, line in enumerate(lines):
+                rec = json.loads(line)
+                seen = seen or rec.get("action") == "replace_comm"
+                if seen and rec.get("kind") == "edge" and rec.get("update") == 3 and rec.get("tau") == 2:
+                    rec["tau"] = 3
+                    lines[n] = json.dumps(rec)
+        (doctored / path.name).write_text("\n".join(lines) + "\n")
+    report = check_run(doctored)
+    bad = report.first_failure
+    assert bad is not None and (bad.first_bad.rank, bad.first_bad.action) == (0, "replace_comm"), report.describe()
 
 
 @pytest.mark.timeout(200)

@@ -19,6 +19,7 @@ from ..fsm.envelope import DEFAULT_ENVELOPE, Envelope, permissive_envelope
 log = logging.getLogger("accelpact.runtime")
 
 _BACKEND_DEVICE = {"cpu-gloo": ("gloo", "cpu"), "cuda-nccl": ("nccl", "cuda")}
+_warned: set[str] = set()  # say it once per process, not at every attach
 
 
 def choose_envelope(config: Config, platform: str, profile: str, *, rank: int = 0) -> tuple[Envelope, str]:
@@ -48,7 +49,8 @@ def choose_envelope(config: Config, platform: str, profile: str, *, rank: int = 
     try:
         return load_envelope(path, expect=expect), str(path)
     except (MissingEnvelopeError, StaleEnvelopeError) as exc:
-        if rank == 0:
+        if rank == 0 and str(path) not in _warned:
+            _warned.add(str(path))
             log.warning("%s -- until then the built-in envelope applies: Preserve at committed boundaries, "
                         "no Rewind", exc)
         return DEFAULT_ENVELOPE, f"built-in ({type(exc).__name__})"

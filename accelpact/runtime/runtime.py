@@ -189,6 +189,7 @@ class Runtime:
         # Rewind state: the boundary snapshot of F (taken as `step` starts an update), the
         # optional pre-step copy, whether the update in flight can be re-run, rewinds so far.
         self._snapshot = None
+        self._snapshot_problem = ""
         self._step_copy = None
         self._step_copy_for: int | None = None
         self._rerunnable = False
@@ -258,7 +259,8 @@ class Runtime:
     @contextlib.contextmanager
     def update(self) -> Iterator[Runtime]:
         """One optimizer update. Its exit is the committed boundary: health check, control-plane
-        check, and recovery if any rank saw a failure."""
+        check, and recovery if any rank saw a failure. The body cannot be run again, so a failure
+        inside it is preserved (at the boundary) or restarted, never rewound: see `step`."""
         self.update_index += 1
         self._phase = FailurePhase.FORWARD
         error: BaseException | None = None
@@ -279,7 +281,11 @@ class Runtime:
         to this boundary's snapshot, every group is rebuilt, and `fn()` runs once more."""
         from .snapshot import BoundarySnapshot
 
-        self._snapshot = BoundarySnapshot.capture(self.data_state, self.frontier, self.model)
+        try:
+            self._snapshot = BoundarySnapshot.capture(self.data_state, self.frontier, self.model)
+            self._snapshot_problem = ""
+        except TypeError as exc:  # a data_state without state_dict: train on, but never rewind
+            self._snapshot, self._snapshot_problem = None, str(exc)
         self._rewinds = 0
         while True:
             self._rewound = False
@@ -546,7 +552,7 @@ class Runtime:
         if not self._rerunnable:
             return False, "the update ran in `with rt.update()`, whose body cannot be re-run (use rt.step(fn))"
         if self._snapshot is None or self._snapshot.frontier != self.frontier:
-            return False, f"no boundary snapshot of F={self.frontier}"
+            return False, f"no boundary snapshot of F={self.frontier} {self._snapshot_problem}".strip()
         if self.data_state is None:
             return False, "no data cursor (pass data_state= to attach) so a re-run could read another batch"
         if self._rewinds >= self.config.max_rewinds_per_update:

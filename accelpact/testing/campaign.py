@@ -93,6 +93,39 @@ def plan(faults: Sequence[Fault]) -> str:
     return ",".join(str(f) for f in sorted(faults))
 
 
+def parse_plan(text: str) -> tuple[Fault, ...]:
+    """Inverse of `plan` (summaries store schedules as plans)."""
+    out = []
+    for item in filter(None, text.split(",")):
+        kind, _, rest = item.partition("@")
+        update, phase, rank = rest.split(":")
+        out.append(Fault(int(update), phase, int(rank), kind))
+    return tuple(sorted(out))
+
+
+def fault_shares(results: Sequence[tuple[str, str]], *, rewind: bool) -> dict[str, int | float]:
+    """Of the faults that fired in first attempts, how many were recovered in memory.
+
+    `results` are (schedule plan, observed outcome). A schedule recovered in memory counts all
+    its faults; one that ended in a restart or a kill counts the faults of the updates before
+    the one that ended it (that update's own faults, and any rewound before its end, count as
+    not recovered); faults of later updates never fired."""
+    fired = in_memory = 0
+    for schedule, observed in results:
+        faults = parse_plan(schedule)
+        if observed in ("preserve", "rewind"):
+            fired += len(faults)
+            in_memory += len(faults)
+            continue
+        end = expected(faults, rewind=rewind).reject_update
+        if end is None:  # observed differs from the prescription (a failed schedule): skip it
+            continue
+        fired += sum(1 for f in faults if f.update <= end)
+        in_memory += sum(1 for f in faults if f.update < end)
+    return {"faults_fired": fired, "faults_in_memory": in_memory,
+            "faults_in_memory_share": round(in_memory / max(1, fired), 3)}
+
+
 def struck_phase(f: Fault) -> str:
     """The phase whose collective fails. A `late` rank sleeps where the fault names and then
     carries on; in the optimizer phase nothing communicates until the boundary health check, so
@@ -255,6 +288,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
             "recovered_in_memory_share": round(in_memory / max(1, in_memory + recoveries["restart"] + killed), 3),
             "schedules_without_restart_share": round(
                 sum(1 for d in done if d.observed in ("preserve", "rewind")) / max(1, len(done)), 3),
+            **fault_shares([(d.schedule, d.observed) for d in done], rewind=rewind),
             "failures": failures, "seed": seed, "derandomize": derandomize,
             "wall_s": round(time.monotonic() - started, 1),
             "per_schedule_s": round(sum(d.wall_s for d in done) / max(1, len(done)), 1),

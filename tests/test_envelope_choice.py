@@ -1,0 +1,95 @@
+"""Which envelope a runtime obeys, and that it obeys it: a qualified file is loaded, an action
+it does not qualify falls back to Restart with the reason, and a missing or stale file says to
+run `accelpact qualify` (an error when the file was asked for, the built-in envelope otherwise)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from accelpact.config import Config
+from accelpact.errors import ConfigError
+from accelpact.fsm.envelope import DEFAULT_ENVELOPE, ObservationKey
+from accelpact.fsm.phases import FailurePhase, RecoveryAction
+from accelpact.qualify import envelope_file as ef
+from accelpact.runtime import envelope_choice
+from accelpact.runtime.envelope_choice import choose_envelope
+
+PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
+
+
+def write(path, *, rewind_phases=("forward", "backward"), fingerprint=None):
+    """A qualified file for cpu-gloo: Preserve at the boundary, Rewind where listed."""
+    rows = []
+    for profile in PROFILES:
+        for phase in ("committed", "forward", "backward", "optimizer"):
+            if phase == "committed":
+                actions = ("preserve", "restart")
+            elif phase in rewind_phases:
+                actions = ("rewind", "restart")
+            else:
+                actions = ("restart",)
+            rows.append(ef.QualifiedRow("cpu-gloo", profile, phase, actions, {"runs": 1}))
+    return ef.write_envelope(path, rows, fingerprint or ef.platform_fingerprint("gloo", "cpu"))
+
+
+def key(phase):
+    return ObservationKey("cpu-gloo", "fsdp2-hsdp", phase)
+
+
+def test_an_explicit_qualified_file_is_what_the_runtime_obeys(tmp_path):
+    path = write(tmp_path / "env.json", rewind_phases=("backward",))
+    envelope, source = choose_envelope(Config(envelope=str(path)), "cpu-gloo", "fsdp2-hsdp")
+    assert source == str(path)
+    assert envelope.permits(key(FailurePhase.BACKWARD), RecoveryAction.REWIND)
+    assert not envelope.permits(key(FailurePhase.FORWARD), RecoveryAction.REWIND)
+    assert envelope.permits(key(FailurePhase.COMMITTED), RecoveryAction.PRESERVE)
+
+
+def test_an_explicit_file_that_is_missing_or_stale_is_an_error_naming_qualify(tmp_path):
+    with pytest.raises(ConfigError, match="accelpact qualify"):
+        choose_envelope(Config(envelope=str(tmp_path / "nope.json")), "cpu-gloo", "fsdp2-hsdp")
+    stale = dict(ef.platform_fingerprint("gloo", "cpu"), torch="2.12.0")
+    path = write(tmp_path / "old.json", fingerprint=stale)
+    with pytest.raises(ConfigError) as err:
+        choose_envelope(Config(envelope=str(path)), "cpu-gloo", "fsdp2-hsdp")
+    assert "2.12.0" in str(err.value) and "accelpact qualify" in str(err.value)
+
+
+def test_without_a_file_the_builtin_envelope_applies_with_a_message(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("ACCELPACT_ENVELOPE_DIR", str(tmp_path))
+    monkeypatch.setattr(envelope_choice, "_warned", set())
+    with caplog.at_level(logging.WARNING, logger="accelpact.runtime"):
+        envelope, source = choose_envelope(Config(), "cpu-gloo", "fsdp2-hsdp")
+        choose_envelope(Config(), "cpu-gloo", "fsdp2-hsdp")
+    assert envelope is DEFAULT_ENVELOPE and source.startswith("built-in")
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "accelpact qualify" in said[0] and "no Rewind" in said[0]
+    # once qualified, the default location is picked up
+    write(ef.default_envelope_path())
+    envelope, source = choose_envelope(Config(), "cpu-gloo", "fsdp2-hsdp")
+    assert source == str(ef.default_envelope_path())
+    assert envelope.permits(key(FailurePhase.FORWARD), RecoveryAction.REWIND)
+
+
+def test_builtin_and_permissive_choices(tmp_path):
+    assert choose_envelope(Config(envelope="builtin"), "cpu-gloo", "ddp")[0] is DEFAULT_ENVELOPE
+    permissive, _ = choose_envelope(Config(envelope="permissive"), "cpu-gloo", "ddp")
+    assert permissive.permits(ObservationKey("cpu-gloo", "ddp", FailurePhase.OPTIMIZER), RecoveryAction.REWIND)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_an_action_the_file_does_not_qualify_falls_back_to_restart_with_the_reason(tmp_path):
+    from accelpact.testing.drills import Drill, run_drill
+    from accelpact.testing.spawn import run_world
+
+    path = write(tmp_path / "env.json", rewind_phases=("backward",))
+    drill = Drill(updates=4, faults="skip@3:forward:1", rewind=True, envelope=str(path), data_timeout_s=1.5,
+                  trace_dir=str(tmp_path / "trace"))
+    results = run_world(run_drill, 4, drill, timeout_s=150, pg_timeout_s=30)
+    for r in results:
+        assert [h["action"] for h in r["history"]] == ["restart"]
+    assert any("envelope does not qualify rewind for phase forward" in why
+               for r in results for why in r["rejected"]), results[0]["rejected"]
