@@ -142,3 +142,11 @@ def test_fault_shares_count_what_fired_and_what_was_recovered_in_memory():
     killed = "late@2:committed:0,kill@4:forward:1,skip@6:backward:0"
     assert fault_shares([(killed, "killed")], rewind=True) == {
         "faults_fired": 2, "faults_in_memory": 1, "faults_in_memory_share": 0.5}
+
+
+def test_a_kill_preempted_by_the_same_ranks_earlier_fault_may_end_in_reject():
+    """Found by the paper-envelope campaign: rank 3 arrives late in forward, its own next
+    collective fails, so it never reaches its kill point inside the step and every rank rejects."""
+    e = expected((Fault(2, "forward", 3, "late"), Fault(2, "optimizer", 3, "kill")), rewind=False)
+    assert e.outcome == "killed" and e.may_reject
+    assert e.matches(["restart"], observed="reject") == 0

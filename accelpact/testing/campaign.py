@@ -134,10 +134,10 @@ def struck_phase(f: Fault) -> str:
 
 
 def _preempted(kill: Fault, same_update: Sequence[Fault]) -> bool:
-    """A skip or late on another rank in an earlier phase of the same update makes the killed
-    rank fail in a collective before it reaches its kill point."""
-    return any(f.kind != "kill" and f.rank != kill.rank and PHASES.index(f.phase) < PHASES.index(kill.phase)
-               for f in same_update)
+    """A skip or late in an earlier phase of the same update makes the killed rank fail in a
+    collective before it reaches its kill point: on another rank, its peers time out; on the
+    killed rank itself, a skip raises and a late rank meets closed connections."""
+    return any(f.kind != "kill" and PHASES.index(f.phase) < PHASES.index(kill.phase) for f in same_update)
 
 
 def expected(faults: Sequence[Fault], *, rewind: bool = True) -> Expectation:
