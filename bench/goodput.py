@@ -53,7 +53,7 @@ def dcp_worker(argv: list[str]) -> int:
         SyntheticTokens,
         TinyDecoder,
         make_adam,
-        next_token_loss,
+        stochastic_update,
         wrap_fsdp2,
     )
 
@@ -112,14 +112,7 @@ def dcp_worker(argv: list[str]) -> int:
     saves: list[float] = []
     for _ in range(rt.frontier, args.updates):
         with rt.update():
-            tokens = data.next_batch()
-            torch.rand(1)  # the demo trainer's per-update randomness (dropout, sampling)
-            np.random.rand()
-            random.random()
-            loss = next_token_loss(model, tokens)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            stochastic_update(model, optimizer, data)  # the demo trainer's update, RNG draws included
         t = time.perf_counter()
         if pending is not None:
             pending.result()  # at most one save in flight, as DCP's async recipe does
