@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from accelpact.checkpoint.appstate import capture_rng_state, restore_rng_state
+from accelpact.runtime.ddp_buckets import isolate_buckets
 from accelpact.runtime.discard import (
     FSDP1_RESET,
     FSDP2_RESET,
@@ -147,6 +148,11 @@ def _interrupted_run(framework: str, variant: str, generation: int, reference: d
                      naive: bool = False) -> dict[str, Any]:
     seed_everything(SEED)
     model, optimizer, data = _build(framework, generation)
+    if framework.startswith("ddp"):
+        # as the runtime does where Rewind after backward is qualified: without it, a bucket
+        # all-reduce of the interrupted backward that completes late lands in the re-run's bucket
+        # (test_ddp_buckets forces that race; here the reference keeps the built-in all-reduce)
+        isolate_buckets(model)
     out: dict[str, Any] = {"noop_before": _noop_check(model, optimizer, data)}  # before lazy init
     stochastic_update(model, optimizer, data)
     out["noop"] = _noop_check(model, optimizer, data)  # at a committed boundary

@@ -69,8 +69,10 @@ def test_fsdp1_and_ddp_backward_failures_are_rewound_bitwise(tmp_path, framework
     # DDP: the replicate pair that did not fail finishes its step while the other waits out the
     # timeout, so its rewind needs the pre-step copy (accelpact qualify measured the same)
     results = drill(tmp_path, framework=framework, faults="skip@3:backward:2", step_copy=copy)
-    assert_bitwise(results)
+    assert_bitwise(results)  # against a reference whose DDP all-reduces its buckets the built-in way
     assert all("rewind" in actions(r) for r in results)
+    # with Rewind after backward qualified, DDP's buckets are isolated from late all-reduces
+    assert all(r["ddp_isolated"] == (framework == "ddp") for r in results)
 
 
 @pytest.mark.timeout(200)
@@ -110,8 +112,10 @@ def test_a_split_optimizer_step_rejects_without_a_copy_and_rewinds_with_one(tmp_
         (dict(rewind=False), "cannot be re-run (use rt.step(fn))"),
         (dict(envelope="builtin"), "envelope does not qualify rewind for phase backward"),
         (dict(faults="skip@2:forward:1,skip@2:backward:1", max_rewinds=1), "already rewound 1 time(s)"),
+        # a DDP model with the user's own communication hook cannot have its buckets isolated
+        (dict(framework="ddp", ddp_user_comm_hook=True, step_copy=True), "cannot isolate its gradient buckets"),
     ],
-    ids=["update-context", "builtin-envelope", "budget"],
+    ids=["update-context", "builtin-envelope", "budget", "ddp-user-comm-hook"],
 )
 def test_rewind_is_refused_with_the_reason_when_a_rank_cannot_take_it(tmp_path, kw, needle):
     kw.setdefault("faults", "skip@2:backward:1")

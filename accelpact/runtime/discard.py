@@ -16,7 +16,10 @@ reducer never finalizes. What is left behind would change the re-run or make it 
 
 Everything here is local: no collective is issued and no pending collective is waited on
 (groups may be broken while this runs; stream-order waits on device events are kept because
-freeing memory that a kernel may still write is worse). The attribute names are those of torch
+freeing memory that a kernel may still write is worse). A collective still pending may complete
+after the discard; it must then write only memory the re-run does not use: FSDP2 allocates fresh
+collective buffers per call, and DDP does once its buckets are isolated (``ddp_buckets``, which
+the runtime installs where Rewind after backward is qualified). The attribute names are those of torch
 2.13 (read from its source); attributes that other torch versions lack are tolerated and named
 in the report's ``notes``, never skipped in silence.
 """
@@ -613,6 +616,8 @@ def _ddp_unfinished(ddp: Any) -> str | None:
 
 
 def _ddp_discard(found: list[tuple[str, Any]], report: DiscardReport) -> None:
+    from .ddp_buckets import is_isolated
+
     for _name, ddp in found:
         if ddp.static_graph:
             _note(report, "DDP static_graph=True: a backward interrupted in the first iteration is not covered "
@@ -625,10 +630,10 @@ def _ddp_discard(found: list[tuple[str, Any]], report: DiscardReport) -> None:
         # DistributedDataParallel._update_process_group, whose flag we mirror.
         ddp.reducer._reset_state()
         ddp._has_rebuilt_buckets = False
-        _note(report, "DDP: bucket all-reduces launched before the fault are not awaited (the reducer does not "
-                      "expose their Work): on a healthy group they complete within the collective's latency, on a "
-                      "broken one they fail with it; one still running would race the re-run's copy of new "
-                      "gradients into the same bucket buffer")
+        if not is_isolated(ddp):
+            _note(report, "DDP: bucket all-reduces launched before the fault are not awaited (the reducer does not "
+                          "expose their Work) and this model's buckets are not isolated (accelpact.runtime."
+                          "ddp_buckets): one that completes late writes into the bucket a re-run is filling")
         report.units_reset += 1
 
 

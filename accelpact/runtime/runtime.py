@@ -196,6 +196,11 @@ class Runtime:
         self._rewound = False
         self._rewinds = 0
         self._failure_phase: FailurePhase | None = None
+        # A re-run after a backward failure needs DDP's bucket all-reduces isolated from the
+        # interrupted backward's late ones (see ddp_buckets); '' when isolated or not DDP.
+        self._unisolated_ddp = ""
+        if FailurePhase.BACKWARD in self._rewind_phases():
+            self._unisolated_ddp = self._isolate_ddp_buckets()
         self._hooks = [
             model.register_forward_pre_hook(self._on_forward_pre),
             model.register_forward_hook(self._on_forward),
@@ -213,6 +218,7 @@ class Runtime:
                 "envelope": self.envelope_source,
                 "rewind_phases": [str(p) for p in self._rewind_phases()],
                 "step_copy": self.config.step_copy,
+                "ddp_buckets_not_isolated": self._unisolated_ddp,
             }
         )
         if self.config.checkpoint_dir is not None:
@@ -547,8 +553,26 @@ class Runtime:
                 pass
         return tuple(out)
 
+    def _isolate_ddp_buckets(self) -> str:
+        """Isolate every DDP module's buckets; returns why one could not be ('' when all were)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        from .ddp_buckets import BucketIsolationError, isolate_buckets
+
+        for name, module in self.model.named_modules():
+            if isinstance(module, DistributedDataParallel):
+                try:
+                    isolate_buckets(module)
+                except BucketIsolationError as exc:
+                    reason = f"DDP {name or 'model'}: {exc}"
+                    log.warning(reason, extra={"rank": self.rank})
+                    return reason
+        return ""
+
     def _can_rerun(self) -> tuple[bool, str]:
         """Whether this rank could re-run the update in flight from its boundary snapshot."""
+        if self._failure_phase is FailurePhase.BACKWARD and self._unisolated_ddp:
+            return False, self._unisolated_ddp
         if not self._rerunnable:
             return False, "the update ran in `with rt.update()`, whose body cannot be re-run (use rt.step(fn))"
         if self._snapshot is None or self._snapshot.frontier != self.frontier:

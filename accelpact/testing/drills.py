@@ -7,6 +7,7 @@ judges "state preserved" the same way.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch.distributed as dist
 from .. import state as app_state
 from ..config import Config
 from ..errors import RecoveryRejected
+from ..runtime.ddp_buckets import is_isolated
 from ..workloads import build_hsdp_job, seed_everything, stochastic_update
 
 
@@ -47,9 +49,19 @@ class Drill:
     envelope: str | None = "builtin"
     step_copy: bool = False
     max_rewinds: int = 3
+    #: DDP only: register torch's allreduce_hook before attach, as a user with their own hook would
+    ddp_user_comm_hook: bool = False
 
 
 _seed = seed_everything
+
+
+def _users_allreduce_hook(state, bucket):  # unannotated: DDP compares annotations as objects
+    """A user's own DDP hook (in-place, like the built-in one) that looks its group up at every
+    call, so that rebinding the DDP module reaches it."""
+    group = state().process_group
+    tensor = bucket.buffer().div_(group.size())
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(lambda fut: fut.value()[0])
 
 
 def build(drill: Drill, generation: int):
@@ -80,6 +92,8 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
         step_copy=drill.step_copy,
         max_rewinds_per_update=drill.max_rewinds,
     )
+    if drill.ddp_user_comm_hook:
+        model.register_comm_hook(weakref.ref(model), _users_allreduce_hook)
     rt = accelpact.attach(model, optimizer, data_state=data, config=config)
     rejected = None
     restored_step = rt.checkpointer.restored.step if rt.checkpointer and rt.checkpointer.restored else None
@@ -100,7 +114,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
 def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
     """Protected run with faults, then (optionally) the reference; returns a picklable summary."""
     rt, model, optimizer, data, rej, _ = _protected_run(drill, faults=drill.faults, generation=0)
-    out: dict[str, Any] = {"rank": rank, "rejected": None}
+    out: dict[str, Any] = {"rank": rank, "rejected": None, "ddp_isolated": is_isolated(model)}
     if rej is not None:
         out["rejected"] = list(rej.reasons)
         out["evidence"] = rej.evidence_path

@@ -1,0 +1,93 @@
+"""Keep DDP's gradient buckets out of reach of a retired communicator's late all-reduces.
+
+DDP's built-in communication all-reduces each gradient bucket *in place*, asynchronously. When a
+backward is interrupted, the bucket all-reduces it already launched are still in flight on the
+old communicator: gloo cannot cancel them (``abort``/``shutdown`` return at once and the work
+still runs to completion or to its timeout, measured here with torch 2.13) and the reducer does
+not expose their ``Work``. A Rewind re-runs the same update, whose backward copies fresh gradients
+into the *same* bucket buffers; a stale all-reduce that completes then (a peer's data arriving
+late) overwrites them, and the re-run silently diverges. CI caught exactly this once.
+
+The cure is the one FSDP2 has by construction: never hand a communicator memory that outlives
+the collective. ``isolate_buckets`` registers a communication hook that all-reduces a fresh,
+pre-divided copy of the bucket and returns it as the result; DDP copies that result into the
+gradients. A stale all-reduce then writes only into its own orphaned copy (kept alive by its
+``Work``). The numerics are the built-in path's bit for bit: the reducer's default pre-divides
+with ``mul`` by ``1 / world size`` as it copies gradients in, and so does the hook, element by
+element, before the same all-reduce over the same bucket layout.
+
+DDP takes one communication hook per model; a model whose user registered one before attach
+cannot be isolated, and such a rank does not offer Rewind after a backward failure.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+__all__ = ["BucketIsolationError", "isolate_buckets", "is_isolated"]
+
+_MARK = "_accelpact_isolated_buckets"
+
+
+class BucketIsolationError(RuntimeError):
+    """The DDP model already has a communication hook, so AccelPact cannot install its own."""
+
+
+class _HookState:
+    """The hook's state: the DDP module by weak reference, so its current group is always used
+    (rebinding swaps ``process_group``) and the reducer does not keep its module alive."""
+
+    def __init__(self, ddp: nn.Module):
+        self._ddp = weakref.ref(ddp)
+
+    def group(self) -> dist.ProcessGroup:
+        ddp = self._ddp()
+        if ddp is None:  # pragma: no cover - the reducer dies with its module
+            raise RuntimeError("the DDP module of this communication hook is gone")
+        return ddp.process_group
+
+
+def _allreduce_fresh_copy(state, bucket):  # unannotated: DDP compares annotations as objects
+    group = state.group()
+    # ``mul`` (not ``div``) by the same double scalar the reducer's default path multiplies by, into
+    # a new tensor: the bucket buffer itself is never given to the communicator.
+    reduced = bucket.buffer().mul(1.0 / group.size())
+    fut = dist.all_reduce(reduced, group=group, async_op=True).get_future()
+    return fut.then(lambda done: done.value()[0])
+
+
+def is_isolated(ddp: nn.Module) -> bool:
+    """Whether ``isolate_buckets`` installed its hook on this DDP module."""
+    return bool(getattr(ddp, _MARK, False))
+
+
+def isolate_buckets(ddp: Any) -> None:
+    """Make ``ddp``'s bucket all-reduces work on fresh copies (idempotent).
+
+    Raises ``BucketIsolationError`` if another communication hook is registered already, and
+    ``TypeError`` for anything that is not a ``DistributedDataParallel`` module.
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(ddp, DistributedDataParallel):
+        raise TypeError(f"isolate_buckets needs a DistributedDataParallel module, got {type(ddp).__name__}")
+    if is_isolated(ddp):
+        return
+    if getattr(ddp, "_comm_hooks", None):
+        names = [getattr(hook, "__qualname__", repr(hook)) for hook, _ in ddp._comm_hooks]
+        raise BucketIsolationError(
+            f"DDP already has the communication hook {names}: AccelPact cannot isolate its gradient buckets, "
+            "so a Rewind after a backward failure is not offered on this rank"
+        )
+    try:
+        ddp.register_comm_hook(_HookState(ddp), _allreduce_fresh_copy)
+    except RuntimeError as exc:  # a built-in (C++) hook registered with _register_builtin_comm_hook
+        raise BucketIsolationError(
+            f"DDP refused a communication hook ({str(exc).strip().splitlines()[0]}): AccelPact cannot isolate "
+            "its gradient buckets, so a Rewind after a backward failure is not offered on this rank"
+        ) from exc
+    setattr(ddp, _MARK, True)
