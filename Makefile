@@ -56,6 +56,7 @@ bench: install
 	$(PY) bench/torchft_peer.py --quick
 	$(PY) bench/restart.py --quick
 	$(PY) bench/goodput.py --quick
+	$(PY) bench/ddp_buckets.py --updates 20
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -3,14 +3,15 @@
 The race this closes (seen once in CI, in test_discard's small-bucket DDP world): the bucket
 all-reduces an interrupted backward launched are still in flight when the update is re-run; one
 that completes during the re-run's backward writes its stale result into the bucket buffer the
-re-run is filling. Its timing cannot be forced on a real communicator, so the test makes the late
-completion happen on purpose: it records every tensor handed to ``dist.all_reduce`` during the
-interrupted backward and, in the middle of the re-run's backward, overwrites them with NaN, which
-is exactly what a stale result landing then would do to shared memory. With isolation the re-run
-must still be bitwise equal to the uninterrupted run; with torch's own in-place ``allreduce_hook``
-(the built-in path's memory behaviour, but in Python where the test can see the tensors) it must
-not be. A 3-rank world checks that isolation changes no bit of the training itself (the
-pre-division by 3 is inexact, so a ``div`` where the reducer uses ``mul`` would show).
+re-run is filling. Its timing cannot be forced on a real communicator, so the test stages it: the
+interrupted backward's all-reduces run but their completion is withheld (they stay in flight),
+and in the middle of the re-run's backward they "land": NaN is written into the tensors they were
+given and only then are they completed, as a late collective would. With isolation the re-run must
+still be bitwise equal to the uninterrupted run, and finished buffers must be reused while
+unfinished ones never are; with torch's own in-place ``allreduce_hook`` (the built-in path's
+memory behaviour, in Python where the test can see the tensors) it must diverge. A 3-rank world
+checks that isolation changes no bit of training (the pre-division by 3 is inexact, so a ``div``
+where the reducer uses ``mul`` would show).
 """
 
 from __future__ import annotations
@@ -61,6 +62,44 @@ def _on_first_block_grad(model: nn.Module, action: Any) -> Any:
     return model.module.layers[0].register_forward_hook(hook_output)
 
 
+class _Recorder:
+    """Stands in for ``dist.all_reduce``: records the tensors handed to it; with ``hold``, the
+    all-reduce runs but its future is withheld (an all-reduce still in flight) until ``land``."""
+
+    def __init__(self) -> None:
+        self.original = dist.all_reduce
+        self.tensors: list[torch.Tensor] = []
+        self.held: list[torch.futures.Future] = []
+        self.hold = False
+
+    def __call__(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        self.tensors.append(tensor)
+        work = self.original(tensor, *args, **kwargs)
+        if not self.hold:
+            return work
+        work.wait()
+        pending: torch.futures.Future = torch.futures.Future()
+        self.held.append(pending)
+
+        class _InFlight:
+            def get_future(self) -> torch.futures.Future:
+                return pending
+
+        return _InFlight()
+
+    def take(self) -> list[torch.Tensor]:
+        out, self.tensors = self.tensors, []
+        return out
+
+    def land(self, tensors: list[torch.Tensor]) -> None:
+        """What the held all-reduces do when they complete late: write their result, then finish."""
+        for tensor in tensors:
+            tensor.fill_(float("nan"))
+        for pending, tensor in zip(self.held, tensors, strict=True):
+            pending.set_result([tensor])
+        self.held = []
+
+
 def _late_completion_world(rank: int, world_size: int, hook: str) -> dict[str, Any]:
     model, optimizer, data = _job(hook)
     for _ in range(UPDATES):
@@ -70,43 +109,42 @@ def _late_completion_world(rank: int, world_size: int, hook: str) -> dict[str, A
     model, optimizer, data = _job(hook)
     stochastic_update(model, optimizer, data)
     rng, cursor = capture_rng_state(), copy.deepcopy(data.state_dict())
-    handed_out: list[torch.Tensor] = []
-    original = dist.all_reduce
-
-    def recording(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        handed_out.append(tensor)
-        return original(tensor, *args, **kwargs)
+    recorder = _Recorder()
 
     def fail(_grad: torch.Tensor) -> None:
         raise InjectedFault("interrupted backward")
 
-    dist.all_reduce = recording
-    handle = _on_first_block_grad(model, fail)
+    dist.all_reduce = recorder
     try:
+        recorder.hold = True  # update 2's bucket all-reduces are still in flight when it fails
+        handle = _on_first_block_grad(model, fail)
+        try:
+            stochastic_update(model, optimizer, data)
+            raise AssertionError("the fault did not fire")
+        except InjectedFault:
+            pass
+        finally:
+            handle.remove()
+            recorder.hold = False
+        stale = recorder.take()
+        discard_partial_update(model, optimizer)
+        restore_rng_state(rng)
+        data.load_state_dict(cursor)
+        # the re-run of update 2; the stale all-reduces complete in the middle of its backward
+        handle = _on_first_block_grad(model, lambda _grad: recorder.land(stale))
         stochastic_update(model, optimizer, data)
-        raise AssertionError("the fault did not fire")
-    except InjectedFault:
-        pass
-    finally:
         handle.remove()
-        dist.all_reduce = original
-    stale = list(handed_out)
-    discard_partial_update(model, optimizer)
-    restore_rng_state(rng)
-    data.load_state_dict(cursor)
-
-    def late_stale_results(_grad: torch.Tensor) -> None:
-        for tensor in stale:  # what the stale all-reduces would write, landing mid-backward
-            tensor.fill_(float("nan"))
-
-    handle = _on_first_block_grad(model, late_stale_results)
-    stochastic_update(model, optimizer, data)  # the re-run of update 2
-    handle.remove()
-    for _ in range(2, UPDATES):
-        stochastic_update(model, optimizer, data)
+        rerun = recorder.take()
+        for _ in range(2, UPDATES):
+            stochastic_update(model, optimizer, data)
+        later = recorder.take()
+    finally:
+        dist.all_reduce = recorder.original
     state = capture(model, optimizer, data)
+    ids = {name: {id(t) for t in tensors} for name, tensors in (("stale", stale), ("rerun", rerun), ("later", later))}
     return {"stale": len(stale), "isolated": is_isolated(model), "partial": partial_state(model, optimizer),
-            "mismatches": diff(state, reference), "compared": len(state)}
+            "mismatches": diff(state, reference), "compared": len(state),
+            "rerun_reuses_stale": bool(ids["stale"] & ids["rerun"]), "later_reuses_rerun": ids["later"] == ids["rerun"]}
 
 
 @pytest.mark.multiproc
@@ -117,6 +155,8 @@ def test_late_stale_allreduce_cannot_touch_an_isolated_rerun() -> None:
     assert got["stale"] >= 2, got  # bucket all-reduces were in flight when the backward failed
     assert got["partial"] == []
     assert got["compared"] > 0 and got["mismatches"] == [], got["mismatches"][:8]
+    # buffers of finished all-reduces are reused (no page faults per update); unfinished ones never
+    assert got["later_reuses_rerun"] and not got["rerun_reuses_stale"], got
 
 
 @pytest.mark.multiproc

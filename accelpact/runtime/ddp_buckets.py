@@ -9,10 +9,10 @@ into the *same* bucket buffers; a stale all-reduce that completes then (a peer's
 late) overwrites them, and the re-run silently diverges. CI caught exactly this once.
 
 The cure is the one FSDP2 has by construction: never hand a communicator memory that outlives
-the collective. ``isolate_buckets`` registers a communication hook that all-reduces a fresh,
-pre-divided copy of the bucket and returns it as the result; DDP copies that result into the
-gradients. A stale all-reduce then writes only into its own orphaned copy (kept alive by its
-``Work``). The numerics are the built-in path's bit for bit: the reducer's default pre-divides
+the collective. ``isolate_buckets`` registers a communication hook that all-reduces a
+pre-divided copy of the bucket, in a buffer no unfinished collective holds, and returns it as the
+result; DDP copies that result into the gradients. A stale all-reduce then writes only into its
+own orphaned buffer (kept alive by its ``Work``). The numerics are the built-in path's bit for bit: the reducer's default pre-divides
 with ``mul`` by ``1 / world size`` as it copies gradients in, and so does the hook, element by
 element, before the same all-reduce over the same bucket layout.
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -39,10 +40,20 @@ class BucketIsolationError(RuntimeError):
 
 class _HookState:
     """The hook's state: the DDP module by weak reference, so its current group is always used
-    (rebinding swaps ``process_group``) and the reducer does not keep its module alive."""
+    (rebinding swaps ``process_group``) and the reducer does not keep its module alive; and, on
+    CPU, one reusable output buffer per bucket.
+
+    A fresh CPU allocation of a bucket's size costs page faults on every update (11-13 % of a
+    DDP update at dim 128 here, ``bench/ddp_buckets.py``), so a bucket's previous output is reused
+    once the all-reduce that wrote it is *done*: a finished collective writes nothing more. An
+    interrupted backward leaves its all-reduces unfinished, so their buffers are never reused and
+    a re-run gets new ones. Device tensors are always fresh: the caching allocator makes that
+    cheap, and a device future is marked done at enqueue, before its kernel has written.
+    """
 
     def __init__(self, ddp: nn.Module):
         self._ddp = weakref.ref(ddp)
+        self._outputs: dict[int, tuple[Any, Any]] = {}  # bucket index -> (buffer, its all-reduce's future)
 
     def group(self) -> dist.ProcessGroup:
         ddp = self._ddp()
@@ -50,13 +61,29 @@ class _HookState:
             raise RuntimeError("the DDP module of this communication hook is gone")
         return ddp.process_group
 
+    def output_for(self, index: int, source: Any) -> Any:
+        """A buffer shaped like ``source`` that no collective can still write."""
+        held = self._outputs.get(index)
+        if held is not None and source.device.type == "cpu":
+            buffer, writer = held
+            if writer.done() and buffer.shape == source.shape and buffer.dtype == source.dtype \
+                    and buffer.device == source.device:
+                return buffer
+        return source.new_empty(source.shape)
+
+    def launched(self, index: int, buffer: Any, writer: Any) -> None:
+        self._outputs[index] = (buffer, writer)
+
 
 def _allreduce_fresh_copy(state, bucket):  # unannotated: DDP compares annotations as objects
     group = state.group()
+    source = bucket.buffer()
+    reduced = state.output_for(bucket.index(), source)
     # ``mul`` (not ``div``) by the same double scalar the reducer's default path multiplies by, into
-    # a new tensor: the bucket buffer itself is never given to the communicator.
-    reduced = bucket.buffer().mul(1.0 / group.size())
+    # a buffer no pending collective holds: the bucket buffer itself never reaches the communicator.
+    torch.mul(source, 1.0 / group.size(), out=reduced)
     fut = dist.all_reduce(reduced, group=group, async_op=True).get_future()
+    state.launched(bucket.index(), reduced, fut)
     return fut.then(lambda done: done.value()[0])
 
 
