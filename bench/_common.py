@@ -30,3 +30,12 @@ def table(headers: list[str], rows: list[list]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def model_size(text: str) -> tuple[int, int]:
+    """argparse type for a decoder size written DIMxLAYERS, e.g. 128x4."""
+    try:
+        dim, layers = text.lower().split("x")
+        return int(dim), int(layers)
+    except ValueError:
+        raise ValueError(f"a size is DIMxLAYERS, e.g. 128x4; got {text!r}") from None

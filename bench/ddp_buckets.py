@@ -17,7 +17,7 @@ import statistics
 import time
 from typing import Any
 
-from _common import table, write_json
+from _common import model_size, table, write_json
 
 from accelpact.testing.spawn import run_world
 
@@ -65,14 +65,9 @@ def worker(rank: int, world: int, sizes: list[tuple[int, int]], bucket_mbs: list
     return rows
 
 
-def _size(text: str) -> tuple[int, int]:
-    dim, layers = text.lower().split("x")
-    return int(dim), int(layers)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=_size, nargs="+", default=[(32, 4), (128, 4)])
+    parser.add_argument("--sizes", type=model_size, nargs="+", default=[(32, 4), (128, 4)])
     parser.add_argument("--bucket-mb", type=float, nargs="+", default=[25.0, 0.05],
                         help="DDP bucket_cap_mb values (25 is DDP's default)")
     parser.add_argument("--updates", type=int, default=40)

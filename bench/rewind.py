@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from _common import table, write_json
+from _common import model_size, table, write_json
 
 from accelpact.testing.spawn import run_world
 
@@ -106,14 +106,9 @@ def worker(rank: int, world: int, sizes: list[tuple[int, int]], updates: int, wa
     return rows
 
 
-def _size(text: str) -> tuple[int, int]:
-    dim, layers = text.lower().split("x")
-    return int(dim), int(layers)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=_size, nargs="+", default=[(32, 4), (128, 4)],
+    parser.add_argument("--sizes", type=model_size, nargs="+", default=[(32, 4), (128, 4)],
                         help="DIMxLAYERS of the decoder; the first is the tiny job of the tests")
     parser.add_argument("--updates", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=4)
