@@ -12,9 +12,9 @@ The cure is the one FSDP2 has by construction: never hand a communicator memory 
 the collective. ``isolate_buckets`` registers a communication hook that all-reduces a
 pre-divided copy of the bucket, in a buffer no unfinished collective holds, and returns it as the
 result; DDP copies that result into the gradients. A stale all-reduce then writes only into its
-own orphaned buffer (kept alive by its ``Work``). The numerics are the built-in path's bit for bit: the reducer's default pre-divides
-with ``mul`` by ``1 / world size`` as it copies gradients in, and so does the hook, element by
-element, before the same all-reduce over the same bucket layout.
+own orphaned buffer (kept alive by its ``Work``). The numerics are the built-in path's bit for
+bit: the reducer's default pre-divides with ``mul`` by ``1 / world size`` as it copies gradients
+in, and so does the hook, element by element, before the same all-reduce over the same layout.
 
 DDP takes one communication hook per model; a model whose user registered one before attach
 cannot be isolated, and such a rank does not offer Rewind after a backward failure.
@@ -43,8 +43,8 @@ class _HookState:
     (rebinding swaps ``process_group``) and the reducer does not keep its module alive; and, on
     CPU, one reusable output buffer per bucket.
 
-    A fresh CPU allocation of a bucket's size costs page faults on every update (11-13 % of a
-    DDP update at dim 128 here, ``bench/ddp_buckets.py``), so a bucket's previous output is reused
+    A fresh CPU allocation of a bucket's size costs page faults on every update (it made a DDP
+    update at dim 128 11-13 % slower here, ``bench/ddp_buckets.py``), so a bucket's previous output is reused
     once the all-reduce that wrote it is *done*: a finished collective writes nothing more. An
     interrupted backward leaves its all-reduces unfinished, so their buffers are never reused and
     a re-run gets new ones. Device tensors are always fresh: the caching allocator makes that
@@ -93,7 +93,7 @@ def is_isolated(ddp: nn.Module) -> bool:
 
 
 def isolate_buckets(ddp: Any) -> None:
-    """Make ``ddp``'s bucket all-reduces work on fresh copies (idempotent).
+    """Make ``ddp``'s bucket all-reduces work on copies no pending collective holds (idempotent).
 
     Raises ``BucketIsolationError`` if another communication hook is registered already, and
     ``TypeError`` for anything that is not a ``DistributedDataParallel`` module.

@@ -49,7 +49,7 @@ class Drill:
     envelope: str | None = "builtin"
     step_copy: bool = False
     max_rewinds: int = 3
-    #: DDP only: register torch's allreduce_hook before attach, as a user with their own hook would
+    #: DDP only: register a communication hook of the user's own before attach
     ddp_user_comm_hook: bool = False
 
 
