@@ -252,7 +252,7 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
         committed = first.get("failure_phase") == "committed"
         # F when the failure struck: a committed-boundary failure has finished its update
         # (a Restart records the frontier it abandons, which is the one a checkpoint must reach)
-        frontier_before = int(first["frontier"]) if action == "restart" else (update if committed else update - 1)
+        frontier_before = int(first["frontier"]) if action == "reject" else (update if committed else update - 1)
         recovery = Recovery(
             attempt=attempt, index=index, update=update, action=action,
             failure_phase=str(first.get("failure_phase")), failed_groups=failed,
@@ -320,7 +320,7 @@ def timeline(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[Segment]
     """Bars for the timeline picture: updates, replays, detection, each protocol phase, restarts."""
     summary = summarize(traces)
     # updates a restarted attempt runs again (F <= the frontier its predecessor abandoned)
-    replay_upto = {r.attempt + 1: r.frontier_before for r in summary.recoveries if r.action == "restart"}
+    replay_upto = {r.attempt + 1: r.frontier_before for r in summary.recoveries if r.action == "reject"}
     segs: list[Segment] = []
     for rank, recs_all in sorted(traces.items()):
         prev_end: float | None = None

@@ -77,7 +77,7 @@ def test_expected_outcome_with_rewind():
     e = expected([Fault(3, "backward", 1, "skip")])
     assert (e.outcome, e.rewound_updates, e.tokens) == ("rewind", (3,), ("W{1,1}",))
     assert e.matches(["rewind"], observed="rewind") == 0
-    assert e.matches(["restart"], observed="reject") is None
+    assert e.matches(["reject"], observed="reject") is None
     e = expected([Fault(3, "forward", 0, "skip"), Fault(3, "backward", 2, "late"), Fault(3, "committed", 1, "late"),
                   Fault(5, "committed", 3, "skip")])
     assert e.outcome == "rewind" and e.preserved_updates == (5,)
@@ -87,7 +87,7 @@ def test_expected_outcome_with_rewind():
     assert e.matches(["preserve", "rewind", "preserve"], observed="rewind") == 1  # one unscheduled
     r = expected([Fault(2, "forward", 1, "late"), Fault(2, "optimizer", 0, "skip")])
     assert (r.outcome, r.reject_update) == ("reject", 2)
-    assert r.matches(["restart"], observed="reject") == 0 and r.matches(["rewind", "restart"], observed="reject") == 0
+    assert r.matches(["reject"], observed="reject") == 0 and r.matches(["rewind", "reject"], observed="reject") == 0
     k = expected([Fault(2, "backward", 1, "skip"), Fault(4, "forward", 3, "kill")])
     assert (k.outcome, k.rewound_updates, k.reject_update) == ("killed", (2,), 4)
 
@@ -122,11 +122,11 @@ def test_only_extra_preserves_are_tolerated_beyond_the_schedule():
     assert one.matches(["preserve", "preserve"], observed="preserve") == 1
     assert one.matches(["preserve"], observed="preserve") == 0
     rej = expected([Fault(3, "backward", 1, "skip")], rewind=False)
-    assert rej.matches(["preserve", "restart"], observed="reject") == 1
-    assert rej.matches(["restart", "preserve"], observed="reject") == 1
+    assert rej.matches(["preserve", "reject"], observed="reject") == 1
+    assert rej.matches(["reject", "preserve"], observed="reject") == 1
     two = expected([Fault(2, "committed", 1, "skip"), Fault(3, "backward", 1, "skip")], rewind=False)
-    assert two.matches(["restart"], observed="reject") is None  # the scheduled Preserve is missing
-    assert rej.matches(["rewind", "restart"], observed="reject") is None
+    assert two.matches(["reject"], observed="reject") is None  # the scheduled Preserve is missing
+    assert rej.matches(["rewind", "reject"], observed="reject") is None
 
 
 def test_fault_shares_count_what_fired_and_what_was_recovered_in_memory():
@@ -149,4 +149,4 @@ def test_a_kill_preempted_by_the_same_ranks_earlier_fault_may_end_in_reject():
     collective fails, so it never reaches its kill point inside the step and every rank rejects."""
     e = expected((Fault(2, "forward", 3, "late"), Fault(2, "optimizer", 3, "kill")), rewind=False)
     assert e.outcome == "killed" and e.may_reject
-    assert e.matches(["restart"], observed="reject") == 0
+    assert e.matches(["reject"], observed="reject") == 0

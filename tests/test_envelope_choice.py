@@ -25,11 +25,11 @@ def write(path, *, rewind_phases=("forward", "backward"), fingerprint=None):
     for profile in PROFILES:
         for phase in ("committed", "forward", "backward", "optimizer"):
             if phase == "committed":
-                actions = ("preserve", "restart")
+                actions = ("preserve", "reject")
             elif phase in rewind_phases:
-                actions = ("rewind", "restart")
+                actions = ("rewind", "reject")
             else:
-                actions = ("restart",)
+                actions = ("reject",)
             rows.append(ef.QualifiedRow("cpu-gloo", profile, phase, actions, {"runs": 1}))
     return ef.write_envelope(path, rows, fingerprint or ef.platform_fingerprint("gloo", "cpu"))
 
@@ -90,6 +90,6 @@ def test_an_action_the_file_does_not_qualify_falls_back_to_restart_with_the_reas
                   trace_dir=str(tmp_path / "trace"))
     results = run_world(run_drill, 4, drill, timeout_s=150, pg_timeout_s=30)
     for r in results:
-        assert [h["action"] for h in r["history"]] == ["restart"]
+        assert [h["action"] for h in r["history"]] == ["reject"]
     assert any("envelope does not qualify rewind for phase forward" in why
                for r in results for why in r["rejected"]), results[0]["rejected"]

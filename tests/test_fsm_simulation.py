@@ -25,7 +25,7 @@ def test_committed_failure_is_preserved_on_every_rank_at_the_frontier():
 def test_uncommitted_failure_is_rejected_everywhere():
     for phase in (FailurePhase.FORWARD, FailurePhase.BACKWARD, FailurePhase.OPTIMIZER):
         res = simulate(Scenario(4, (0, 2), failure_phase=phase), seed=1)
-        assert res.actions == {RecoveryAction.RESTART}
+        assert res.actions == {RecoveryAction.REJECT}
         assert res.register == "reject"
 
 
@@ -46,19 +46,19 @@ def test_interrupted_update_is_rewound_on_every_rank_when_qualified():
 
 def test_rewind_needs_every_rank_qualified_and_able_to_rerun():
     assert simulate(Scenario(4, (0, 2), failure_phase=FailurePhase.BACKWARD,
-                             rewind_phases=(FailurePhase.FORWARD,)), seed=1).actions == {RecoveryAction.RESTART}
+                             rewind_phases=(FailurePhase.FORWARD,)), seed=1).actions == {RecoveryAction.REJECT}
     res = simulate(Scenario(4, (0, 2), failure_phase=FailurePhase.FORWARD, rewind_phases=UNCOMMITTED,
                             rerun_blocked=(3,)), seed=1)
-    assert res.actions == {RecoveryAction.RESTART}
+    assert res.actions == {RecoveryAction.REJECT}
     assert any("rank 3 cannot re-run" in why for o in res.outcomes.values() for why in o.reasons)
 
 
 def test_split_optimizer_step_is_rejected_unless_every_rank_ahead_holds_a_copy():
     split = dict(failure_phase=FailurePhase.BACKWARD, rewind_phases=UNCOMMITTED, stepped=(1, 3))
     res = simulate(Scenario(4, (0, 2), **split), seed=4)
-    assert res.actions == {RecoveryAction.RESTART}
+    assert res.actions == {RecoveryAction.REJECT}
     assert any("split optimizer step" in why for o in res.outcomes.values() for why in o.reasons)
-    assert simulate(Scenario(4, (0, 2), step_copies=(1,), **split), seed=4).actions == {RecoveryAction.RESTART}
+    assert simulate(Scenario(4, (0, 2), step_copies=(1,), **split), seed=4).actions == {RecoveryAction.REJECT}
     res = simulate(Scenario(4, (0, 2), step_copies=(1, 3), **split), seed=4)
     assert res.actions == {RecoveryAction.REWIND}  # the copies put tau back to F before the re-run
 
@@ -66,18 +66,18 @@ def test_split_optimizer_step_is_rejected_unless_every_rank_ahead_holds_a_copy()
 def test_a_failed_boundary_restore_rejects_all_ranks():
     res = simulate(Scenario(4, (0, 2), failure_phase=FailurePhase.FORWARD, rewind_phases=UNCOMMITTED,
                             restore_fail=(1,)), seed=2)
-    assert res.actions == {RecoveryAction.RESTART}
+    assert res.actions == {RecoveryAction.REJECT}
 
 
 def test_one_missed_reference_rejects_all_ranks():
     res = simulate(Scenario(4, (1, 3), rebind_miss=(3,)), seed=2)
-    assert res.actions == {RecoveryAction.RESTART}
+    assert res.actions == {RecoveryAction.REJECT}
 
 
 def test_crash_mid_protocol_rejects_survivors():
     res = simulate(Scenario(4, (0, 2), crash_at={2: Phase.REBIND}), seed=5)
     assert res.crashed == (2,)
-    assert res.actions == {RecoveryAction.RESTART}
+    assert res.actions == {RecoveryAction.REJECT}
 
 
 schedules = st.builds(
@@ -140,7 +140,7 @@ def test_simulated_fault_schedules_keep_every_safety_property(case):
         assert res.actions == {RecoveryAction.REWIND}
         return
     if res.crashed or sc.lost_reports or sc.lost_votes or sc.guard_fail:
-        assert res.actions == {RecoveryAction.RESTART}
+        assert res.actions == {RecoveryAction.REJECT}
     if res.actions == {RecoveryAction.PRESERVE}:
         # only effect faults on ranks with nothing to repair, or crashes never reached, are harmless
         harmful = set(sc.rebind_miss) | set(sc.replace_fail) | set(sc.validate_fail)

@@ -146,7 +146,7 @@ def test_agreement_preserves_when_all_committed_and_equal():
 )
 def test_agreement_rejects_any_mismatch(over, needle):
     d = decide_agreement(all_reports(over=over), 4)
-    assert d.action is RecoveryAction.RESTART
+    assert d.action is RecoveryAction.REJECT
     assert any(needle in r for r in d.reasons), d.reasons
 
 
@@ -191,7 +191,7 @@ def test_agreement_rewinds_an_interrupted_update_everyone_can_rerun():
 )
 def test_agreement_rejects_a_rewind_any_rank_cannot_take(over, needle):
     d = decide_agreement(interrupted(over=over), 4)
-    assert d.action is RecoveryAction.RESTART
+    assert d.action is RecoveryAction.REJECT
     assert any("outside a committed boundary" in r for r in d.reasons)
     assert any(needle in r for r in d.reasons), d.reasons
 
@@ -204,7 +204,7 @@ def test_agreement_rewinds_a_split_step_when_every_rank_ahead_holds_a_copy():
 def test_agreement_rejects_missing_and_foreign_reports():
     reps = all_reports()
     d = decide_agreement([reps[0], None, reps[2], reps[3]], 4)
-    assert d.action is RecoveryAction.RESTART and "missing reports from ranks [1]" in d.reasons[0]
+    assert d.action is RecoveryAction.REJECT and "missing reports from ranks [1]" in d.reasons[0]
     d = decide_agreement([*reps, report(9)], 4)
     assert any("outside world" in r for r in d.reasons)
     d = decide_agreement([report(r) for r in range(4)], 4)
@@ -247,7 +247,7 @@ def test_envelope_preserves_only_committed_failures():
         if phase is FailurePhase.COMMITTED:
             assert acts[0] is RecoveryAction.PRESERVE
         else:
-            assert acts == (RecoveryAction.RESTART,)
+            assert acts == (RecoveryAction.REJECT,)
 
 
 def test_envelope_refuses_unknown_keys_by_name():

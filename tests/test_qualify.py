@@ -95,9 +95,9 @@ def test_default_path_follows_env_then_xdg_then_home(monkeypatch, tmp_path):
 
 def test_passing_probes_qualify_their_action_before_restart():
     rows = rows_of()
-    assert actions(rows, "fsdp2-hsdp", "committed") == ("preserve", "restart")
+    assert actions(rows, "fsdp2-hsdp", "committed") == ("preserve", "reject")
     for phase in ("forward", "backward", "optimizer"):
-        assert actions(rows, "fsdp2-hsdp", phase) == ("rewind", "restart")
+        assert actions(rows, "fsdp2-hsdp", phase) == ("rewind", "reject")
     optimizer = next(r for r in rows if (r.profile, r.phase) == ("fsdp2-hsdp", "optimizer"))
     assert optimizer.evidence["rewind"]["requires"] == ["step_copy"]
     backward = next(r for r in rows if (r.profile, r.phase) == ("fsdp2-hsdp", "backward"))
@@ -110,13 +110,13 @@ def test_passing_probes_qualify_their_action_before_restart():
 
 def test_one_failed_run_or_one_differing_bit_leaves_only_restart():
     results = good_results()
-    results[2] = probe("forward", "rewind", passed=2, failures=("recovery at update [4] took ['restart']",))
+    results[2] = probe("forward", "rewind", passed=2, failures=("recovery at update [4] took ['reject']",))
     results[3] = probe("backward", "rewind", bitwise=False)
     results[1] = probe("committed", "preserve", bitwise=None)  # never compared: not evidence of equality
     rows = rows_of(results)
-    assert actions(rows, "fsdp2-hsdp", "forward") == ("restart",)
-    assert actions(rows, "fsdp2-hsdp", "backward") == ("restart",)
-    assert actions(rows, "fsdp2-hsdp", "committed") == ("restart",)
+    assert actions(rows, "fsdp2-hsdp", "forward") == ("reject",)
+    assert actions(rows, "fsdp2-hsdp", "backward") == ("reject",)
+    assert actions(rows, "fsdp2-hsdp", "committed") == ("reject",)
     forward = next(r for r in rows if (r.profile, r.phase) == ("fsdp2-hsdp", "forward"))
     assert forward.evidence["rewind"]["qualified"] is False  # the finding stays in the file
     assert "2/3" in ef.compact_evidence(forward.evidence)
@@ -125,14 +125,14 @@ def test_one_failed_run_or_one_differing_bit_leaves_only_restart():
 def test_a_probe_that_never_ran_qualifies_nothing():
     results = good_results()
     results[2] = ProbeResult("rewind", 0, 0, None, profile="fsdp2-hsdp", phase="forward", failures=("skipped",))
-    assert actions(rows_of(results), "fsdp2-hsdp", "forward") == ("restart",)
+    assert actions(rows_of(results), "fsdp2-hsdp", "forward") == ("reject",)
 
 
 def test_without_a_passing_platform_probe_only_restart_is_qualified():
     failed = dataclasses.replace(REBUILD_OK, passed=2, failures=("run 3: no member saw the collective fail",))
     for results in ([failed, *good_results()[1:]], good_results()[1:]):
         rows = rows_of(results)
-        assert all(row.actions == ("restart",) for row in rows)
+        assert all(row.actions == ("reject",) for row in rows)
         committed = next(r for r in rows if (r.profile, r.phase) == ("fsdp2-hsdp", "committed"))
         assert committed.evidence["rebuild"]["qualified"] is False
         assert "withheld" in committed.evidence
@@ -141,10 +141,10 @@ def test_without_a_passing_platform_probe_only_restart_is_qualified():
 def test_every_profile_and_phase_gets_a_row_and_unprobed_keys_say_so():
     rows = rows_of([REBUILD_OK, probe("committed", "preserve")])
     assert {(r.profile, r.phase) for r in rows} == {(p, f.value) for p in PROFILES for f in FailurePhase}
-    assert all(r.actions[-1] == "restart" for r in rows)
+    assert all(r.actions[-1] == "reject" for r in rows)
     ddp = next(r for r in rows if (r.profile, r.phase) == ("ddp", "committed"))
-    assert ddp.actions == ("restart",) and "accelpact qualify" in ddp.evidence["not_probed"]
-    assert actions(rows, "fsdp2-hsdp", "forward") == ("restart",)
+    assert ddp.actions == ("reject",) and "accelpact qualify" in ddp.evidence["not_probed"]
+    assert actions(rows, "fsdp2-hsdp", "forward") == ("reject",)
 
 
 def test_results_that_cannot_be_placed_are_refused():
@@ -169,7 +169,7 @@ def test_written_file_loads_as_the_same_envelope(tmp_path):
     envelope = ef.load_envelope(path, expect=FP)
     assert isinstance(envelope, Envelope) and len(envelope) == len(PROFILES) * len(FailurePhase)
     key = ObservationKey("cpu-gloo", "fsdp2-hsdp", FailurePhase.BACKWARD)
-    assert envelope.qualified(key) == (RecoveryAction.REWIND, RecoveryAction.RESTART)
+    assert envelope.qualified(key) == (RecoveryAction.REWIND, RecoveryAction.REJECT)
     assert envelope.lookup(key).evidence.startswith("rewind 3/3 bitwise")
     assert not envelope.permits(ObservationKey("cpu-gloo", "ddp", FailurePhase.BACKWARD), RecoveryAction.REWIND)
     parsed = ef.read_envelope(path)
@@ -184,7 +184,7 @@ def test_write_is_atomic_and_refuses_rows_it_could_not_read_back(tmp_path):
     path = written(tmp_path)
     before = path.read_text()
     bad = [dataclasses.replace(rows_of()[0], actions=("rewind",))]
-    with pytest.raises(CorruptEnvelopeError, match="'restart' is missing"):
+    with pytest.raises(CorruptEnvelopeError, match="'reject' is missing"):
         ef.write_envelope(path, bad, FP)
     assert path.read_text() == before
     assert os.listdir(tmp_path) == ["envelope.json"]  # no temporary file left behind
@@ -219,10 +219,10 @@ CORRUPTIONS = {
     "not JSON": lambda p: p.write_text("{\"format\": "),
     "format tag": lambda p: rewrite(p, lambda d: d.update(format="accelpact-envelope/2")),
     "unknown failure phase 'comitted'": lambda p: rewrite(p, lambda d: d["rows"][3].update(phase="comitted")),
-    "unknown action 'rewnd'": lambda p: rewrite(p, lambda d: d["rows"][0].update(actions=["rewnd", "restart"])),
-    "'restart' is missing": lambda p: rewrite(p, lambda d: d["rows"][5].update(actions=["rewind"])),
-    "'restart' must come last": lambda p: rewrite(p, lambda d: d["rows"][5].update(actions=["restart", "rewind"])),
-    "listed twice": lambda p: rewrite(p, lambda d: d["rows"][5].update(actions=["rewind", "rewind", "restart"])),
+    "unknown action 'rewnd'": lambda p: rewrite(p, lambda d: d["rows"][0].update(actions=["rewnd", "reject"])),
+    "'reject' is missing": lambda p: rewrite(p, lambda d: d["rows"][5].update(actions=["rewind"])),
+    "'reject' must come last": lambda p: rewrite(p, lambda d: d["rows"][5].update(actions=["reject", "rewind"])),
+    "listed twice": lambda p: rewrite(p, lambda d: d["rows"][5].update(actions=["rewind", "rewind", "reject"])),
     "both cover": lambda p: rewrite(p, lambda d: d["rows"].append(dict(d["rows"][2]))),
     "for platform 'cuda-nccl'": lambda p: rewrite(p, lambda d: d["rows"][1].update(platform="cuda-nccl")),
     "unknown profile": lambda p: rewrite(p, lambda d: d["rows"][1].update(profile="megatron")),
@@ -273,12 +273,12 @@ def test_drill_passes_when_every_rank_took_the_expected_action_and_ended_bitwise
 
 
 def test_drill_fails_on_another_action_a_rejection_a_differing_bit_or_a_lost_fault():
-    wrong = [rank_result(r, [rec(2, "forward", "restart" if r == 3 else "rewind")]) for r in range(4)]
+    wrong = [rank_result(r, [rec(2, "forward", "reject" if r == 3 else "rewind")]) for r in range(4)]
     verdict = probes.judge_drill(wrong, phase=FailurePhase.FORWARD, fault_updates=(2,))
     assert (verdict.passed, verdict.qualified) == (0, False)
-    assert "took ['restart', 'rewind'], expected rewind" in verdict.failures[0]
+    assert "took ['reject', 'rewind'], expected rewind" in verdict.failures[0]
 
-    rejected = [rank_result(r, [rec(2, "forward", "restart")], rejected=["outside a committed boundary"])
+    rejected = [rank_result(r, [rec(2, "forward", "reject")], rejected=["outside a committed boundary"])
                 for r in range(4)]
     rejected = [{k: v for k, v in r.items() if k != "mismatches"} for r in rejected]
     verdict = probes.judge_drill(rejected, phase=FailurePhase.FORWARD, fault_updates=(2,))
@@ -438,12 +438,12 @@ def test_qualify_measures_preserve_at_the_boundary_and_rewind_in_backward(tmp_pa
     envelope = ef.load_envelope(result.path, expect=ef.platform_fingerprint("gloo", "cpu"))
     committed = envelope.lookup(ObservationKey("cpu-gloo", "fsdp2-hsdp", FailurePhase.COMMITTED))
     backward = envelope.lookup(ObservationKey("cpu-gloo", "fsdp2-hsdp", FailurePhase.BACKWARD))
-    assert committed.actions == (RecoveryAction.PRESERVE, RecoveryAction.RESTART), lines
-    assert backward.actions == (RecoveryAction.REWIND, RecoveryAction.RESTART), lines
+    assert committed.actions == (RecoveryAction.PRESERVE, RecoveryAction.REJECT), lines
+    assert backward.actions == (RecoveryAction.REWIND, RecoveryAction.REJECT), lines
     rows = {(r.profile, r.phase): r for r in ef.read_envelope(result.path).rows}
     for (phase, action) in (("committed", "preserve"), ("backward", "rewind")):
         evidence = rows[("fsdp2-hsdp", phase)].evidence[action]
         assert (evidence["runs"], evidence["passed"], evidence["bitwise"]) == (1, 1, True)
         assert evidence["repair_s"]["median"] > 0
-    assert rows[("fsdp2-hsdp", "forward")].actions == ("restart",)  # not probed: nothing assumed
+    assert rows[("fsdp2-hsdp", "forward")].actions == ("reject",)  # not probed: nothing assumed
     assert len(lines) == 4  # world up, platform probe, one line per drill probe

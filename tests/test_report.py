@@ -78,7 +78,7 @@ def _restart_traces():
             {"kind": "observe", "t": 7.0 + 0.01 * rank, "update": 5, "phase_failed": "backward", "saw": True},
             {"kind": "edge", "action": "observe_failure", "from": "Train", "to": "Observe", "F": 4, "t": 7.0, "update": 5},
             {"kind": "edge", "action": "decide_reject", "from": "Agree", "to": "Reject", "F": 4, "t": 7.05, "update": 5},
-            {"kind": "recovery", "action": "restart", "failure_phase": "backward", "update": 5, "index": 1,
+            {"kind": "recovery", "action": "reject", "failure_phase": "backward", "update": 5, "index": 1,
              "frontier": 4, "detect_s": 0.001, "repair_s": 0.04, "timings_s": {"agree": 0.03, "guard": 0.001},
              "failed_groups": [], "t": 7.06 + 0.01 * rank},
             {"kind": "attach", "attempt": 1, "t": 20.0 + rank},
@@ -93,7 +93,7 @@ def test_cold_restart_numbers_from_records():
     s = summarize(_restart_traces())
     assert s.attempts == 2 and s.final_frontier == 6 and s.updates_run == 8
     (rec,) = s.recoveries
-    assert rec.action == "restart" and rec.frontier_before == 4 and rec.restored_step == 2
+    assert rec.action == "reject" and rec.frontier_before == 4 and rec.restored_step == 2
     assert rec.updates_lost == 2  # A = F - C
     # an in-update fault: its instant is bounded by the start of the update (last commit, 5.0 s)
     assert rec.t_fault == 5.0 and rec.detect_s == pytest.approx(7.01 - 5.0)
@@ -103,7 +103,7 @@ def test_cold_restart_numbers_from_records():
     kinds = [seg.kind for seg in timeline(_restart_traces()) if seg.rank == 0]
     assert "restart" in kinds and kinds.count("replay") == 2 and "detect" in kinds
     text = format_summary(s)
-    assert "restart" in text and "restored C=2" in text and "updates lost 2" in text
+    assert "reject 1" in text and "restored C=2" in text and "updates lost 2" in text
 
 
 def test_attempts_are_numbered_by_position_and_torn_lines_are_skipped(tmp_path):

@@ -78,7 +78,7 @@ def test_fsdp1_and_ddp_backward_failures_are_rewound_bitwise(tmp_path, framework
 @pytest.mark.timeout(200)
 def test_a_split_optimizer_step_rejects_without_a_copy_and_rewinds_with_one(tmp_path):
     results = drill(tmp_path / "nocopy", faults="skip@3:optimizer:1")
-    assert all(actions(r) == ["restart"] for r in results)
+    assert all(actions(r) == ["reject"] for r in results)
     assert any("no pre-step copy" in why and "update 3" in why for why in reasons(results))
 
     results = drill(tmp_path / "copy", faults="skip@3:optimizer:1", step_copy=True)
@@ -121,6 +121,6 @@ def test_rewind_is_refused_with_the_reason_when_a_rank_cannot_take_it(tmp_path, 
     kw.setdefault("faults", "skip@2:backward:1")
     results = drill(tmp_path, **kw)
     for r in results:
-        assert actions(r)[-1] == "restart"
+        assert actions(r)[-1] == "reject"
         assert r["rejected"] is not None
     assert any(needle in why for why in reasons(results)), reasons(results)

@@ -68,7 +68,7 @@ def test_fault_in_backward_rejects_every_rank(tmp_path):
     results = drill(tmp_path, updates=4, faults="skip@2:backward:0", reference=False)
     for r in results:
         assert r["rejected"], f"rank {r['rank']} resumed"
-        assert r["history"][-1]["action"] == "restart"
+        assert r["history"][-1]["action"] == "reject"
         assert r["frontier"] == 1  # nothing past the last committed boundary
     assert any("outside a committed boundary" in why for why in results[1]["rejected"])
     assert_edges_in_table(results)

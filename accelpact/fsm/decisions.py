@@ -144,7 +144,7 @@ class AgreementDecision:
 
 
 def _reject(*reasons: str) -> AgreementDecision:
-    return AgreementDecision(RecoveryAction.RESTART, None, None, (), tuple(reasons))
+    return AgreementDecision(RecoveryAction.REJECT, None, None, (), tuple(reasons))
 
 
 def decide_agreement(

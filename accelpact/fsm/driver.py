@@ -228,13 +228,13 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
     if isinstance(reports, ControlPlaneFailure):
         yield from forced_reject(reports.reason)
         machine.fire("abort")
-        return done(RecoveryAction.RESTART, obs.frontier, obs.generation, reports.reason)
+        return done(RecoveryAction.REJECT, obs.frontier, obs.generation, reports.reason)
     decision = decide_agreement(reports, obs.world_size)  # type: ignore[arg-type]
     ctx.decision = decision
-    if decision.action is RecoveryAction.RESTART:
+    if decision.action is RecoveryAction.REJECT:
         yield ForceReject("; ".join(decision.reasons))
         machine.fire("decide_reject")
-        return done(RecoveryAction.RESTART, obs.frontier, obs.generation, *decision.reasons)
+        return done(RecoveryAction.REJECT, obs.frontier, obs.generation, *decision.reasons)
 
     assert decision.frontier is not None and decision.generation is not None
     new_generation = decision.generation + 1
@@ -284,4 +284,4 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
         machine.fire("resume_training")
         return done(decision.action, decision.frontier, new_generation)
     machine.fire("release_reject")
-    return done(RecoveryAction.RESTART, obs.frontier, obs.generation, vote_reason or "a peer voted against release")
+    return done(RecoveryAction.REJECT, obs.frontier, obs.generation, vote_reason or "a peer voted against release")

@@ -84,10 +84,10 @@ def _default_rows() -> Iterable[EnvelopeRow]:
         for profile in PROFILES:
             for phase in FailurePhase:
                 if phase is FailurePhase.COMMITTED:
-                    actions = (RecoveryAction.PRESERVE, RecoveryAction.RESTART)
+                    actions = (RecoveryAction.PRESERVE, RecoveryAction.REJECT)
                     why = note
                 else:
-                    actions = (RecoveryAction.RESTART,)
+                    actions = (RecoveryAction.REJECT,)
                     why = "uncommitted compute: partial gradients or a partial step; fail-stop (L2)"
                 yield EnvelopeRow(ObservationKey(platform, profile, phase), actions, why)
 
@@ -101,8 +101,8 @@ def permissive_envelope(platform: str, profile: str) -> Envelope:
     rows = []
     for phase in FailurePhase:
         if phase is FailurePhase.COMMITTED:
-            actions = (RecoveryAction.PRESERVE, RecoveryAction.RESTART)
+            actions = (RecoveryAction.PRESERVE, RecoveryAction.REJECT)
         else:
-            actions = (RecoveryAction.REWIND, RecoveryAction.RESTART)
+            actions = (RecoveryAction.REWIND, RecoveryAction.REJECT)
         rows.append(EnvelopeRow(ObservationKey(platform, profile, phase), actions, "qualification run: unqualified"))
     return Envelope(rows)

@@ -45,7 +45,7 @@ class RecoveryContext:
         return self.decision_is_preserve() or self.decision_is_rewind()
 
     def decision_is_reject(self) -> bool:
-        return self.decision is not None and self.decision.action is RecoveryAction.RESTART
+        return self.decision is not None and self.decision.action is RecoveryAction.REJECT
 
     def in_failed_group(self) -> bool:
         return self.decision is not None and self.decision.in_failed_group(self.rank)

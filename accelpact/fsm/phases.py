@@ -58,5 +58,10 @@ class RecoveryAction(StrEnum):
     """What the recovery envelope may prescribe for a failure."""
 
     PRESERVE = "preserve"  # L1: keep S_app, rebuild communicators, rebind, resume at F
-    RESTART = "restart"  # L2: fail-stop; the supervisor restores the last verified checkpoint
+    REJECT = "reject"  # L2: fail-stop; the supervisor restores the last verified checkpoint
     REWIND = "rewind"  # L1': discard the interrupted update, rebuild every group, re-run it from F
+
+    @classmethod
+    def _missing_(cls, value: object) -> RecoveryAction | None:
+        # envelope files, traces and campaign summaries written before the rename say "restart"
+        return cls.REJECT if value == "restart" else None

@@ -191,7 +191,7 @@ def _stats(values: Sequence[float]) -> dict[str, float | int] | None:
 
 @dataclass(frozen=True)
 class QualifiedRow:
-    """One row of the file: K and the actions that passed (preferred first, restart last)."""
+    """One row of the file: K and the actions that passed (preferred first, reject last)."""
 
     platform: str
     profile: str
@@ -219,7 +219,7 @@ def envelope_from_results(
     """One row per (profile, failure phase): the probed action if every run of it passed.
 
     Restart is always qualified (last). Without a passing platform probe nothing else is: every
-    in-memory action rebuilds groups. Keys nobody probed get a restart-only row saying so, so that
+    in-memory action rebuilds groups. Keys nobody probed get a reject-only row saying so, so that
     the runtime falls back to Restart with a reason instead of refusing to start.
     """
     results = list(results)
@@ -257,7 +257,7 @@ def envelope_from_results(
             else:
                 evidence["not_probed"] = ("not in this qualification; `accelpact qualify` with every framework "
                                           "and phase (the default) probes it")
-            actions.append(RecoveryAction.RESTART.value)
+            actions.append(RecoveryAction.REJECT.value)
             rows.append(QualifiedRow(platform, profile, phase.value, tuple(actions), evidence))
     return rows
 
@@ -448,15 +448,17 @@ def _parse_row(raw: Any, index: int, path: Path, platform: str) -> QualifiedRow:
     known = [a.value for a in RecoveryAction]
     if not isinstance(actions, list) or not all(isinstance(a, str) for a in actions):
         raise _corrupt(path, f"{where}: 'actions' must be a list of strings")
+    # files written before the fail-stop action was named Reject call it "restart"
+    actions = [RecoveryAction(a).value if a == "restart" else a for a in actions]
     for action in actions:
         if action not in known:
             raise _corrupt(path, f"{where}: unknown action {action!r}; expected one of {', '.join(known)}")
     if len(set(actions)) != len(actions):
         raise _corrupt(path, f"{where}: an action is listed twice in {actions}")
-    if RecoveryAction.RESTART.value not in actions:
-        raise _corrupt(path, f"{where}: 'restart' is missing from {actions}; restart is always allowed")
-    if actions[-1] != RecoveryAction.RESTART.value:
-        raise _corrupt(path, f"{where}: 'restart' must come last in {actions} (it is the fallback)")
+    if RecoveryAction.REJECT.value not in actions:
+        raise _corrupt(path, f"{where}: 'reject' is missing from {actions}; reject is always allowed")
+    if actions[-1] != RecoveryAction.REJECT.value:
+        raise _corrupt(path, f"{where}: 'reject' must come last in {actions} (it is the fallback)")
     if not isinstance(raw["evidence"], dict):
         raise _corrupt(path, f"{where}: 'evidence' must be an object")
     return QualifiedRow(raw["platform"], raw["profile"], raw["phase"], tuple(actions), raw["evidence"],

@@ -698,7 +698,7 @@ class Runtime:
         self._epoch = f"r{self._recoveries}"
         value = self.control.force_reject(self._epoch, reason)
         report = RecoveryReport(
-            index=self._recoveries, update=self.update_index, action=RecoveryAction.RESTART,
+            index=self._recoveries, update=self.update_index, action=RecoveryAction.REJECT,
             failure_phase=self._phase or FailurePhase.COMMITTED, saw_failure=True, cause=reason,
             frontier=self.frontier, generation=self.generation, reasons=[reason, f"register={value}"],
         )

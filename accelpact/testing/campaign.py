@@ -55,7 +55,7 @@ class Fault:
 #: so every fault that fires gets its rewind and the expectation stays exact (the budget of a
 #: real job, Config.max_rewinds_per_update, has its own tests).
 REWIND_BUDGET = 2 * WORLD
-_LETTER = {"preserve": "P", "rewind": "W", "restart": "R"}
+_LETTER = {"preserve": "P", "rewind": "W", "reject": "R"}
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class Expectation:
     #: then fails in a collective before it reaches its kill point, and every rank rejects
     may_reject: bool = False
     rewound_updates: tuple[int, ...] = ()  # updates interrupted mid-update and re-run in memory
-    #: the first attempt's recoveries, one token per update (P preserve, W rewind, R restart)
+    #: the first attempt's recoveries, one token per update (P preserve, W rewind, R reject)
     tokens: tuple[str, ...] = ()
 
     def matches(self, actions: Sequence[str], *, observed: str) -> int | None:
@@ -285,7 +285,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
             "schedules": len(done) + len(failures), "outcomes": dict(Counter(d.observed for d in done)),
             "recoveries": dict(recoveries), "killed": killed,
             # of every recovery the first attempts needed (a kill ends one with no recovery)
-            "recovered_in_memory_share": round(in_memory / max(1, in_memory + recoveries["restart"] + killed), 3),
+            "recovered_in_memory_share": round(in_memory / max(1, in_memory + recoveries["reject"] + killed), 3),
             "schedules_without_restart_share": round(
                 sum(1 for d in done if d.observed in ("preserve", "rewind")) / max(1, len(done)), 3),
             **fault_shares([(d.schedule, d.observed) for d in done], rewind=rewind),
