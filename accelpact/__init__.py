@@ -8,16 +8,34 @@
 """
 
 from .config import Config
-from .errors import EXIT_REJECTED, ConfigError, RecoveryRejected
+from .errors import (
+    EXIT_BUDGET_EXCEEDED,
+    EXIT_REJECTED,
+    AccelPactError,
+    CheckpointError,
+    ConfigError,
+    ControlPlaneError,
+    RebindError,
+    RecoveryRejected,
+    RestartBudgetExceeded,
+    UnsupportedModelError,
+)
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "EXIT_BUDGET_EXCEEDED",
     "EXIT_REJECTED",
+    "AccelPactError",
+    "CheckpointError",
     "Config",
     "ConfigError",
+    "ControlPlaneError",
+    "RebindError",
     "RecoveryRejected",
+    "RestartBudgetExceeded",
     "Runtime",
+    "UnsupportedModelError",
     "__version__",
     "attach",
     "init_process_group",
@@ -27,7 +45,7 @@ __all__ = [
 def __getattr__(name: str):
     # The runtime imports torch.distributed internals; load it on first use so that the pure
     # parts (fsm, model checking, CLI help) stay importable and fast.
-    if name in ("attach", "Runtime", "UnsupportedModelError", "RecoveryReport"):
+    if name in ("attach", "Runtime", "RecoveryRecord"):
         from . import runtime
 
         return getattr(runtime, name)

@@ -44,9 +44,9 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from . import report
+    from . import run_report
 
-    return report.run(args)
+    return run_report.run(args)
 
 
 def _goodput(args: argparse.Namespace) -> int:
@@ -56,9 +56,10 @@ def _goodput(args: argparse.Namespace) -> int:
 
 
 def _qualify(args: argparse.Namespace) -> int:
-    from .qualify import envelope_file, probes
+    from .envelope import default_envelope_path
+    from .qualify import probes
 
-    out = args.out or str(envelope_file.default_envelope_path())
+    out = args.out or str(default_envelope_path())
     frameworks = ("fsdp2",) if args.quick and args.frameworks is None else tuple(
         f.strip() for f in (args.frameworks or ",".join(probes.DEFAULT_FRAMEWORKS)).split(",") if f.strip())
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
@@ -114,10 +115,10 @@ def build_parser() -> argparse.ArgumentParser:
     tbl = sub.add_parser("table", help="print the protocol's transition table")
     tbl.set_defaults(func=_table)
 
-    from . import goodput, report  # both import matplotlib only when they draw
+    from . import goodput, run_report  # both import matplotlib only when they draw
 
     rep = sub.add_parser("report", help="recoveries, MTTD, repair per phase, RTO and a timeline PNG of a run")
-    report.add_arguments(rep)
+    run_report.add_arguments(rep)
     rep.set_defaults(func=_report)
 
     gp = sub.add_parser("goodput", help="net time saved by in-memory recovery (the paper's model)")

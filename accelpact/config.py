@@ -1,15 +1,14 @@
 """Runtime settings. Every field can come from an ``ACCELPACT_<FIELD>`` environment variable so
-that an existing trainer can be drilled without code changes (environment wins over defaults,
-explicit constructor arguments win over the environment)."""
+that an existing trainer can be tuned without code changes (`attach` applies the environment on
+top of the given config). Drill settings (fault plans) are not here: see `accelpact.faults`."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 
 from .errors import ConfigError
-from .faults.plan import FaultPlan
 
 ENV_PREFIX = "ACCELPACT_"
 
@@ -24,8 +23,6 @@ class Config:
     control_timeout_s: float = 30.0
     #: Per-rank JSON-lines traces and rejection evidence go here (None: no trace files).
     trace_dir: str | None = None
-    #: Fault plan, e.g. "skip@5:committed:2" (see accelpact.faults.plan).
-    faults: FaultPlan = field(default_factory=FaultPlan)
     #: Debug switch for the paper's causal ablation: replace groups but do not rebind references.
     rebind: bool = True
     #: Health-check each data-plane group at every boundary (a tiny all-reduce per group).
@@ -44,9 +41,6 @@ class Config:
     run_id: str | None = None
     #: Restart budget enforced at attach: past it the job stops with a clear message.
     max_restarts: int = 3
-    #: Fault plans fire in the first attempt only, so a restarted job can finish; set to drill
-    #: repeated failures (e.g. the restart budget).
-    faults_every_attempt: bool = False
     #: The qualified recovery envelope (`accelpact qualify` writes it): a JSON file path;
     #: None: the default path if it exists, else the built-in envelope (Preserve at committed
     #: boundaries only, no Rewind) with a message; "builtin": that envelope, silently;
@@ -63,8 +57,6 @@ class Config:
     profile: str | None = None
 
     def __post_init__(self) -> None:
-        if isinstance(self.faults, str):
-            self.faults = FaultPlan.parse(self.faults)
         self.validate()
 
     def validate(self) -> Config:
@@ -89,22 +81,6 @@ class Config:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
         return self
 
-    @classmethod
-    def from_env(cls, env: dict[str, str] | None = None, **explicit) -> Config:
-        """Defaults, overridden by ``ACCELPACT_*`` variables, overridden by `explicit` values."""
-        env = dict(os.environ if env is None else env)
-        known = {f.name for f in fields(cls)}
-        values: dict[str, object] = {}
-        for key, raw in env.items():
-            if not key.startswith(ENV_PREFIX):
-                continue
-            name = key[len(ENV_PREFIX) :].lower()
-            if name not in known:
-                continue  # other ACCELPACT_* variables belong to tools (e.g. the demo)
-            values[name] = _coerce(cls, name, raw, key)
-        values.update(explicit)
-        return cls(**values)
-
     def with_env(self, env: dict[str, str] | None = None) -> Config:
         """This config with environment overrides applied on top (used by `attach`)."""
         env = dict(os.environ if env is None else env)
@@ -120,8 +96,6 @@ def _coerce(cls, name: str, raw: str, key: str):
     f = {f.name: f for f in fields(cls)}[name]
     typ = str(f.type)
     try:
-        if name == "faults":
-            return FaultPlan.parse(raw)
         if typ.startswith("bool"):
             low = raw.strip().lower()
             if low in ("1", "true", "yes", "on"):

@@ -69,15 +69,15 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
             data_timeout_s=args.data_timeout,
             control_timeout_s=args.control_timeout,
             trace_dir=args.trace_dir,
-            faults=faults,
             rebind=not args.no_rebind,
             checkpoint_dir=args.checkpoint_dir,
             checkpoint_every=args.checkpoint_every,
             max_restarts=args.max_restarts,
-            faults_every_attempt=args.faults_every_attempt,
             envelope=args.envelope,
         )
-        rt = accelpact.attach(model, optimizer, data_state=data, config=config)  # <- user line 1
+        # faults= is the drill's (a trainer of yours drills with ACCELPACT_FAULTS instead)
+        rt = accelpact.attach(model, optimizer, data_state=data, config=config,  # <- user line 1
+                              faults=faults, faults_every_attempt=args.faults_every_attempt)
     rank = dist.get_rank()
     seen = 0
     t0 = time.perf_counter()

@@ -1,26 +1,112 @@
-"""Errors and exit codes users and supervisors see."""
+"""Errors and exit codes users and supervisors see.
+
+Every exception AccelPact raises derives from :class:`AccelPactError`, so embedding code can
+catch the whole library with one clause. The families below keep the builtin base their callers
+have always caught (``ConfigError`` is still a ``ValueError``, ``CheckpointError`` a
+``RuntimeError``...), so narrowing to them is never a breaking change.
+
+    AccelPactError
+    ├── ConfigError (ValueError)             a bad setting
+    ├── UnsupportedModelError (TypeError)    attach() got a model it cannot protect
+    ├── ControlPlaneError (RuntimeError)     the control plane timed out or lost a peer
+    ├── RebindError                          reference discovery / rebinding (accelpact.rebind)
+    ├── CheckpointError (RuntimeError)       the checkpoint layer (accelpact.checkpoint)
+    ├── RestartBudgetExceeded (RuntimeError) the run used up its restarts: exit EXIT_BUDGET_EXCEEDED
+    └── RecoveryRejected                     a recovery ended in Reject: exit EXIT_REJECTED
+"""
 
 from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "EXIT_BUDGET_EXCEEDED",
+    "EXIT_REJECTED",
+    "AccelPactError",
+    "CheckpointError",
+    "ConfigError",
+    "ControlPlaneError",
+    "RebindError",
+    "RecoveryRejected",
+    "RestartBudgetExceeded",
+    "UnsupportedModelError",
+]
 
 #: Exit code of every rank when a recovery is rejected (fail-stop, L2). torchrun restarts the
 #: group; the value is EX_TEMPFAIL from sysexits.h: "temporary failure, retry later".
 EXIT_REJECTED = 75
 
+#: Exit code of a rank that finds the run's restart budget used up: stop and alert, do not retry.
+EXIT_BUDGET_EXCEEDED = 76
 
-class ConfigError(ValueError):
+
+class AccelPactError(Exception):
+    """Root of every exception AccelPact raises.
+
+    Keyword arguments are structured context (rank, group, frontier...) kept in ``context`` for
+    logs and evidence records; they never change ``str(exc)``::
+
+        raise ControlPlaneError("gather #3 failed: ...", rank=2, seq=3)
+    """
+
+    context: dict[str, Any]
+
+    def __init__(self, *args: object, **context: Any) -> None:
+        super().__init__(*args)
+        self.context = dict(context)
+
+    def __getattr__(self, name: str) -> Any:
+        # A subclass whose __init__ does not reach ours still has an (empty) context.
+        if name == "context":
+            self.context = {}
+            return self.context
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+
+class ConfigError(AccelPactError, ValueError):
     """A bad setting: names the field (or environment variable) and what is wrong with it."""
 
 
-class RecoveryRejected(SystemExit):
-    """Raised on every rank when a recovery ends in Reject and `Config.on_reject` is "raise".
+class UnsupportedModelError(AccelPactError, TypeError):
+    """attach() was handed a model AccelPact does not know how to protect."""
 
-    It is a SystemExit carrying EXIT_REJECTED, so an uncaught one ends the process with the
-    documented code; tests and embedding code can catch it.
+
+class ControlPlaneError(AccelPactError, RuntimeError):
+    """The control plane timed out or lost a peer; the recovery must reject."""
+
+
+class RebindError(AccelPactError):
+    """Base class: the rebind phase cannot be trusted to leave no stale reference."""
+
+
+class CheckpointError(AccelPactError, RuntimeError):
+    """Base of every checkpoint-layer failure."""
+
+
+class RestartBudgetExceeded(AccelPactError, RuntimeError):
+    """The run has used up its restart budget: stop and alert instead of retrying forever.
+
+    A decision to stop, not a checkpoint fault: it is not a :class:`CheckpointError`. A rank that
+    meets it exits with ``exit_code`` (EXIT_BUDGET_EXCEEDED).
     """
 
-    def __init__(self, reasons: tuple[str, ...], evidence_path: str | None = None):
-        super().__init__(EXIT_REJECTED)
-        self.reasons = reasons
+    exit_code = EXIT_BUDGET_EXCEEDED
+
+
+class RecoveryRejected(AccelPactError):
+    """Raised on every rank when a recovery ends in Reject and `Config.on_reject` is "raise".
+
+    An ordinary exception (``except Exception`` and ``except AccelPactError`` catch it); a caller
+    that wants the documented fail-stop ends the process with ``exit_code`` (EXIT_REJECTED).
+    ``reasons`` are the agreed reasons, ``evidence_path`` the rank's evidence record (or None).
+    """
+
+    exit_code = EXIT_REJECTED
+
+    def __init__(self, reasons: tuple[str, ...], evidence_path: str | None = None, **context: Any) -> None:
+        # args are the constructor's, so the exception pickles (spawned ranks return it).
+        super().__init__(tuple(reasons), evidence_path, **context)
+        self.reasons = tuple(reasons)
         self.evidence_path = evidence_path
 
     def __str__(self) -> str:

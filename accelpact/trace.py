@@ -55,15 +55,3 @@ class TraceWriter:
             self._fh.close()
             self._fh = None
 
-
-def read_trace(path: str | os.PathLike) -> list[dict[str, Any]]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def merge_traces(directory: str | os.PathLike) -> list[dict[str, Any]]:
-    """All ranks' edge records in one sequence: by control-plane sequence number, then rank."""
-    records = []
-    for p in sorted(Path(directory).glob("trace-rank*.jsonl")):
-        records += [r for r in read_trace(p) if r.get("kind") == "edge"]
-    return sorted(records, key=lambda r: (r["seq"], r["rank"], r["t"]))

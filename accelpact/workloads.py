@@ -224,12 +224,6 @@ class HSDPLayout:
         """Ranks that hold the same shard as ``rank`` (same local rank on every node)."""
         return [node * self.local + self.local_rank_of(rank) for node in range(self.nodes)]
 
-    def all_shard_groups(self) -> list[list[int]]:
-        return [self.shard_ranks(node * self.local) for node in range(self.nodes)]
-
-    def all_replicate_groups(self) -> list[list[int]]:
-        return [self.replicate_ranks(local_rank) for local_rank in range(self.local)]
-
     def mesh(self) -> torch.Tensor:
         return torch.arange(self.world_size, dtype=torch.int).view(self.nodes, self.local)
 

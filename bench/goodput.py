@@ -86,8 +86,8 @@ def dcp_worker(argv: list[str]) -> int:
     ckpt_pg = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
     faults = "" if args.faults == "none" else args.faults
     rt = accelpact.attach(model, optimizer, data_state=data, config=accelpact.Config(
-        data_timeout_s=args.data_timeout, control_timeout_s=args.control_timeout, trace_dir=args.trace_dir,
-        faults=faults))
+        data_timeout_s=args.data_timeout, control_timeout_s=args.control_timeout, trace_dir=args.trace_dir),
+        faults=faults)
     root = Path(args.dcp_dir)
 
     newest = [None]

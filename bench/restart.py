@@ -36,7 +36,7 @@ from pathlib import Path
 
 from _common import RESULTS, ROOT, table, write_json
 
-from accelpact.report import load_traces, summarize
+from accelpact.run_report import load_traces, summarize
 
 NPROC = 4
 

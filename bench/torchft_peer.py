@@ -243,7 +243,7 @@ def accelpact_fault_worker(rank: int, world: int, cfg: dict) -> dict:
     faults = f"late@{cfg['fault_at']}:committed:{cfg['fault_rank']}"
     rt = accelpact.attach(model, optimizer, data_state=data, config=accelpact.Config(
         data_timeout_s=cfg["timeout"], control_timeout_s=cfg["control_timeout"], trace_dir=cfg["trace_dir"],
-        faults=faults, on_reject="raise"))
+        on_reject="raise"), faults=faults)
     for _ in range(cfg["updates"]):
         with rt.update():
             _ddp_step(model, optimizer, data.next_batch())
@@ -291,7 +291,7 @@ def run_torchft(cfg: dict, world: int) -> dict:
 
 
 def run_accelpact(cfg: dict, world: int) -> dict:
-    from accelpact.report import load_traces, summarize
+    from accelpact.run_report import load_traces, summarize
 
     cost = run_world(accelpact_cost_worker, world, cfg, timeout_s=cfg["world_timeout"], pg_timeout_s=60)
     trace_dir = tempfile.mkdtemp(prefix="accelpact-peer-")

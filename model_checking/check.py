@@ -162,7 +162,7 @@ def _check_conformance(args, out, records: list) -> bool:
 
 
 def _check_traces(args, out, records: list) -> bool:
-    from .trace import TraceFormatError, check_runs
+    from .trace_validation import TraceFormatError, check_runs
 
     print(f"\n== trace validation: {len(args.trace)} run(s) against {models.spec_path(args.spec_dir)}", file=out)
     try:

@@ -64,8 +64,8 @@ Mutants == {"none", "release_before_validation", "skip_rebind", "local_frontier"
 Phases == {"Train", "Observe", "Guard", "Agree", "Replace", "Rebind", "Validate", "Resume", "Reject"}
 (* Failure phases: exactly the values of accelpact.fsm.phases.FailurePhase. *)
 FailurePhases == {"forward", "backward", "optimizer", "committed"}
-(* Sources of the table's `abort` row. *)
-AbortSources == {"Observe", "Guard", "Agree", "Replace", "Rebind"}
+(* Sources of the table's `abort` row: only Agree waits on the control plane before Validate. *)
+AbortSources == {"Agree"}
 
 (* The table's triggers, and the tags of steps that are not rank edges. *)
 Triggers == {"commit_update", "observe_failure", "join_recovery", "enter_guard", "submit_report",

@@ -10,9 +10,9 @@ import pytest
 
 from accelpact.checkpoint import (
     AttemptLog,
-    LoadReport,
     Refusal,
     RestartBudgetExceeded,
+    RestoreResult,
     check_restart_budget,
     restart_count,
     updates_replayed,
@@ -21,8 +21,8 @@ from accelpact.checkpoint import (
 pytestmark = pytest.mark.timeout(30)
 
 
-def report(step: int) -> LoadReport:
-    return LoadReport(step=step, path=f"/ck/step-{step}", frontier=step, opt_step=step, saved_attempt="0",
+def report(step: int) -> RestoreResult:
+    return RestoreResult(step=step, path=f"/ck/step-{step}", frontier=step, opt_step=step, saved_attempt="0",
                       refused=(Refusal("step-9", "sha256 mismatch"),), latest_note=None, bytes=10, seconds=0.25,
                       verify_seconds=0.1)
 

@@ -30,7 +30,7 @@ from accelpact.runtime.ddp_buckets import isolate_buckets
 from accelpact.runtime.discard import (
     FSDP1_RESET,
     FSDP2_RESET,
-    DiscardReport,
+    DiscardResult,
     discard_partial_update,
     partial_state,
 )
@@ -173,7 +173,7 @@ def _interrupted_run(framework: str, variant: str, generation: int, reference: d
         optimizer.zero_grad(set_to_none=True)
     else:
         start = time.perf_counter()
-        report: DiscardReport = discard_partial_update(model, optimizer)
+        report: DiscardResult = discard_partial_update(model, optimizer)
         out["discard_s"] = time.perf_counter() - start
         out["report"] = report.to_dict()
         out["after"] = partial_state(model, optimizer)

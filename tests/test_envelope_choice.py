@@ -9,12 +9,11 @@ import logging
 import pytest
 
 from accelpact.config import Config
+from accelpact.envelope import DEFAULT_ENVELOPE, ObservationKey, choose_envelope
+from accelpact.envelope import choice as envelope_choice
+from accelpact.envelope import file as ef
 from accelpact.errors import ConfigError
-from accelpact.fsm.envelope import DEFAULT_ENVELOPE, ObservationKey
 from accelpact.fsm.phases import FailurePhase, RecoveryAction
-from accelpact.qualify import envelope_file as ef
-from accelpact.runtime import envelope_choice
-from accelpact.runtime.envelope_choice import choose_envelope
 
 PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
 

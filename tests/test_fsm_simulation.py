@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -131,7 +132,8 @@ def test_simulated_fault_schedules_keep_every_safety_property(case):
                      or sc.lost_votes or sc.guard_fail)
     assert len(res.actions) == 1, "OutcomeAgreement"
     committed = sc.failure_phase is FailurePhase.COMMITTED
-    if committed and not any(sc.frontier_skew.values()) and not sc.stepped and not effect_faults:
+    split = 0 < len(sc.stepped) < sc.world_size  # at a boundary, all ranks stepped alike or none did
+    if committed and not any(sc.frontier_skew.values()) and not split and not effect_faults:
         assert res.actions == {RecoveryAction.PRESERVE}
         return
     rewindable = (not committed and sc.rewind_phases and not any(sc.frontier_skew.values())
@@ -145,7 +147,50 @@ def test_simulated_fault_schedules_keep_every_safety_property(case):
         # only effect faults on ranks with nothing to repair, or crashes never reached, are harmless
         harmful = set(sc.rebind_miss) | set(sc.replace_fail) | set(sc.validate_fail)
         assert not (harmful & set(sc.failed_group))
-        assert committed and not any(sc.frontier_skew.values()) and not sc.stepped
+        assert committed and not any(sc.frontier_skew.values()) and not split
     if res.actions == {RecoveryAction.REWIND}:
         # a Rewind rebuilds every group on every rank: any effect fault anywhere would reject
         assert rewindable and not (sc.rebind_miss or sc.replace_fail or sc.validate_fail)
+
+
+# -- one vocabulary: the simulation takes every edge and requests exactly the table's effects ----
+
+COVERING = [
+    Scenario(world_size=3, failed_group=(0, 1)),  # preserve: decide_preserve, stand_by, release
+    Scenario(world_size=3, failed_group=(0, 1), failure_phase=FailurePhase.BACKWARD,
+             rewind_phases=(FailurePhase.BACKWARD,)),  # rewind
+    Scenario(world_size=3, failed_group=(0, 1), failure_phase=FailurePhase.OPTIMIZER, stepped=(0, 1, 2),
+             step_copies=(0, 1, 2), rewind_phases=(FailurePhase.OPTIMIZER,)),  # rewind undoing steps
+    Scenario(world_size=3, failed_group=(0, 1), frontier_skew={2: 1}),  # decide_reject
+    Scenario(world_size=3, failed_group=(0, 1), replace_fail=(0,)),  # replace_failed
+    Scenario(world_size=3, failed_group=(0, 1), rebind_miss=(1,)),  # rebind_failed
+    Scenario(world_size=3, failed_group=(0, 1), validate_fail=(0,)),  # release_reject
+    Scenario(world_size=3, failed_group=(0, 1), lost_reports=(2,)),  # abort after a gather timeout
+    # a lost vote: every rank waiting for the release times out and forces reject, whichever
+    # way it reached Validate
+    Scenario(world_size=3, failed_group=(0, 1), lost_votes=(2,)),
+    Scenario(world_size=3, failed_group=(0, 1), lost_votes=(2,), replace_fail=(0,)),
+    Scenario(world_size=3, failed_group=(0, 1), lost_votes=(2,), rebind_miss=(1,)),
+]
+
+
+def test_simulation_takes_every_table_edge_and_requests_only_the_effects_each_row_names():
+    edges, requests = set(), set()
+    for sc in COVERING:
+        for seed in range(4):
+            res = simulate(sc, seed=seed)
+            edges |= {(trig, src, dst) for _, trig, src, dst in res.trace}
+            requests |= {(trig, effect) for _, trig, effect in res.requests}
+    assert edges == set(table.edges()), set(table.edges()) ^ edges
+    declared = {(row.trigger, name) for row in table.TRANSITIONS for name in row.effects}
+    assert requests == declared, declared ^ requests
+
+
+def test_the_driver_refuses_an_effect_its_row_does_not_name(monkeypatch):
+    from accelpact.fsm import driver
+    from accelpact.fsm.machine import ProtocolError
+
+    rows = {row.trigger: row.effects for row in table.TRANSITIONS}
+    monkeypatch.setattr(driver, "effects_of", lambda trig: () if trig == "enter_guard" else rows.get(trig, ()))
+    with pytest.raises(ProtocolError, match="Quiesce requested after 'enter_guard'"):
+        simulate(Scenario(world_size=2, failed_group=(0, 1)))

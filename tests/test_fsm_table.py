@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from accelpact.envelope import DEFAULT_ENVELOPE, ObservationKey, UnknownObservationKey
 from accelpact.fsm import table
 from accelpact.fsm.decisions import (
     AgreementDecision,
@@ -13,7 +14,6 @@ from accelpact.fsm.decisions import (
     decide_agreement,
     decide_release,
 )
-from accelpact.fsm.envelope import DEFAULT_ENVELOPE, ObservationKey, UnknownObservationKey
 from accelpact.fsm.machine import ProtocolError, RecoveryContext, RecoveryMachine
 from accelpact.fsm.phases import FailurePhase, Phase, RecoveryAction
 
@@ -35,9 +35,22 @@ def all_reports(n=4, over=None):
 def test_every_phase_is_reachable_and_every_recovery_phase_can_reject():
     dests = {dst for _, _, dst in table.edges()}
     assert set(map(str, Phase)) <= dests | {"Train"}
-    rejectable = {src for _, src, dst in table.edges() if dst == "Reject"}
+    rejectable = {"Reject"}
+    while True:  # phases with a path to Reject
+        more = {src for _, src, dst in table.edges() if dst in rejectable} - rejectable
+        if not more:
+            break
+        rejectable |= more
     for p in ("Observe", "Guard", "Agree", "Replace", "Rebind", "Validate"):
         assert p in rejectable, f"{p} has no path to Reject"
+
+
+def test_the_effects_column_names_every_effect_class_and_nothing_else():
+    from accelpact.fsm.effects import EFFECTS, EFFECTS_BY_NAME
+
+    named = {name for row in table.TRANSITIONS for name in row.effects}
+    assert named == set(EFFECTS_BY_NAME), named ^ set(EFFECTS_BY_NAME)
+    assert len({cls.handler for cls in EFFECTS}) == len(EFFECTS)  # one handler per effect
 
 
 def test_resume_only_from_validate_and_only_under_resume_outcome():
@@ -128,7 +141,7 @@ def test_release_requires_outcome_register():
 def test_agreement_preserves_when_all_committed_and_equal():
     d = decide_agreement(all_reports(), 4)
     assert d.action is RecoveryAction.PRESERVE
-    assert (d.frontier, d.generation) == (7, 1)
+    assert (d.frontier, d.generation) == (8, 1)  # F=7 committed; the boundary's update 8 commits
     assert d.failed_groups == (REP,)
     assert d.repair_ranks == {0, 2}
     assert AgreementDecision.from_dict(d.to_dict()) == d
@@ -142,6 +155,7 @@ def test_agreement_preserves_when_all_committed_and_equal():
         ({2: {"tau": 8}}, "optimizer step tau mismatch"),
         ({0: {"phi": FailurePhase.BACKWARD}}, "outside a committed boundary"),
         ({1: {"guard_ok": False, "guard_reason": "unit 3 not idle"}}, "guard failed on rank 1: unit 3 not idle"),
+        ({2: {"preserve_qualified": False}}, "envelope does not qualify preserve at a committed boundary on ranks [2]"),
     ],
 )
 def test_agreement_rejects_any_mismatch(over, needle):
@@ -160,7 +174,7 @@ def interrupted(n=4, over=None, phi=FailurePhase.BACKWARD):
     out = []
     for r in range(n):
         mid = r in (0, 2)
-        kw = dict(phi=phi if mid else FailurePhase.COMMITTED, F=7 if mid else 8, tau=7, base_frontier=7,
+        kw = dict(phi=phi if mid else FailurePhase.COMMITTED, F=7, tau=7,
                   rewind_phases=UNCOMMITTED, rerun_ok=True, held_groups=(REP, DATA) if mid else (DATA,))
         kw.update(over.get(r, {}))
         out.append(report(r, **kw))
@@ -180,7 +194,7 @@ def test_agreement_rewinds_an_interrupted_update_everyone_can_rerun():
     [
         ({1: {"tau": 8}}, "split optimizer step: ranks [1] applied (or began) update 8, ranks [0, 2, 3] did not"),
         ({r: {"tau": 8} for r in range(4)}, "every rank applied (or began) update 8"),
-        ({3: {"base_frontier": 6}}, "frontier F mismatch"),
+        ({3: {"F": 6}}, "frontier F mismatch"),
         ({1: {"g": 2}}, "generation g mismatch"),
         ({0: {"rewind_phases": (FailurePhase.FORWARD,)}}, "envelope does not qualify rewind for phase backward on ranks [0]"),
         ({3: {"rerun_ok": False, "rerun_reason": "update body is not re-runnable"}},
@@ -261,3 +275,49 @@ def test_failure_phase_parse_names_the_bad_value():
     assert FailurePhase.parse(" Backward") is FailurePhase.BACKWARD
     with pytest.raises(ValueError, match="'sideways'.*forward, backward"):
         FailurePhase.parse("sideways")
+
+
+# -- policies moved out of the executor ----------------------------------------------------------
+
+
+def test_a_failure_inside_the_step_counts_the_step_as_applied():
+    from accelpact.fsm.decisions import applied_steps, must_undo_step
+
+    assert applied_steps(7, 7, FailurePhase.OPTIMIZER) == 8  # may be half applied
+    assert applied_steps(7, 7, FailurePhase.BACKWARD) == 7
+    assert applied_steps(8, 7, FailurePhase.COMMITTED) == 8
+    assert must_undo_step(8, 7) and not must_undo_step(7, 7)
+
+
+@pytest.mark.parametrize(
+    "change, needle",
+    [
+        (dict(in_step=False), "use rt.step(fn)"),
+        (dict(snapshot_frontier=None, snapshot_problem="(no state_dict)"), "no boundary snapshot of F=7 (no state_dict)"),
+        (dict(has_data_cursor=False), "no data cursor"),
+        (dict(rewinds=3), "already rewound 3 time(s)"),
+        (dict(unisolated_ddp="DDP model: has its own comm hook"), "has its own comm hook"),
+    ],
+)
+def test_may_rerun_names_what_stops_a_rank_from_rewinding(change, needle):
+    from dataclasses import replace
+
+    from accelpact.fsm.decisions import RerunFacts, may_rerun
+
+    ok = RerunFacts(frontier=7, update=8, failure_phase=FailurePhase.BACKWARD, in_step=True, snapshot_frontier=7,
+                    has_data_cursor=True, rewinds=0, max_rewinds=3)
+    assert may_rerun(ok) == (True, "")
+    allowed, why = may_rerun(replace(ok, **change))
+    assert not allowed and needle in why
+
+
+def test_envelope_facts_read_preserve_and_rewind_for_the_platform_and_profile():
+    from accelpact.envelope import permissive_envelope
+    from accelpact.fsm.decisions import envelope_facts
+
+    facts = envelope_facts(DEFAULT_ENVELOPE, "cpu-gloo", "fsdp2-hsdp")
+    assert facts.preserve and facts.rewind_phases == ()
+    facts = envelope_facts(permissive_envelope("cpu-gloo", "ddp"), "cpu-gloo", "ddp")
+    assert facts.preserve and set(facts.rewind_phases) == set(UNCOMMITTED)
+    with pytest.raises(UnknownObservationKey, match="zero3"):
+        envelope_facts(DEFAULT_ENVELOPE, "cpu-gloo", "zero3")

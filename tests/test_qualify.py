@@ -10,18 +10,20 @@ import os
 import pytest
 
 from accelpact import cli
-from accelpact.fsm.envelope import PROFILES, Envelope, ObservationKey
-from accelpact.fsm.phases import FailurePhase, RecoveryAction
-from accelpact.qualify import envelope_file as ef
-from accelpact.qualify import probes
-from accelpact.qualify.envelope_file import (
+from accelpact.envelope import (
     EXPECTED_ACTION,
+    PROFILES,
     CorruptEnvelopeError,
+    Envelope,
     MissingEnvelopeError,
+    ObservationKey,
     ProbeResult,
     QualifiedRow,
     StaleEnvelopeError,
 )
+from accelpact.envelope import file as ef
+from accelpact.fsm.phases import FailurePhase, RecoveryAction
+from accelpact.qualify import probes
 
 FP = {"torch": "2.13.0", "backend": "gloo", "device": "cpu", "accelpact": "0.1.0", "python": "3.11"}
 REBUILD_OK = ProbeResult("rebuild", 3, 3, None, repair_s=(0.004, 0.005, 0.006), detect_s=(1.0, 1.01, 1.0))

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from accelpact import report
-from accelpact.report import format_summary, load_traces, split_attempts, summarize, timeline
+from accelpact import run_report
+from accelpact.run_report import format_summary, load_traces, split_attempts, summarize, timeline
 
 HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 
@@ -124,6 +124,6 @@ def test_report_without_matplotlib_still_prints(monkeypatch, tmp_path, capsys):
     for rank, recs in _restart_traces().items():
         (tmp_path / f"trace-rank{rank}.jsonl").write_text("\n".join(json.dumps(r) for r in recs))
     monkeypatch.setitem(sys.modules, "matplotlib", None)
-    assert report.main([str(tmp_path)]) == 0
+    assert run_report.main([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "matplotlib is not installed" in out and "updates lost 2" in out

@@ -13,7 +13,7 @@ import pytest
 from accelpact.fsm import table
 from accelpact.testing.drills import Drill, run_drill
 from accelpact.testing.spawn import run_world
-from model_checking.trace import assert_valid_run, check_run
+from model_checking.trace_validation import assert_valid_run, check_run
 
 pytestmark = pytest.mark.multiproc
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 import accelpact
-from model_checking.trace import assert_valid_run
+from model_checking.trace_validation import assert_valid_run
 
 pytestmark = pytest.mark.multiproc
 

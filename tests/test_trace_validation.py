@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from model_checking import check
-from model_checking.trace import (
+from model_checking.trace_validation import (
     check_runs,
     merge,
     read_run,

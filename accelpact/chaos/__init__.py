@@ -6,7 +6,7 @@ torchrun job across them, and a nemesis that cuts and restores node links mid-tr
 turns the records into one row per cut, and `campaign` runs bounded campaigns (`make chaos`).
 """
 
-from .analysis import CutReport, RunReport, analyse, format_table, load_run
+from .analysis import CutResult, ScenarioResult, analyse, format_table, load_run
 from .job import Job, JobSpec
 from .nemesis import Cut, CutMethod, Nemesis, cut_commands, parse_schedule, plan_random
 from .topology import ChaosUnavailable, Topology, TopologyError, TopologySpec, emulated_nodes, preflight
@@ -15,11 +15,11 @@ __all__ = [
     "ChaosUnavailable",
     "Cut",
     "CutMethod",
-    "CutReport",
+    "CutResult",
     "Job",
     "JobSpec",
     "Nemesis",
-    "RunReport",
+    "ScenarioResult",
     "Topology",
     "TopologyError",
     "TopologySpec",

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CutReport", "RunRecords", "RunReport", "analyse", "format_table", "load_run"]
+__all__ = ["CutResult", "RunRecords", "ScenarioResult", "analyse", "format_table", "load_run"]
 
 
 @dataclass
@@ -47,7 +47,7 @@ class RunRecords:
 
 
 @dataclass
-class CutReport:
+class CutResult:
     index: int
     method: str
     length_s: float  # measured: cut in effect → restore done
@@ -69,9 +69,9 @@ class CutReport:
 
 
 @dataclass
-class RunReport:
+class ScenarioResult:
     name: str
-    cuts: list[CutReport]
+    cuts: list[CutResult]
     bitwise: str  # IDENTICAL | DIFFERENT (…) | n/a (why)
     completed: bool
     returncodes: list[int | None]
@@ -154,7 +154,7 @@ def _attempt_traces(traces: dict[int, list[dict[str, Any]]], attempt: int) -> di
     return out
 
 
-def analyse(rec: RunRecords, name: str = "run") -> RunReport:
+def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
     cuts_log = {r["index"]: r for r in rec.nemesis if r.get("kind") == "cut"}
     restores = {r["index"]: r for r in rec.nemesis if r.get("kind") == "restore" and r.get("index", -1) >= 0}
     skipped = {r["index"]: r for r in rec.nemesis if r.get("kind") == "skipped"}
@@ -172,7 +172,7 @@ def analyse(rec: RunRecords, name: str = "run") -> RunReport:
                     update=planned["update"])
         if i not in cuts_log:
             why = skipped.get(i, {}).get("why", "not reached")
-            reports.append(CutReport(**base, length_s=0.0, outcome="skipped", landed="-", note=why))
+            reports.append(CutResult(**base, length_s=0.0, outcome="skipped", landed="-", note=why))
             continue
         cut = cuts_log[i]
         lo = cut["t_start"]
@@ -218,7 +218,7 @@ def analyse(rec: RunRecords, name: str = "run") -> RunReport:
             detect = min(b["t_out"] for b in errored) - cut["t"]
 
         failed = sorted({g for r in recs for g in r.get("failed_groups", [])})
-        report = CutReport(**base, length_s=round(length, 3), outcome=outcome, landed=landed,
+        report = CutResult(**base, length_s=round(length, 3), outcome=outcome, landed=landed,
                            detect_s=detect, failed_groups=failed,
                            same_node_replaced=any(_same_node(g, placement) for g in failed))
         if outcome == "preserve":
@@ -268,7 +268,7 @@ def analyse(rec: RunRecords, name: str = "run") -> RunReport:
     elif not completed:
         message = f"job did not finish (agent exit codes {rec.returncodes})"
     restarts = max([a.get("attempt", 0) for a in attaches] or [0])
-    return RunReport(name=name, cuts=reports, bitwise=mism or ("n/a (no result)" if rec.result is None else "n/a"),
+    return ScenarioResult(name=name, cuts=reports, bitwise=mism or ("n/a (no result)" if rec.result is None else "n/a"),
                      completed=completed, returncodes=rec.returncodes, placement=placement, restarts=restarts,
                      trace_dir=rec.trace_dir, message=message)
 
@@ -281,7 +281,7 @@ TABLE_HEADERS = ["run", "#", "method", "length", "anchor", "landed", "outcome", 
                  "restore→progress", "replayed", "bitwise"]
 
 
-def table_rows(reports: Iterable[RunReport]) -> list[list[str]]:
+def table_rows(reports: Iterable[ScenarioResult]) -> list[list[str]]:
     rows = []
     for run in reports:
         for c in run.cuts:
@@ -294,7 +294,7 @@ def table_rows(reports: Iterable[RunReport]) -> list[list[str]]:
     return rows
 
 
-def format_table(reports: Sequence[RunReport]) -> str:
+def format_table(reports: Sequence[ScenarioResult]) -> str:
     rows = table_rows(reports)
     cells = [TABLE_HEADERS] + rows
     widths = [max(len(r[i]) for r in cells) for i in range(len(TABLE_HEADERS))]

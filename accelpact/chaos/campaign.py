@@ -20,10 +20,10 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .analysis import RunReport, analyse, format_table, load_run
+from .analysis import ScenarioResult, analyse, format_table, load_run
 from .job import Job, JobSpec
 from .nemesis import Cut, CutMethod, Nemesis, format_schedule, method_available, parse_schedule, plan_random
 from .topology import ChaosUnavailable, Topology, TopologySpec, emulated_nodes
@@ -38,7 +38,6 @@ class Scenario:
     cuts: tuple[Cut, ...]
     timeout_s: float = 150.0
     expect: str = ""  # what the scenario is meant to show, for the printout
-    tags: tuple[str, ...] = field(default_factory=tuple)
 
 
 def length_classes(job: JobSpec) -> dict[str, float]:
@@ -94,7 +93,7 @@ def default_campaign(seed: int = 7, *, quick: bool = False) -> list[Scenario]:
     ]
 
 
-def run_scenario(sc: Scenario, out: Path, *, topo: Topology | None = None, log=print) -> RunReport:
+def run_scenario(sc: Scenario, out: Path, *, topo: Topology | None = None, log=print) -> ScenarioResult:
     """One scenario, on `topo` or on a fresh fabric of its own (then torn down whatever happens)."""
     root = out / sc.name
     if root.exists():
@@ -124,7 +123,7 @@ def run_scenario(sc: Scenario, out: Path, *, topo: Topology | None = None, log=p
     return report
 
 
-def run_campaign(scenarios: Sequence[Scenario], out: Path, *, budget_s: float = 300.0, log=print) -> list[RunReport]:
+def run_campaign(scenarios: Sequence[Scenario], out: Path, *, budget_s: float = 300.0, log=print) -> list[ScenarioResult]:
     """Scenarios in order, one at a time, skipping those that no longer fit in `budget_s`."""
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -138,7 +137,7 @@ def run_campaign(scenarios: Sequence[Scenario], out: Path, *, budget_s: float = 
     return reports
 
 
-def landing_summary(reports: Sequence[RunReport]) -> str:
+def landing_summary(reports: Sequence[ScenarioResult]) -> str:
     """Where cuts landed, per anchor kind: the honest fraction that Preserve can handle."""
     lines = []
     for aligned in (True, False):
@@ -153,7 +152,7 @@ def landing_summary(reports: Sequence[RunReport]) -> str:
     return "\n".join(lines)
 
 
-def print_summary(reports: Sequence[RunReport], out: Path, log=print) -> bool:
+def print_summary(reports: Sequence[ScenarioResult], out: Path, log=print) -> bool:
     log("\n" + format_table(reports))
     log("\nwhere cuts landed → outcome:\n" + landing_summary(reports))
     rtp = [c.restore_to_progress_s for r in reports for c in r.cuts

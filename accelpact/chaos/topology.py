@@ -26,6 +26,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import AccelPactError
+
 __all__ = [
     "ChaosUnavailable",
     "OWNER_DIR",
@@ -43,11 +45,11 @@ OWNER_DIR = Path("/run/accelpact-chaos")
 PREFIX = "apc"
 
 
-class ChaosUnavailable(RuntimeError):
+class ChaosUnavailable(AccelPactError, RuntimeError):
     """This machine cannot emulate nodes (not root, or iproute2 missing): skip, do not fail."""
 
 
-class TopologyError(RuntimeError):
+class TopologyError(AccelPactError, RuntimeError):
     """An `ip` command that builds or changes the emulated fabric failed."""
 
 

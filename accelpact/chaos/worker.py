@@ -56,12 +56,12 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks) 
     """Wrap this runtime's health check and boundary check with marks, and add the dwell hook."""
     attempt = rt.attempt
     state: dict[str, Any] = {}
-    health = rt._health_check
+    health = rt.data_plane.health_check
     boundary_check = rt.control.boundary_check
 
-    def timed_health_check():
+    def timed_health_check(listeners=()):
         state["health_in"] = time.monotonic()
-        failed, causes = health()
+        failed, causes = health(listeners)
         state["health_out"] = time.monotonic()
         state["failed"] = [g.key for g in failed]
         state["causes"] = causes
@@ -75,12 +75,12 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks) 
         try:
             result = boundary_check(flag)
         except Exception as exc:
-            marks.write({**record, "t_out": time.monotonic(), "error": str(exc)[:300]})
+            marks.write({**record, "t_out": time.monotonic(), "error": f"{type(exc).__name__}: {exc}"[:300]})
             raise
         marks.write({**record, "t_out": time.monotonic(), "result": result})
         return result
 
-    rt._health_check = timed_health_check
+    rt.data_plane.health_check = timed_health_check
     rt.control.boundary_check = timed_boundary_check
 
     if dwell and dwell_s > 0:

@@ -18,7 +18,7 @@ from .errors import (
     Refusal,
     RestartBudgetExceeded,
 )
-from .manager import CheckpointManager, LoadReport, SaveReport
+from .manager import CheckpointManager, RestoreResult, SaveResult
 from .manifest import FileEntry, Manifest, parse_manifest
 from .verify import Verdict, verify_step_dir
 
@@ -33,13 +33,13 @@ __all__ = [
     "CheckpointManager",
     "CheckpointSaveError",
     "FileEntry",
-    "LoadReport",
     "Manifest",
     "ManifestError",
     "NoVerifiedCheckpointError",
     "Refusal",
     "RestartBudgetExceeded",
-    "SaveReport",
+    "RestoreResult",
+    "SaveResult",
     "Stateful",
     "Verdict",
     "capture_rng_state",

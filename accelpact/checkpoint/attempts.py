@@ -25,7 +25,7 @@ from .events import log_event
 from .fsio import append_durable
 
 if TYPE_CHECKING:
-    from .manager import LoadReport
+    from .manager import RestoreResult
 
 ATTEMPTS_NAME = "attempts.jsonl"
 RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
@@ -136,7 +136,7 @@ class AttemptLog:
         return self.append(AttemptRecord(self.run_id, self.attempt, FAIL_STOP, _now(), frontier=frontier,
                                          reason=reason))
 
-    def record_restore(self, report: LoadReport, *, failure_frontier: int | None = None) -> AttemptRecord:
+    def record_restore(self, report: RestoreResult, *, failure_frontier: int | None = None) -> AttemptRecord:
         """A restart restored ``report``'s checkpoint; replayed updates use the last fail-stop frontier."""
         frontier = self.last_failure_frontier() if failure_frontier is None else failure_frontier
         return self.append(AttemptRecord(
@@ -168,5 +168,5 @@ def check_restart_budget(
                f"{recorded} fail-stops recorded) > max_restarts={max_restarts}; stopping instead of retrying "
                "- inspect the failures before resubmitting")
         log_event(logging.ERROR, "checkpoint.restart_budget_exceeded", msg, used=used, max_restarts=max_restarts)
-        raise RestartBudgetExceeded(msg)
+        raise RestartBudgetExceeded(msg, used=used, max_restarts=max_restarts, attempt=current, recorded=recorded)
     return used

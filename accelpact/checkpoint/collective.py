@@ -60,4 +60,5 @@ class Comm:
         failed = [(r, e) for r, e in enumerate(errors) if e]
         if failed:
             detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
-            raise exc(f"{what} failed on {len(failed)} of {self.world_size} rank(s): {detail}")
+            raise exc(f"{what} failed on {len(failed)} of {self.world_size} rank(s): {detail}",
+                      ranks=[r for r, _ in failed])

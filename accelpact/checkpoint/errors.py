@@ -1,7 +1,8 @@
 """Errors of the checkpoint layer: each names what is wrong, where, and what was expected.
 
-They all derive from :class:`CheckpointError` so a runtime can fail-stop on the whole family,
-except :class:`RestartBudgetExceeded`, which is a decision to stop, not a checkpoint fault.
+They all derive from :class:`CheckpointError` (defined in :mod:`accelpact.errors`, under
+:class:`~accelpact.errors.AccelPactError`) so a runtime can fail-stop on the whole family, except
+:class:`RestartBudgetExceeded`, which is a decision to stop, not a checkpoint fault.
 """
 
 from __future__ import annotations
@@ -9,9 +10,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..errors import CheckpointError, RestartBudgetExceeded
 
-class CheckpointError(RuntimeError):
-    """Base of every checkpoint-layer failure."""
+__all__ = [
+    "CheckpointError",
+    "CheckpointExistsError",
+    "CheckpointLayoutError",
+    "CheckpointLoadError",
+    "CheckpointSaveError",
+    "ManifestError",
+    "NoVerifiedCheckpointError",
+    "Refusal",
+    "RestartBudgetExceeded",
+]
 
 
 class ManifestError(CheckpointError, ValueError):
@@ -38,7 +49,7 @@ class CheckpointLayoutError(CheckpointError):
     """
 
     def __init__(self, message: str, *, step: int, saved: str, current: str) -> None:
-        super().__init__(message)
+        super().__init__(message, step=step, saved=saved, current=current)
         self.step = step
         self.saved = saved
         self.current = current
@@ -66,9 +77,6 @@ class NoVerifiedCheckpointError(CheckpointError):
         self.refusals = tuple(refusals)
         lines = "\n".join(f"  - {r}" for r in self.refusals) or "  (none listed)"
         super().__init__(
-            f"no verified checkpoint under {root}: {len(self.refusals)} candidate(s) refused:\n{lines}"
+            f"no verified checkpoint under {root}: {len(self.refusals)} candidate(s) refused:\n{lines}",
+            root=root,
         )
-
-
-class RestartBudgetExceeded(RuntimeError):
-    """The run has used up its restart budget: stop and alert instead of retrying forever."""

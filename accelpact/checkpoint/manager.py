@@ -58,7 +58,7 @@ INFO, WARNING = logging.INFO, logging.WARNING
 
 
 @dataclass(frozen=True)
-class SaveReport:
+class SaveResult:
     """What one save published and what it cost (seconds are wall time on this rank)."""
 
     step: int
@@ -74,7 +74,7 @@ class SaveReport:
 
 
 @dataclass(frozen=True)
-class LoadReport:
+class RestoreResult:
     """Which checkpoint was restored, what was refused on the way, and what it cost."""
 
     step: int
@@ -184,7 +184,7 @@ class CheckpointManager:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None,
         app_state: AppState,
-    ) -> SaveReport:
+    ) -> SaveResult:
         """Collectively save and publish ``step-<step>``; every rank must call it with the same step.
 
         Raises CheckpointExistsError (all ranks) if the step is already published, and
@@ -277,7 +277,7 @@ class CheckpointManager:
         result = _agreed(comm, result, f"publishing step {step} failed on rank 0")
         t_end = time.perf_counter()
         (nbytes, nfiles), deleted = result[1], result[2]
-        report = SaveReport(
+        report = SaveResult(
             step=step, path=str(self.step_dir(step)), bytes=nbytes, files=nfiles, seconds=t_end - t0,
             write_seconds=t_written - t0, hash_seconds=t_hashed - t_written, publish_seconds=t_end - t_hashed,
             deleted=tuple(deleted), cleaned_tmp=tuple(cleaned),
@@ -346,7 +346,7 @@ class CheckpointManager:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | None,
         app_state: AppState,
-    ) -> LoadReport | None:
+    ) -> RestoreResult | None:
         """Collectively restore the newest verified checkpoint into model, optimizer and app state.
 
         Returns None when the root holds no checkpoint at all (a fresh start). Raises
@@ -401,7 +401,7 @@ class CheckpointManager:
         comm.agree(local, f"restoring {sel.name} (model, optimizer, app state)", CheckpointLoadError)
 
         manifest = verify_step_dir(path, hash_files=False).manifest
-        report = LoadReport(
+        report = RestoreResult(
             step=sel.step, path=str(path), frontier=app_state.frontier, opt_step=app_state.opt_step,
             saved_attempt=str(payload.get("attempt", "")), refused=sel.refusals, latest_note=sel.latest_note,
             bytes=manifest.total_bytes if manifest else 0, seconds=time.perf_counter() - t0,

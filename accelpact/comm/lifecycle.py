@@ -36,6 +36,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
 
 from accelpact.comm import _c10d
+from accelpact.errors import AccelPactError
 
 __all__ = [
     "MembershipError",
@@ -49,7 +50,7 @@ __all__ = [
 ]
 
 
-class MembershipError(ValueError):
+class MembershipError(AccelPactError, ValueError):
     """The caller is not a member, or a replacement would not have identical membership."""
 
 

@@ -15,10 +15,12 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
+from ..errors import AccelPactError
+
 __all__ = ["GroupValidationError", "ValidationResult", "validate_group"]
 
 
-class GroupValidationError(RuntimeError):
+class GroupValidationError(AccelPactError, RuntimeError):
     """The validation all-reduce returned a sum that the expected members cannot produce."""
 
 

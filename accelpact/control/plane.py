@@ -2,9 +2,10 @@
 
 Why two channels: collectives over the control group carry the per-update boundary check and the
 rank reports (everyone needs everyone's), while *outcomes* go through a single compare-and-set
-register in the rendezvous store. The register is written once per recovery: rank 0 writes
-"resume" after every rank voted ok; any rank that times out writes "reject" if it is still
-empty. Every rank then follows the register's one value, so no rank can resume while another
+register in the rendezvous store. The register is written once per recovery: rank 0 collects the
+votes, the runtime's release handler decides (`decisions.decide_release`) and rank 0 publishes;
+any rank that times out writes "reject" if it is still empty. This module only moves bytes: it
+decides nothing. Every rank then follows the register's one value, so no rank can resume while another
 rejects (OutcomeAgreement), even if a rank dies mid-protocol. Under torchrun the store is hosted
 by the elastic agent, so it outlives any worker.
 
@@ -17,13 +18,13 @@ from __future__ import annotations
 import datetime
 import json
 import logging
-import time
-from collections.abc import Callable
+import secrets
 
 import torch
 import torch.distributed as dist
 
-from ..fsm.decisions import ReleaseVote, decide_release
+from ..errors import ControlPlaneError
+from ..fsm.decisions import ReleaseVote
 
 log = logging.getLogger("accelpact.control")
 
@@ -31,22 +32,27 @@ log = logging.getLogger("accelpact.control")
 GATHER_BYTES = 8192
 
 
-class ControlPlaneError(RuntimeError):
-    """The control plane timed out or lost a peer; the recovery must reject."""
-
-
 class ControlPlane:
-    def __init__(self, *, timeout_s: float, namespace: str, store: dist.Store | None = None):
+    def __init__(self, *, timeout_s: float, attempt: int, store: dist.Store | None = None):
         if not dist.is_initialized():
-            raise RuntimeError("accelpact needs torch.distributed initialised (init_process_group) before attach")
+            raise ControlPlaneError("accelpact needs torch.distributed initialised (init_process_group) before attach")
         self.rank = dist.get_rank()
         self.world_size = dist.get_world_size()
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
         # Every world rank calls this once at attach, so plain new_group is safe here.
         self.group = dist.new_group(backend="gloo", timeout=self.timeout)
+        # Outcome registers must never be reused: keys are scoped by restart attempt and by a
+        # token rank 0 draws for this attach and every rank receives over the new group (no
+        # process-global counter, and a key nobody can guess in advance).
+        token = torch.tensor([secrets.randbits(62) if self.rank == 0 else 0], dtype=torch.int64)
+        try:
+            dist.broadcast(token, src=0, group=self.group)
+        except Exception as exc:  # gloo raises RuntimeError/DistError kinds
+            raise ControlPlaneError(f"control plane could not agree on its namespace: {type(exc).__name__}: {exc}") from exc
+        self.namespace = f"attempt{attempt}/{int(token.item()):016x}"
         base = store if store is not None else dist.distributed_c10d._get_default_store()
-        self.store = dist.PrefixStore(f"accelpact/{namespace}/", base)
+        self.store = dist.PrefixStore(f"accelpact/{self.namespace}/", base)
         self.seq = 0  # control-plane sequence number: equal on every rank at the same protocol step
         self._flag = torch.zeros(1, dtype=torch.int64)
 
@@ -93,57 +99,69 @@ class ControlPlane:
         return f"{epoch}/outcome"
 
     def force_reject(self, epoch: str, reason: str) -> str:
-        """Set the register to "reject" unless already decided; return its value."""
+        """Set the register to "reject" unless already decided; return its value.
+        ControlPlaneError when the store cannot be reached."""
         self.seq += 1
         try:
             self.store.set(f"{epoch}/reject-reason/{self.rank}", reason)
             value = self.store.compare_set(self._outcome_key(epoch), "", "reject")
-        except Exception as exc:  # store gone: nobody can release either
-            log.error("outcome register unreachable: %s", exc, extra={"epoch": epoch})
-            return "reject"
+        except Exception as exc:  # torch raises RuntimeError/DistStoreError/DistNetworkError
+            raise ControlPlaneError(f"outcome register unreachable: {type(exc).__name__}: {exc}") from exc
         return _decode(value)
 
-    def vote(self, epoch: str, ok: bool, reason: str, on_decided: Callable[[str], None] | None = None) -> str:
-        """Post this rank's release vote; rank 0 decides; everyone reads the register."""
+    def post_vote(self, epoch: str, vote: ReleaseVote) -> None:
+        """Post this rank's release vote."""
         self.seq += 1
-        key = self._outcome_key(epoch)
-        self.store.set(f"{epoch}/vote/{self.rank}", json.dumps({"ok": ok, "reason": reason}))
-        deadline = time.monotonic() + self.timeout_s
-        if self.rank == 0:
-            keys = [f"{epoch}/vote/{r}" for r in range(self.world_size)]
-            try:
-                self.store.wait(keys, self.timeout)
-                votes = [ReleaseVote(r, **json.loads(self.store.get(k))) for r, k in enumerate(keys)]
-            except Exception as exc:
-                votes = []
-                log.warning("release votes incomplete: %s", exc, extra={"epoch": epoch})
-            release, reasons = decide_release(votes, self.world_size)
-            if reasons:
-                self.store.set(f"{epoch}/release-reasons", json.dumps(list(reasons)))
-            value = _decode(self.store.compare_set(key, "", "resume" if release else "reject"))
-            if on_decided:
-                on_decided(value)
-            return value
-        remaining = max(0.001, deadline - time.monotonic())
         try:
-            self.store.wait([key], datetime.timedelta(seconds=remaining))
+            self.store.set(f"{epoch}/vote/{vote.rank}", json.dumps({"ok": vote.ok, "reason": vote.reason}))
+        except Exception as exc:  # torch raises plain RuntimeError/DistStoreError for a lost store
+            raise ControlPlaneError(f"posting the release vote failed: {type(exc).__name__}: {exc}") from exc
+
+    def collect_votes(self, epoch: str) -> list[ReleaseVote | None]:
+        """Rank 0: every rank's vote, waiting up to the control timeout; None where missing."""
+        keys = [f"{epoch}/vote/{r}" for r in range(self.world_size)]
+        try:
+            self.store.wait(keys, self.timeout)
+        except Exception as exc:  # a missing vote is evidence for the decision, not an error here
+            log.warning("release votes incomplete: %s: %s", type(exc).__name__, exc, extra={"epoch": epoch})
+        votes: list[ReleaseVote | None] = []
+        for r, key in enumerate(keys):
+            try:
+                votes.append(ReleaseVote(r, **json.loads(self.store.get(key))) if self.store.check([key]) else None)
+            except (RuntimeError, ValueError, TypeError) as exc:
+                log.warning("vote of rank %d unreadable: %s: %s", r, type(exc).__name__, exc, extra={"epoch": epoch})
+                votes.append(None)
+        return votes
+
+    def publish_outcome(self, epoch: str, value: str, reasons: tuple[str, ...] = ()) -> str:
+        """Rank 0: write the decided outcome unless the register is already set; returns its value."""
+        if reasons:
+            self.store.set(f"{epoch}/release-reasons", json.dumps(list(reasons)))
+        return _decode(self.store.compare_set(self._outcome_key(epoch), "", value))
+
+    def await_outcome(self, epoch: str, timeout_s: float) -> str:
+        """Wait for the register to be written; ControlPlaneError if it is not within `timeout_s`."""
+        key = self._outcome_key(epoch)
+        try:
+            self.store.wait([key], datetime.timedelta(seconds=max(0.001, timeout_s)))
             return _decode(self.store.get(key))
-        except Exception as exc:
-            raise ControlPlaneError(f"no release decision within {self.timeout_s}s: {exc}") from exc
+        except Exception as exc:  # torch raises DistStoreError (a RuntimeError) on timeout
+            raise ControlPlaneError(f"no release decision within {timeout_s:.1f}s: {type(exc).__name__}: {exc}") from exc
 
     def release_reasons(self, epoch: str) -> list[str]:
+        """Why rank 0 decided reject (diagnostics for the evidence; empty if unreadable)."""
         try:
             if self.store.check([f"{epoch}/release-reasons"]):
                 return json.loads(self.store.get(f"{epoch}/release-reasons"))
-        except Exception:  # pragma: no cover - diagnostics only
-            pass
+        except (RuntimeError, ValueError) as exc:  # pragma: no cover - store gone at fail-stop
+            return [f"release reasons unreadable: {type(exc).__name__}: {exc}"]
         return []
 
     def close(self) -> None:
         try:
             dist.destroy_process_group(self.group)
-        except Exception:  # pragma: no cover - best effort at shutdown
-            pass
+        except (RuntimeError, ValueError) as exc:  # pragma: no cover - best effort at shutdown
+            log.debug("closing the control group: %s: %s", type(exc).__name__, exc)
 
 
 def _decode(value: bytes | str) -> str:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 
+from ..errors import AccelPactError
 from .plan import Fault, FaultKind
 
 log = logging.getLogger("accelpact.faults")
@@ -18,12 +20,17 @@ log = logging.getLogger("accelpact.faults")
 LATE_MARGIN_S = 0.5
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(AccelPactError, RuntimeError):
     """This rank skipped the rest of its update's collectives on purpose (a `skip` fault)."""
 
     def __init__(self, fault: Fault):
         super().__init__(f"injected fault {fault}: rank skipped its collectives")
         self.fault = fault
+
+    @property
+    def failure_cause(self) -> str:
+        """How the runtime names this failure (any exception may declare one)."""
+        return f"injected {self.fault}"
 
 
 def perform(fault: Fault, *, data_timeout_s: float) -> None:
@@ -38,9 +45,9 @@ def perform(fault: Fault, *, data_timeout_s: float) -> None:
 
 
 def kill_self() -> None:
-    for stream in ("stdout", "stderr"):
+    for stream in (sys.stdout, sys.stderr):
         try:
-            getattr(__import__("sys"), stream).flush()
-        except Exception:  # pragma: no cover
-            pass
+            stream.flush()
+        except (OSError, ValueError):  # pragma: no cover - a closed stream: nothing to flush
+            continue
     os.kill(os.getpid(), signal.SIGKILL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from ..envelope.model import Envelope, ObservationKey, UnknownObservationKey
 from .phases import FailurePhase, RecoveryAction
 
 
@@ -44,15 +45,18 @@ class RankReport:
     """What one rank contributes to frontier agreement."""
 
     rank: int
-    frontier: int  # F this rank would hold if the update at hand counts (F+1 at a committed boundary)
+    #: F: the committed frontier, updates committed before the update at hand (F+1). A report
+    #: with phase `committed` says update F+1 finished on this rank; Preserve then commits it.
+    frontier: int
     generation: int  # g: communicator generation
-    opt_step: int  # tau: optimizer steps applied (F+1 if the failure struck inside optimizer.step())
+    opt_step: int  # tau: optimizer steps applied, as `applied_steps` counts them
     failure_phase: FailurePhase  # phi as seen by this rank (committed for ranks that only joined)
     failed_groups: tuple[GroupId, ...] = ()
     guard_ok: bool = True
     guard_reason: str = ""
-    #: F committed before the interrupted update (what a Rewind goes back to); None: `frontier`
-    base_frontier: int | None = None
+    #: whether this rank's envelope qualifies Preserve at a committed boundary (a fact read from
+    #: the envelope; `decide_agreement` applies it)
+    preserve_qualified: bool = True
     #: Rewind inputs: failure phases this rank's envelope qualifies Rewind for; whether this
     #: rank can re-run the update from its boundary snapshot (and why not); whether it holds a
     #: host copy of its pre-step state; every data-plane group it holds (a Rewind rebuilds all).
@@ -61,10 +65,6 @@ class RankReport:
     rerun_reason: str = ""
     step_copy: bool = False
     held_groups: tuple[GroupId, ...] = ()
-
-    @property
-    def base(self) -> int:
-        return self.frontier if self.base_frontier is None else self.base_frontier
 
     def to_dict(self) -> dict:
         return {
@@ -76,7 +76,7 @@ class RankReport:
             "failed_groups": [g.key for g in self.failed_groups],
             "guard_ok": self.guard_ok,
             "guard_reason": self.guard_reason,
-            "base_frontier": self.base_frontier,
+            "preserve_qualified": self.preserve_qualified,
             "rewind_phases": [str(p) for p in self.rewind_phases],
             "rerun_ok": self.rerun_ok,
             "rerun_reason": self.rerun_reason,
@@ -86,7 +86,6 @@ class RankReport:
 
     @classmethod
     def from_dict(cls, d: Mapping) -> RankReport:
-        base = d.get("base_frontier")
         return cls(
             rank=int(d["rank"]),
             frontier=int(d["frontier"]),
@@ -96,7 +95,7 @@ class RankReport:
             failed_groups=tuple(GroupId.parse(k) for k in d.get("failed_groups", ())),
             guard_ok=bool(d.get("guard_ok", True)),
             guard_reason=str(d.get("guard_reason", "")),
-            base_frontier=None if base is None else int(base),
+            preserve_qualified=bool(d.get("preserve_qualified", True)),
             rewind_phases=tuple(FailurePhase.parse(p) for p in d.get("rewind_phases", ())),
             rerun_ok=bool(d.get("rerun_ok", False)),
             rerun_reason=str(d.get("rerun_reason", "")),
@@ -110,6 +109,8 @@ class AgreementDecision:
     """The one decision of frontier agreement, identical on every rank."""
 
     action: RecoveryAction
+    #: the committed frontier training resumes at: F+1 after Preserve (the failed boundary's
+    #: update commits), F after Rewind (update F+1 runs again); None after Reject
     frontier: int | None
     generation: int | None
     failed_groups: tuple[GroupId, ...] = ()
@@ -147,6 +148,52 @@ def _reject(*reasons: str) -> AgreementDecision:
     return AgreementDecision(RecoveryAction.REJECT, None, None, (), tuple(reasons))
 
 
+def applied_steps(opt_step: int, frontier: int, failure_phase: FailurePhase) -> int:
+    """tau as agreement must count it. A failure inside optimizer.step() may leave the step half
+    applied, so it counts as applied: the rank is then seen as ahead, and only a pre-step copy
+    can put it back."""
+    if failure_phase is FailurePhase.OPTIMIZER:
+        return max(opt_step, frontier + 1)
+    return opt_step
+
+
+def must_undo_step(opt_step: int, frontier: int) -> bool:
+    """Whether a rank rewinding to `frontier` holds a step it must put back from its copy."""
+    return opt_step != frontier
+
+
+@dataclass(frozen=True)
+class RerunFacts:
+    """What one rank knows about re-running the update in flight (reported, not judged)."""
+
+    frontier: int  # F committed before the update at hand
+    update: int  # index of the update at hand (1-based, this process)
+    failure_phase: FailurePhase
+    in_step: bool  # the update runs inside rt.step(fn), whose body can run again
+    snapshot_frontier: int | None  # F of the boundary snapshot held (None: none)
+    snapshot_problem: str = ""  # why no snapshot could be taken
+    has_data_cursor: bool = False
+    rewinds: int = 0  # rewinds of this update so far
+    max_rewinds: int = 3
+    #: why DDP's gradient buckets could not be isolated from a late all-reduce ('' if they were)
+    unisolated_ddp: str = ""
+
+
+def may_rerun(f: RerunFacts) -> tuple[bool, str]:
+    """Whether this rank could re-run the update in flight from its boundary snapshot, and why not."""
+    if f.failure_phase is FailurePhase.BACKWARD and f.unisolated_ddp:
+        return False, f.unisolated_ddp
+    if not f.in_step:
+        return False, "the update ran in `with rt.update()`, whose body cannot be re-run (use rt.step(fn))"
+    if f.snapshot_frontier != f.frontier:
+        return False, f"no boundary snapshot of F={f.frontier} {f.snapshot_problem}".strip()
+    if not f.has_data_cursor:
+        return False, "no data cursor (pass data_state= to attach) so a re-run could read another batch"
+    if f.rewinds >= f.max_rewinds:
+        return False, f"update {f.update} was already rewound {f.rewinds} time(s) (max_rewinds_per_update)"
+    return True, ""
+
+
 def decide_agreement(
     reports: Iterable[RankReport | None],
     world_size: int,
@@ -154,7 +201,7 @@ def decide_agreement(
     protected_groups: Iterable[str] = ("control",),
 ) -> AgreementDecision:
     """Frontier agreement. Preserve only if every rank reported, all at a committed boundary,
-    all guards passed, and all agree on F, g and tau. Rewind if the update was interrupted and
+    all guards passed, all agree on F, g and tau, and every rank's envelope qualifies it. Rewind if the update was interrupted and
     every rank can discard and re-run it (`_decide_rewind`). Otherwise Restart (fail-stop).
 
     `reports` may contain None for ranks whose report never arrived (missing → reject).
@@ -187,6 +234,9 @@ def decide_agreement(
     for r in ordered:
         if not r.guard_ok:
             reasons.append(f"guard failed on rank {r.rank}: {r.guard_reason or 'unspecified'}")
+    unqualified = [r.rank for r in ordered if not r.preserve_qualified]
+    if unqualified:
+        reasons.append(f"envelope does not qualify preserve at a committed boundary on ranks {unqualified}")
     for name, attr in (("frontier F", "frontier"), ("generation g", "generation"), ("optimizer step tau", "opt_step")):
         values = {getattr(r, attr) for r in ordered}
         if len(values) > 1:
@@ -199,7 +249,7 @@ def decide_agreement(
     if reasons:
         return _reject(*reasons)
     first = ordered[0]
-    return AgreementDecision(RecoveryAction.PRESERVE, first.frontier, first.generation, failed, ())
+    return AgreementDecision(RecoveryAction.PRESERVE, first.frontier + 1, first.generation, failed, ())
 
 
 def _unreplaceable(groups: Iterable[GroupId], world_size: int, protected: set[str]) -> list[str]:
@@ -222,12 +272,12 @@ def _decide_rewind(
     phases = sorted({str(r.failure_phase) for r in ordered if r.failure_phase is not FailurePhase.COMMITTED})
     reasons = [f"failure outside a committed boundary on ranks {uncommitted} (phase {phases})"]
     blockers: list[str] = []
-    for name, values in (("frontier F", [r.base for r in ordered]), ("generation g", [r.generation for r in ordered])):
+    for name, values in (("frontier F", [r.frontier for r in ordered]), ("generation g", [r.generation for r in ordered])):
         if len(set(values)) > 1:
             blockers.append(f"{name} mismatch: " + ", ".join(f"r{r.rank}={v}" for r, v in zip(ordered, values)))
-    base = ordered[0].base
-    stepped = [r.rank for r in ordered if r.opt_step == r.base + 1]
-    odd = [r.rank for r in ordered if r.opt_step not in (r.base, r.base + 1)]
+    base = ordered[0].frontier
+    stepped = [r.rank for r in ordered if r.opt_step == r.frontier + 1]
+    odd = [r.rank for r in ordered if r.opt_step not in (r.frontier, r.frontier + 1)]
     if odd:
         blockers.append("optimizer step tau out of range: " + ", ".join(f"r{r.rank}={r.opt_step}" for r in ordered))
     uncopied = [r for r in stepped if not ordered[r].step_copy]
@@ -266,3 +316,28 @@ def decide_release(votes: Sequence[ReleaseVote | None], world_size: int) -> tupl
     reasons = [f"no release vote from rank {r}" for r in range(world_size) if r not in got]
     reasons += [f"rank {v.rank} voted against release: {v.reason or 'unspecified'}" for v in got.values() if not v.ok]
     return (not reasons, tuple(reasons))
+
+
+@dataclass(frozen=True)
+class EnvelopeFacts:
+    """What one rank's qualified envelope allows for its platform and profile: read once at
+    attach, reported at every recovery, applied by `decide_agreement` (never by an executor)."""
+
+    preserve: bool
+    rewind_phases: tuple[FailurePhase, ...]
+
+
+def envelope_facts(envelope: Envelope, platform: str, profile: str) -> EnvelopeFacts:
+    """Read the envelope for (platform, profile). An unknown key raises UnknownObservationKey:
+    attach refuses a platform or profile the envelope has no rows for, by name."""
+    committed = ObservationKey(platform, profile, FailurePhase.COMMITTED)
+    envelope.lookup(committed)
+    rewind = []
+    for phase in (FailurePhase.FORWARD, FailurePhase.BACKWARD, FailurePhase.OPTIMIZER):
+        key = ObservationKey(platform, profile, phase)
+        try:
+            if envelope.permits(key, RecoveryAction.REWIND):
+                rewind.append(phase)
+        except UnknownObservationKey:  # a file without rows for this phase: Rewind not qualified
+            continue
+    return EnvelopeFacts(envelope.permits(committed, RecoveryAction.PRESERVE), tuple(rewind))

@@ -12,12 +12,13 @@ from dataclasses import dataclass
 
 from transitions import Machine, MachineError
 
+from ..errors import AccelPactError
 from .decisions import AgreementDecision
 from .phases import Phase, RecoveryAction
 from .table import TRANSITIONS, predicates
 
 
-class ProtocolError(RuntimeError):
+class ProtocolError(AccelPactError, RuntimeError):
     """A trigger was fired that the transition table does not allow from the current phase."""
 
 

@@ -23,20 +23,6 @@ class Phase(StrEnum):
     REJECT = "Reject"
 
 
-#: Phases that belong to an ongoing recovery (neither training nor an outcome).
-RECOVERY_PHASES: tuple[Phase, ...] = (
-    Phase.OBSERVE,
-    Phase.GUARD,
-    Phase.AGREE,
-    Phase.REPLACE,
-    Phase.REBIND,
-    Phase.VALIDATE,
-)
-
-#: Terminal outcomes of one recovery.
-OUTCOME_PHASES: tuple[Phase, ...] = (Phase.RESUME, Phase.REJECT)
-
-
 class FailurePhase(StrEnum):
     """Where in an optimizer update a failure struck (the paper's phi)."""
 

@@ -2,7 +2,10 @@
 
 Used by unit tests and property-based campaigns: the same `run_recovery` generator that the
 runtime executes is stepped here, one rank at a time in an order drawn from a seeded RNG, against
-a fake control plane with a single compare-and-set outcome register. Faults: a report that never
+a fake control plane with a single compare-and-set outcome register. Each rank's requests are
+performed by a `SimExecutor`, which implements the same `Executor` protocol as the runtime's
+`RecoveryExecutor` (and decides with the same `decisions` functions), so the simulation covers
+effect semantics too. Faults: a report that never
 arrives, a crash at a chosen phase, a replacement that cannot be built, a rebind that misses a
 reference (so the proof fails), a validation that fails, a frontier/generation/step mismatch.
 After every step the protocol's safety properties are checked.
@@ -13,30 +16,36 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from ..errors import AccelPactError
 from .decisions import GroupId, ReleaseVote, decide_release
-from .driver import (
+from .driver import Observation, RecoveryOutcome, run_recovery
+from .effects import (
     ControlPlaneFailure,
     Effect,
+    Executor,
     ForceReject,
     GatherReports,
     GuardVerdict,
-    Observation,
     Quiesce,
     RebindReferences,
-    RecoveryOutcome,
     ReplaceGroups,
     RestoreBoundary,
     StepResult,
     ValidateGroups,
     VoteRelease,
-    run_recovery,
+    perform,
 )
 from .machine import RecoveryContext, RecoveryMachine
 from .phases import FailurePhase, Phase, RecoveryAction
 
 
-class InvariantViolation(AssertionError):
-    pass
+class InvariantViolation(AccelPactError, AssertionError):
+    """A protocol property failed in simulation (the oracle of the campaigns)."""
+
+
+class WouldBlock(AccelPactError):
+    """A simulated effect cannot complete yet (a peer has not posted); the scheduler runs
+    another rank. Never escapes `simulate`."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +90,7 @@ class SimRank:
     generation: int = 0
     base: int = 0  # F committed before the update at hand
     tau: int = 0  # optimizer steps applied
+    executor: SimExecutor | None = None
 
 
 @dataclass
@@ -90,6 +100,8 @@ class SimResult:
     register: str | None
     steps: int
     trace: list[tuple[int, str, str, str]]  # (rank, trigger, from, to) in global order
+    #: (rank, trigger of the row last taken, effect performed), in global order
+    requests: list[tuple[int, str, str]] = field(default_factory=list)
 
     @property
     def actions(self) -> set[RecoveryAction]:
@@ -113,6 +125,75 @@ class FakeBus:
         return self.register
 
 
+class SimExecutor(Executor):
+    """One simulated rank's executor: the `Executor` protocol against the fake bus.
+
+    A handler that would block raises WouldBlock unless `allow_timeout` is set, which the
+    scheduler does only when no rank can progress (then waiting ones time out)."""
+
+    def __init__(self, sim: SimRank, bus: FakeBus, scenario: Scenario):
+        self.sim, self.bus, self.sc = sim, bus, scenario
+        self.allow_timeout = False
+
+    def quiesce(self, effect: Quiesce) -> GuardVerdict:
+        failed = self.sim.rank in self.sc.guard_fail
+        return GuardVerdict(not failed, "FSDP unit not idle" if failed else "")
+
+    def gather_reports(self, effect: GatherReports):
+        bus, n = self.bus, self.sc.world_size
+        if self.sim.rank not in bus.lost_reports:
+            bus.reports[self.sim.rank] = effect.report
+        if len(bus.reports) == n:
+            return [bus.reports.get(r) for r in range(n)]
+        if self.allow_timeout:
+            return ControlPlaneFailure("timed out gathering reports")
+        raise WouldBlock("reports missing")
+
+    def restore_boundary(self, effect: RestoreBoundary) -> StepResult:
+        s = self.sim
+        if s.rank in self.sc.restore_fail:
+            return StepResult(False, "data cursor would not load")
+        if effect.undo_step:
+            if s.rank not in self.sc.step_copies:
+                return StepResult(False, f"tau={s.tau} and no pre-step copy")
+            s.tau = effect.frontier  # the copy puts the parameters and tau back
+        return StepResult(True)
+
+    def replace_groups(self, effect: ReplaceGroups) -> StepResult:
+        ok = self.sim.rank not in self.sc.replace_fail
+        return StepResult(ok, "" if ok else "store unreachable")
+
+    def rebind_references(self, effect: RebindReferences) -> StepResult:
+        s = self.sim
+        s.rebound = True
+        for i in range(len(s.refs)):
+            if s.rank in self.sc.rebind_miss and i == len(s.refs) - 1:
+                continue  # the missed slot stays on the retired generation
+            s.refs[i] = effect.generation
+        stale = [i for i, g in enumerate(s.refs) if g != effect.generation]
+        return StepResult(not stale, f"stale slots {stale}" if stale else "")
+
+    def validate_groups(self, effect: ValidateGroups) -> StepResult:
+        ok = self.sim.rank not in self.sc.validate_fail
+        return StepResult(ok, "" if ok else "all-reduce sum mismatch")
+
+    def vote_release(self, effect: VoteRelease):
+        bus, n = self.bus, self.sc.world_size
+        if self.sim.rank not in bus.lost_votes:
+            bus.votes[self.sim.rank] = ReleaseVote(self.sim.rank, effect.ok, effect.reason)
+        if bus.register is not None:
+            return bus.register
+        if len(bus.votes) == n:  # rank 0's part: the same decision the runtime's release makes
+            ok, _ = decide_release([bus.votes.get(r) for r in range(n)], n)
+            return bus.compare_set("resume" if ok else "reject")
+        if self.allow_timeout:
+            return ControlPlaneFailure("timed out awaiting release")
+        raise WouldBlock("votes missing")
+
+    def force_reject(self, effect: ForceReject) -> str:
+        return self.bus.compare_set("reject")
+
+
 def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimResult:
     """Run one recovery on every rank, interleaved by `seed`; check invariants at every step."""
     sc = scenario
@@ -122,6 +203,7 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
     bus = FakeBus(n, sc.lost_reports, sc.lost_votes)
     rng = random.Random(seed)
     trace: list[tuple[int, str, str, str]] = []
+    requests: list[tuple[int, str, str]] = []
     ranks: dict[int, SimRank] = {}
 
     for r in range(n):
@@ -131,6 +213,7 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
             trace.append((r, trigger, src, dst))
 
         machine = RecoveryMachine(ctx, on_edge=on_edge)
+        machine.fire("commit_update")  # the last boundary before the fault: F committed
         phase = sc.phase_override.get(r, sc.failure_phase) if r in observers else FailurePhase.COMMITTED
         base = sc.frontier + sc.frontier_skew.get(r, 0)
         tau = base + sc.step_skew.get(r, 0) + (1 if r in sc.stepped else 0)
@@ -139,14 +222,12 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
         obs = Observation(
             rank=r,
             world_size=n,
-            # a rank at a committed boundary counts the update at hand (F+1 if it commits)
-            frontier=base + (1 if phase is FailurePhase.COMMITTED else 0),
+            frontier=base,
             generation=sc.generation + sc.generation_skew.get(r, 0),
             opt_step=tau,
             failure_phase=phase,
             saw_failure=r in observers,
             failed_groups=(group,) if r in observers else (),
-            base_frontier=base,
             rewind_phases=sc.rewind_phases,
             rerun_ok=r not in sc.rerun_blocked,
             rerun_reason="no boundary snapshot" if r in sc.rerun_blocked else "",
@@ -156,60 +237,12 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
         refs = [sc.generation] * sc.slots
         sim = SimRank(r, machine, run_recovery(machine, obs), refs, frontier=obs.frontier,
                       generation=obs.generation, base=base, tau=tau)
+        sim.executor = SimExecutor(sim, bus, sc)
         sim.pending = next(sim.gen)
         ranks[r] = sim
 
     def live() -> list[SimRank]:
         return [s for s in ranks.values() if not s.crashed and s.outcome is None]
-
-    def resolve(s: SimRank, eff: Effect, allow_timeout: bool):
-        """Return (ready, result) for effect `eff` of rank s."""
-        if isinstance(eff, Quiesce):
-            return True, GuardVerdict(s.rank not in sc.guard_fail, "FSDP unit not idle" if s.rank in sc.guard_fail else "")
-        if isinstance(eff, RestoreBoundary):
-            if s.rank in sc.restore_fail:
-                return True, StepResult(False, "data cursor would not load")
-            if s.tau != eff.frontier:
-                if s.rank not in sc.step_copies:
-                    return True, StepResult(False, f"tau={s.tau} and no pre-step copy")
-                s.tau = eff.frontier  # the copy puts the parameters and tau back
-            return True, StepResult(True)
-        if isinstance(eff, GatherReports):
-            if s.rank not in bus.lost_reports:
-                bus.reports[s.rank] = eff.report
-            if len(bus.reports) == n:
-                return True, [bus.reports.get(r) for r in range(n)]
-            if allow_timeout:
-                return True, ControlPlaneFailure("timed out gathering reports")
-            return False, None
-        if isinstance(eff, ReplaceGroups):
-            ok = s.rank not in sc.replace_fail
-            return True, StepResult(ok, "" if ok else "store unreachable")
-        if isinstance(eff, RebindReferences):
-            s.rebound = True
-            for i in range(len(s.refs)):
-                if s.rank in sc.rebind_miss and i == len(s.refs) - 1:
-                    continue  # the missed slot stays on the retired generation
-                s.refs[i] = eff.generation
-            stale = [i for i, g in enumerate(s.refs) if g != eff.generation]
-            return True, StepResult(not stale, f"stale slots {stale}" if stale else "")
-        if isinstance(eff, ValidateGroups):
-            ok = s.rank not in sc.validate_fail
-            return True, StepResult(ok, "" if ok else "all-reduce sum mismatch")
-        if isinstance(eff, VoteRelease):
-            if s.rank not in bus.lost_votes:
-                bus.votes[s.rank] = ReleaseVote(s.rank, eff.ok, eff.reason)
-            if bus.register is not None:
-                return True, bus.register
-            if len(bus.votes) == n:
-                ok, _ = decide_release([bus.votes.get(r) for r in range(n)], n)
-                return True, bus.compare_set("resume" if ok else "reject")
-            if allow_timeout:
-                return True, ControlPlaneFailure("timed out awaiting release")
-            return False, None
-        if isinstance(eff, ForceReject):
-            return True, bus.compare_set("reject")
-        raise TypeError(f"unknown effect {eff!r}")
 
     steps = 0
     while live() and steps < max_steps:
@@ -223,9 +256,13 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
                     s.crashed = True
                     progressed = True
                     break
-                ready, result = resolve(s, s.pending, allow_timeout)
-                if not ready:
+                assert s.executor is not None and s.pending is not None
+                s.executor.allow_timeout = allow_timeout
+                try:
+                    result = perform(s.executor, s.pending)
+                except WouldBlock:
                     continue
+                requests.append((s.rank, s.machine.taken[-1][0], type(s.pending).__name__))
                 try:
                     s.pending = s.gen.send(result)
                 except StopIteration as stop:
@@ -247,6 +284,7 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
         bus.register,
         steps,
         trace,
+        requests,
     )
 
 

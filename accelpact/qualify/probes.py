@@ -30,8 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..fsm.phases import FailurePhase
-from .envelope_file import (
+from ..envelope.file import (
     EXPECTED_ACTION,
     FRAMEWORK_PROFILES,
     REBUILD_PROBE,
@@ -42,6 +41,8 @@ from .envelope_file import (
     platform_key,
     write_envelope,
 )
+from ..errors import AccelPactError
+from ..fsm.phases import FailurePhase
 
 __all__ = ["DEFAULT_FRAMEWORKS", "DEFAULT_PHASES", "QualifyError", "QualifyResult", "judge_drill", "qualify"]
 
@@ -55,7 +56,7 @@ SETUP_TIMEOUT_S = 30.0
 REWIND_FIELDS = ("rewind", "envelope", "step_copy")
 
 
-class QualifyError(RuntimeError):
+class QualifyError(AccelPactError, RuntimeError):
     """The probes could not run at all on this platform (nothing was qualified, no file written)."""
 
 

@@ -15,7 +15,7 @@ from accelpact.rebind.errors import (
     UnwritableReferenceError,
 )
 from accelpact.rebind.groups import data_plane_groups
-from accelpact.rebind.plan import DeepCheck, ProofReport, RebindPlan, RebindReport
+from accelpact.rebind.plan import DeepCheck, ProofResult, RebindPlan, RebindResult
 from accelpact.rebind.sites import Access, Site
 
 __all__ = [
@@ -24,10 +24,10 @@ __all__ = [
     "EmptyPlanError",
     "MembershipMismatchError",
     "NotReadyError",
-    "ProofReport",
+    "ProofResult",
     "RebindError",
     "RebindPlan",
-    "RebindReport",
+    "RebindResult",
     "Site",
     "StaleReferenceError",
     "UnknownWrapperError",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -23,6 +24,8 @@ from accelpact.rebind.mesh import MeshRule, meshes_of
 from accelpact.rebind.plan import RebindPlan
 from accelpact.rebind.rule import Rule, RuleContext
 from accelpact.rebind.walker import walk
+
+log = logging.getLogger("accelpact.rebind")
 
 __all__ = ["RULES", "discover", "walk_for"]
 
@@ -107,7 +110,9 @@ def _refuse_unknown_wrappers(ctx: RuleContext) -> None:
             for attribute in _GROUP_ATTRIBUTES:
                 try:
                     value = getattr(obj, attribute, None)
-                except Exception:  # a C++ getter that fails is no evidence either way
+                except Exception as exc:  # a C++ getter that fails is no evidence either way
+                    log.debug("%s: reading %s.%s failed (%s: %s); not evidence either way", opaque.path,
+                              type(obj).__qualname__, attribute, type(exc).__name__, exc)
                     continue
                 if value is ctx.target:
                     findings.append(f"{opaque.path}: {type(obj).__qualname__}.{attribute} is the group, inside "

@@ -1,8 +1,14 @@
-"""Errors of reference discovery and rebinding; each names what it is about (paths, ranks)."""
+"""Errors of reference discovery and rebinding; each names what it is about (paths, ranks).
+
+They all derive from :class:`RebindError`, defined in :mod:`accelpact.errors` under
+:class:`~accelpact.errors.AccelPactError`.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from ..errors import RebindError
 
 __all__ = [
     "EmptyPlanError",
@@ -21,10 +27,6 @@ def _listing(items: Sequence[str], limit: int = 20) -> str:
     return f"\n  {shown}{more}"
 
 
-class RebindError(Exception):
-    """Base class: the rebind phase cannot be trusted to leave no stale reference."""
-
-
 class EmptyPlanError(RebindError):
     """Discovery found no reference to the group: wrong group, or a model that does not use it."""
 
@@ -37,7 +39,8 @@ class MembershipMismatchError(RebindError):
         self.actual = None if actual is None else list(actual)
         shown = "unknown to c10d (not registered)" if actual is None else str(self.actual)
         super().__init__(f"new group has members {shown}, the replaced group had {self.expected}"
-                         f"{': ' + detail if detail else ''}; nothing was rebound")
+                         f"{': ' + detail if detail else ''}; nothing was rebound",
+                         expected=self.expected, actual=self.actual)
 
 
 class StaleReferenceError(RebindError):
@@ -48,7 +51,8 @@ class StaleReferenceError(RebindError):
         self.retired_name = retired_name
         self.paths = list(paths)
         retired = f" (retired: {retired_name!r})" if retired_name else ""
-        super().__init__(f"{len(self.paths)} stale reference(s): not {group_name!r}{retired}:{_listing(self.paths)}")
+        super().__init__(f"{len(self.paths)} stale reference(s): not {group_name!r}{retired}:{_listing(self.paths)}",
+                         group=group_name, retired=retired_name)
 
 
 class UnknownWrapperError(RebindError):
@@ -58,7 +62,7 @@ class UnknownWrapperError(RebindError):
         self.group_name = group_name
         self.findings = list(findings)
         super().__init__(f"objects hold {group_name!r} in a way no rebind rule knows; refusing a partial "
-                         f"rebind:{_listing(self.findings)}")
+                         f"rebind:{_listing(self.findings)}", group=group_name)
 
 
 class UnwritableReferenceError(RebindError):
@@ -68,7 +72,7 @@ class UnwritableReferenceError(RebindError):
         self.group_name = group_name
         self.paths = list(paths)
         super().__init__(f"{len(self.paths)} reference(s) to {group_name!r} cannot be rewritten in place:"
-                         f"{_listing(self.paths)}")
+                         f"{_listing(self.paths)}", group=group_name)
 
 
 class NotReadyError(RebindError):

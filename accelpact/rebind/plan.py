@@ -21,11 +21,11 @@ from accelpact.comm import _c10d
 from accelpact.rebind.errors import MembershipMismatchError, StaleReferenceError
 from accelpact.rebind.sites import Access, Site, slot_descriptor
 
-__all__ = ["DeepCheck", "ProofReport", "RebindPlan", "RebindReport"]
+__all__ = ["DeepCheck", "ProofResult", "RebindPlan", "RebindResult"]
 
 
 @dataclass(frozen=True)
-class RebindReport:
+class RebindResult:
     """What one ``rebind`` did. ``references``: sites holding the group object (including DDP's
     reducer and mesh registries); ``names``: name-table sites; ``total`` = both. ``elapsed_us``
     covers the writes and the after-rebind ``actions`` (DTensor cache drop), ``actions_us`` the
@@ -45,7 +45,7 @@ class RebindReport:
 
 
 @dataclass(frozen=True)
-class ProofReport:
+class ProofResult:
     group_name: str
     checked: int
     elapsed_us: float
@@ -82,7 +82,6 @@ class RebindPlan:
         self._group = group
         self._name: str = group.group_name
         self._previous: ProcessGroup | None = None
-        self._previous_name: str | None = None
         self.ranks: tuple[int, ...] = tuple(ranks)
         self.sites: tuple[Site, ...] = tuple(sites)
         self.meshes: tuple[Any, ...] = tuple(meshes)
@@ -149,7 +148,7 @@ class RebindPlan:
         if ranks is None or tuple(ranks) != self.ranks:
             raise MembershipMismatchError(self.ranks, ranks, f"{self._name!r} → {new_group.group_name!r}")
 
-    def rebind(self, new_group: ProcessGroup, *, skip: Collection[str] = ()) -> RebindReport:
+    def rebind(self, new_group: ProcessGroup, *, skip: Collection[str] = ()) -> RebindResult:
         """Point every site at ``new_group``; nothing is written unless the membership matches.
 
         ``skip`` leaves the named paths untouched: a fault-injection knob to test that ``prove``
@@ -177,9 +176,9 @@ class RebindPlan:
         end = time.perf_counter_ns()
         elapsed_us, actions_us = (end - start) / 1e3, (end - writes_done) / 1e3
         if new_group is not old:
-            self._previous, self._previous_name = old, old_name
+            self._previous = old
         self._group, self._name = new_group, new_name
-        return RebindReport(old_name, new_name, self.counts, self.references, self.names, len(self.sites),
+        return RebindResult(old_name, new_name, self.counts, self.references, self.names, len(self.sites),
                             elapsed_us, tuple(sorted(skip)), tuple(self.after_rebind), actions_us)
 
     def _rebind_slowly(self, old: Any, new: Any, old_name: str, new_name: str, skip: frozenset[str]) -> None:
@@ -190,7 +189,7 @@ class RebindPlan:
             if site.path not in skip:
                 site.write(old, new, old_name, new_name)
 
-    def prove(self, old_group: ProcessGroup | None = None) -> ProofReport:
+    def prove(self, old_group: ProcessGroup | None = None) -> ProofResult:
         """Re-read every recorded site and every mesh table: all must name the current group.
 
         Raises ``StaleReferenceError`` listing each path that still holds ``old_group`` (default:
@@ -222,7 +221,7 @@ class RebindPlan:
         elapsed_us = (time.perf_counter_ns() - start) / 1e3
         if stale:
             raise StaleReferenceError(name, stale, None if old is None else old.group_name)
-        return ProofReport(name, len(self.sites), elapsed_us)
+        return ProofResult(name, len(self.sites), elapsed_us)
 
     def _stale_in_tables(self, old: Any, old_name: str) -> list[str]:
         """Whole mesh tables, not only the recorded entries: no other entry may name the old group."""

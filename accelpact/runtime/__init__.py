@@ -1,6 +1,8 @@
 """The runtime: attach, the guarded update boundary, and the recovery executor."""
 
-from .report import RecoveryReport
-from .runtime import Runtime, UnsupportedModelError, attach
+from ..errors import UnsupportedModelError
+from .attach import attach
+from .history import RecoveryRecord
+from .runtime import Runtime
 
-__all__ = ["RecoveryReport", "Runtime", "UnsupportedModelError", "attach"]
+__all__ = ["RecoveryRecord", "Runtime", "UnsupportedModelError", "attach"]

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
-import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -19,8 +17,7 @@ from ..checkpoint import (
     AppState,
     AttemptLog,
     CheckpointManager,
-    LoadReport,
-    RestartBudgetExceeded,
+    RestoreResult,
     check_restart_budget,
 )
 
@@ -28,9 +25,6 @@ if TYPE_CHECKING:
     from .runtime import Runtime
 
 log = logging.getLogger("accelpact.checkpointing")
-
-#: Exit code when the restart budget is spent: the job stops instead of looping.
-EXIT_BUDGET_EXCEEDED = 76
 
 
 class Checkpointer:
@@ -42,7 +36,7 @@ class Checkpointer:
         self.run_id = cfg.run_id or os.environ.get("TORCHELASTIC_RUN_ID") or "accelpact"
         layout = {
             "profile": rt.profile,
-            "groups": sorted(gid.key for gid in rt._gids.values()),
+            "groups": sorted(gid.key for gid in rt.data_plane.held()),
         }
         # Each rank knows only its own groups; the layout must name the whole job's shape, so
         # gather every rank's groups (once, at attach) into one description.
@@ -54,27 +48,16 @@ class Checkpointer:
         )
         self.attempts = AttemptLog(cfg.checkpoint_dir, run_id=self.run_id, attempt=rt.attempt)
         self.saves: list[dict] = []
-        self.restored: LoadReport | None = None
+        self.restored: RestoreResult | None = None
 
     def app_state(self) -> AppState:
         return AppState(frontier=self.rt.frontier, opt_step=self.rt.opt_step, data_state=self.rt.data_state)
 
     def enforce_budget(self) -> None:
-        try:
-            check_restart_budget(self.rt.config.max_restarts, attempt=self.rt.attempt, log=self.attempts)
-        except RestartBudgetExceeded as exc:
-            print(f"[accelpact] rank {self.rt.rank}: {exc}", file=sys.stderr, flush=True)
-            if self.rt.rank == 0 and os.environ.get("TORCHELASTIC_RUN_ID"):
-                # torchrun restarts any failed worker until its own --max-restarts; stopping the
-                # agent is the only way a worker can end the job instead of looping.
-                try:
-                    os.kill(os.getppid(), signal.SIGTERM)
-                except OSError:  # pragma: no cover
-                    pass
-            sys.stderr.flush()
-            os._exit(EXIT_BUDGET_EXCEEDED)
+        """RestartBudgetExceeded past the budget (`fail_stop` turns it into the exit)."""
+        check_restart_budget(self.rt.config.max_restarts, attempt=self.rt.attempt, log=self.attempts)
 
-    def restore(self) -> LoadReport | None:
+    def restore(self) -> RestoreResult | None:
         """Load the newest verified checkpoint into model, optimizer, RNG and data cursor."""
         state = self.app_state()
         report = self.manager.load_latest(model=self.rt.model, optimizer=self.rt.optimizer, app_state=state)
@@ -105,5 +88,5 @@ class Checkpointer:
         if self.rt.rank == 0:
             try:
                 self.attempts.record_fail_stop(frontier, "; ".join(reasons)[:2000])
-            except Exception as exc:  # the exit must not be blocked by a full disk
-                log.error("could not record the fail-stop: %s", exc)
+            except OSError as exc:  # the fail-stop must not be blocked by a full disk
+                log.error("could not record the fail-stop: %s: %s", type(exc).__name__, exc)

@@ -29,12 +29,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import AccelPactError
+
 __all__ = ["BucketIsolationError", "isolate_buckets", "is_isolated"]
 
 _MARK = "_accelpact_isolated_buckets"
 
 
-class BucketIsolationError(RuntimeError):
+class BucketIsolationError(AccelPactError, RuntimeError):
     """The DDP model already has a communication hook, so AccelPact cannot install its own."""
 
 

@@ -37,7 +37,7 @@ from torch import nn
 __all__ = [
     "FSDP1_RESET",
     "FSDP2_RESET",
-    "DiscardReport",
+    "DiscardResult",
     "discard_partial_update",
     "partial_state",
 ]
@@ -66,7 +66,7 @@ _PROFILES = {"fsdp2": "fsdp2-hsdp", "fsdp1": "fsdp1-hsdp", "ddp": "ddp"}  # as R
 
 
 @dataclass
-class DiscardReport:
+class DiscardResult:
     """What one discard reset. All counts zero: the wrappers were already idle (a no-op)."""
 
     profile: str
@@ -88,12 +88,12 @@ class DiscardReport:
 # shared helpers
 
 
-def _note(report: DiscardReport | None, text: str) -> None:
+def _note(report: DiscardResult | None, text: str) -> None:
     if report is not None and text not in report.notes:
         report.notes.append(text)
 
 
-def _versioned(obj: Any, name: str, report: DiscardReport | None, default: Any = None) -> Any:
+def _versioned(obj: Any, name: str, report: DiscardResult | None, default: Any = None) -> Any:
     """An attribute that some torch versions lack: tolerated, but named in the report."""
     if hasattr(obj, name):
         return getattr(obj, name)
@@ -191,7 +191,7 @@ def _fsdp2_enums() -> tuple[Any, Any]:
     return TrainingState, ShardedState
 
 
-def _fsdp2_groups(state: Any, report: DiscardReport | None) -> list[Any]:
+def _fsdp2_groups(state: Any, report: DiscardResult | None) -> list[Any]:
     groups = getattr(state, "_fsdp_param_groups", None)
     if groups is not None:
         return list(groups)
@@ -199,7 +199,7 @@ def _fsdp2_groups(state: Any, report: DiscardReport | None) -> list[Any]:
     return [group] if group is not None else []
 
 
-def _fsdp2_rs_states(ctx: Any, report: DiscardReport | None) -> list[Any]:
+def _fsdp2_rs_states(ctx: Any, report: DiscardResult | None) -> list[Any]:
     if hasattr(ctx, "reduce_scatter_states"):
         return list(ctx.reduce_scatter_states)
     single = _versioned(ctx, "reduce_scatter_state", report)  # older torch: one retained state
@@ -223,7 +223,7 @@ def _fsdp2_param_grads(fsdp_param: Any) -> list[str]:
     return held
 
 
-def _fsdp2_discard(found: list[tuple[str, Any]], report: DiscardReport) -> None:
+def _fsdp2_discard(found: list[tuple[str, Any]], report: DiscardResult) -> None:
     TrainingState, ShardedState = _fsdp2_enums()
     states = [state for _, state in found]
     # after lazy init every state shares its root's contexts; before it, each has its own
@@ -280,7 +280,7 @@ def _fsdp2_discard(found: list[tuple[str, Any]], report: DiscardReport) -> None:
     report.units_reset += len(busy)
 
 
-def _fsdp2_discard_group(group: Any, report: DiscardReport, TrainingState: Any, ShardedState: Any) -> bool:
+def _fsdp2_discard_group(group: Any, report: DiscardResult, TrainingState: Any, ShardedState: Any) -> bool:
     """Mirror of FSDPParamGroup._reset_iter_state without waiting on a pending Work, plus the grads."""
     busy = group._training_state != TrainingState.IDLE
     current = group.device_handle.current_stream()
@@ -349,7 +349,7 @@ def _fsdp2_discard_group(group: Any, report: DiscardReport, TrainingState: Any, 
 
 def _fsdp2_partial(found: list[tuple[str, Any]]) -> list[str]:
     TrainingState, ShardedState = _fsdp2_enums()
-    probe = DiscardReport(profile="")  # collects attributes this torch lacks: those cannot be checked
+    probe = DiscardResult(profile="")  # collects attributes this torch lacks: those cannot be checked
     out: list[str] = []
     states = [state for _, state in found]
     for ctx in {id(s._comm_ctx): s._comm_ctx for s in states}.values():
@@ -466,7 +466,7 @@ def _fsdp1_orig_params(handle: Any) -> list[torch.Tensor]:
     return [*(getattr(flat_param, "_params", None) or ()), *(getattr(flat_param, "_shared_params", None) or ())]
 
 
-def _fsdp1_discard(found: list[tuple[str, Any]], report: DiscardReport) -> None:
+def _fsdp1_discard(found: list[tuple[str, Any]], report: DiscardResult) -> None:
     from torch.distributed.fsdp._common_utils import (
         HandleTrainingState,
         TrainingState,
@@ -511,7 +511,7 @@ def _fsdp1_discard(found: list[tuple[str, Any]], report: DiscardReport) -> None:
         report.units_reset += int(busy)
 
 
-def _fsdp1_discard_handle(unit: Any, handle: Any, report: DiscardReport, HandleTrainingState: Any,
+def _fsdp1_discard_handle(unit: Any, handle: Any, report: DiscardResult, HandleTrainingState: Any,
                           record_stream: Any, free_storage: Any) -> bool:
     busy = bool(_fsdp1_handle_flags(handle, HandleTrainingState))
     handle._training_state = HandleTrainingState.IDLE  # so that reshard takes the non-forward path
@@ -615,7 +615,7 @@ def _ddp_unfinished(ddp: Any) -> str | None:
     return None
 
 
-def _ddp_discard(found: list[tuple[str, Any]], report: DiscardReport) -> None:
+def _ddp_discard(found: list[tuple[str, Any]], report: DiscardResult) -> None:
     from .ddp_buckets import is_isolated
 
     for _name, ddp in found:
@@ -650,7 +650,7 @@ def _ddp_partial(found: list[tuple[str, Any]]) -> list[str]:
 # public API
 
 
-def discard_partial_update(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> DiscardReport:
+def discard_partial_update(model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> DiscardResult:
     """Put every FSDP2 / FSDP1 / DDP wrapper in ``model`` back to the idle state of a committed boundary.
 
     Call it after an exception escaped forward or backward (or optimizer.step(): then it only drops
@@ -662,7 +662,7 @@ def discard_partial_update(model: nn.Module, optimizer: torch.optim.Optimizer | 
     Raises TypeError if ``model`` holds none of those wrappers.
     """
     found = _find(model, "discard_partial_update")
-    report = DiscardReport(profile=found.profile)
+    report = DiscardResult(profile=found.profile)
     with torch.no_grad():
         if found.fsdp2:
             _fsdp2_discard(found.fsdp2, report)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..fsm.driver import GuardVerdict
+from ..fsm.effects import GuardVerdict, Quiesce
 
 
 def _fsdp1_busy(model: nn.Module) -> list[str]:
@@ -52,9 +52,26 @@ def quiesce(model: nn.Module) -> GuardVerdict:
     try:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             torch.cuda.synchronize()
-    except Exception as exc:  # a device that cannot sync cannot be trusted to hold state
-        return GuardVerdict(False, f"device synchronize failed: {exc}")
+    except RuntimeError as exc:  # a device that cannot sync cannot be trusted to hold state
+        return GuardVerdict(False, f"device synchronize failed: {type(exc).__name__}: {exc}")
     busy = _fsdp1_busy(model) + _fsdp2_busy(model)
     if busy:
         return GuardVerdict(False, "; ".join(busy[:4]) + (f" (+{len(busy) - 4} more)" if len(busy) > 4 else ""))
     return GuardVerdict(True)
+
+
+def guard(model: nn.Module, optimizer: torch.optim.Optimizer, effect: Quiesce) -> tuple[GuardVerdict, dict]:
+    """The Quiesce handler. With `effect.discard` the interrupted update is thrown away first
+    (see `discard`); returns the verdict and what the discard found."""
+    if not effect.discard:
+        return quiesce(model), {}
+    from .discard import discard_partial_update, partial_state
+
+    try:
+        discarded = discard_partial_update(model, optimizer).to_dict()
+        left = partial_state(model, optimizer)
+    except (RuntimeError, AttributeError, ValueError) as exc:  # framework state we cannot reset
+        return GuardVerdict(False, f"discarding the interrupted update failed: {type(exc).__name__}: {exc}"), {}
+    if left:
+        return GuardVerdict(False, f"still not idle after discarding the update: {'; '.join(left[:4])}"), discarded
+    return quiesce(model), discarded

@@ -218,7 +218,7 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
     `rewind`: every update runs as rt.step(fn) under an envelope qualifying Rewind for every
     uncommitted phase (the protocol is what is checked here; `accelpact qualify` measures the
     platform); False: the paper's envelope, Preserve at committed boundaries only."""
-    from model_checking.trace import assert_valid_run
+    from model_checking.trace_validation import assert_valid_run
 
     from .drills import Drill, run_drill
     from .spawn import WorldError, run_world
@@ -316,7 +316,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
     try:
         test()
     except Exception as exc:  # hypothesis re-raises the shrunk failure after printing it
-        print(f"[campaign] FAILED (seed {seed}): {exc}", file=sys.stderr)
+        print(f"[campaign] FAILED (seed {seed}): {type(exc).__name__}: {exc}", file=sys.stderr)
         write_summary()
         return 1
     write_summary()
@@ -342,7 +342,7 @@ def simulation_campaign(examples: int, *, seed: int | None, derandomize: bool) -
     try:
         test()
     except Exception as exc:
-        print(f"[simulation] FAILED (seed {seed}): {exc}", file=sys.stderr)
+        print(f"[simulation] FAILED (seed {seed}): {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     print(f"[simulation] ok: {examples} schedule(s) in {time.monotonic() - started:.1f} s", flush=True)
     return 0

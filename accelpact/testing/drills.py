@@ -81,7 +81,6 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
         data_timeout_s=drill.data_timeout_s,
         control_timeout_s=drill.control_timeout_s,
         trace_dir=drill.trace_dir,
-        faults=faults,
         rebind=drill.rebind,
         on_reject="raise",
         health_check=drill.health_check,
@@ -94,7 +93,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
     )
     if drill.ddp_user_comm_hook:
         model.register_comm_hook(weakref.ref(model), _users_allreduce_hook)
-    rt = accelpact.attach(model, optimizer, data_state=data, config=config)
+    rt = accelpact.attach(model, optimizer, data_state=data, config=config, faults=faults)
     rejected = None
     restored_step = rt.checkpointer.restored.step if rt.checkpointer and rt.checkpointer.restored else None
     try:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import multiprocessing
 import os
 import pickle
@@ -27,6 +28,10 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from ..errors import AccelPactError
+
+log = logging.getLogger("accelpact.testing")
 
 __all__ = ["RankOutcome", "WorldError", "run_world"]
 
@@ -47,7 +52,7 @@ class RankOutcome:
     detail: str = ""
 
 
-class WorldError(RuntimeError):
+class WorldError(AccelPactError, RuntimeError):
     """At least one rank failed, died or ran out of time; carries every rank's outcome."""
 
     def __init__(self, reason: str, outcomes: Mapping[int, RankOutcome], world_size: int) -> None:
@@ -195,8 +200,10 @@ def _kill_all(processes: Mapping[int, multiprocessing.process.BaseProcess]) -> N
             continue
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(process.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
+        try:
             process.kill()
+        except Exception as exc:  # best effort: killpg above already reached it, join reaps it below
+            log.debug("killing rank process %s failed: %s: %s", process.pid, type(exc).__name__, exc)
     for process in processes.values():
         if process.pid is not None:
             process.join(timeout=5.0)
@@ -263,8 +270,10 @@ def _child_main(
     except Exception:
         outcome = RankOutcome(rank, False, detail="result could not be pickled:\n" + traceback.format_exc())
     results_queue.put(outcome)
-    with contextlib.suppress(Exception):
+    try:
         if dist.is_initialized():
             dist.destroy_process_group()
+    except Exception as exc:  # best effort at exit: the outcome is already queued
+        log.debug("rank %d: destroy_process_group failed: %s: %s", rank, type(exc).__name__, exc)
     results_queue.close()
     results_queue.join_thread()

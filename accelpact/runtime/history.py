@@ -1,4 +1,4 @@
-"""What one recovery did, for `rt.history`, the demo and the benches."""
+"""What one recovery did, for `rt.history`, the trace, the demo and the benches."""
 
 from __future__ import annotations
 
@@ -8,19 +8,19 @@ from ..fsm.phases import FailurePhase, RecoveryAction
 
 
 @dataclass
-class RecoveryReport:
+class RecoveryRecord:
     index: int  # 1-based recovery number in this process
     update: int  # update index (1-based) at whose boundary or inside which the failure struck
     action: RecoveryAction
     failure_phase: FailurePhase
     saw_failure: bool
     cause: str
-    frontier: int  # frontier after the recovery (resume point under Preserve)
+    frontier: int  # committed frontier F after the recovery (unchanged by a Reject)
     generation: int
     failed_groups: list[str] = field(default_factory=list)
     reasons: list[str] = field(default_factory=list)
     detect_s: float = 0.0  # failure detection: data-plane health check + boundary check wait
-    timings_s: dict[str, float] = field(default_factory=dict)  # per protocol phase
+    timings_s: dict[str, float] = field(default_factory=dict)  # per effect phase (Effect.phase)
     repair_s: float = 0.0  # control-plane admission → release
     rebound: dict[str, int] = field(default_factory=dict)  # references rebound per site kind
     edges: list[tuple[str, str, str]] = field(default_factory=list)

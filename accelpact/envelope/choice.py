@@ -14,7 +14,15 @@ from pathlib import Path
 
 from ..config import Config
 from ..errors import ConfigError
-from ..fsm.envelope import DEFAULT_ENVELOPE, Envelope, permissive_envelope
+from .file import (
+    EnvelopeFileError,
+    MissingEnvelopeError,
+    StaleEnvelopeError,
+    default_envelope_path,
+    load_envelope,
+    platform_fingerprint,
+)
+from .model import DEFAULT_ENVELOPE, Envelope, permissive_envelope
 
 log = logging.getLogger("accelpact.runtime")
 
@@ -29,14 +37,6 @@ def choose_envelope(config: Config, platform: str, profile: str, *, rank: int = 
         return DEFAULT_ENVELOPE, "built-in"
     if choice == "permissive":
         return permissive_envelope(platform, profile), "permissive (qualification run)"
-    from ..qualify.envelope_file import (
-        EnvelopeFileError,
-        MissingEnvelopeError,
-        StaleEnvelopeError,
-        default_envelope_path,
-        load_envelope,
-        platform_fingerprint,
-    )
 
     backend, device = _BACKEND_DEVICE.get(platform, (platform, "unknown"))
     expect = platform_fingerprint(backend, device)

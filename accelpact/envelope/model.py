@@ -1,5 +1,5 @@
 """The recovery envelope: observation key K = <platform, resource profile, failure phase,
-objective> mapped to the recovery actions qualified for it.
+objective> mapped to the recovery actions qualified for it. Pure: no torch.
 
 Qualification is empirical (seed 000: the same action works on one accelerator stack and kills
 the process on another), so the envelope is a data table with the evidence for each row, and a
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .phases import FailurePhase, RecoveryAction
+from ..fsm.phases import FailurePhase, RecoveryAction
 
 OBJECTIVE_BITWISE = "bitwise-continuation"
 PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")

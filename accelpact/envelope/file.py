@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..fsm.envelope import OBJECTIVE_BITWISE, PROFILES, Envelope, EnvelopeRow, ObservationKey
 from ..fsm.phases import FailurePhase, RecoveryAction
+from .model import OBJECTIVE_BITWISE, PROFILES, Envelope, EnvelopeRow, ObservationKey
 
 __all__ = [
     "FORMAT",

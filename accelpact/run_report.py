@@ -25,9 +25,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-#: Protocol phases in the order a recovery passes them (trace `to` names), then the outcomes.
-RECOVERY_PHASES = ("Observe", "Guard", "Agree", "Replace", "Rebind", "Validate")
-OUTCOMES = ("Resume", "Reject")
 #: Per-phase timings recorded by the runtime (`timings_s` keys), in protocol order.
 TIMING_PHASES = ("guard", "agree", "replace", "rebind", "validate", "release", "reject")
 

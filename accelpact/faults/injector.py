@@ -1,0 +1,98 @@
+"""The drill's fault injector: installed on a runtime from outside, never part of it.
+
+The runtime offers one extension point, `UpdateListener` (`accelpact.runtime.listeners`): it
+says which phase an update is in and lets a listener order and hold back the boundary's health
+probes. The injector is such a listener; `accelpact.attach` installs one when the job carries a
+fault plan (`ACCELPACT_FAULTS`, or `faults=` given to attach), so that users drill unchanged
+trainers while the production path holds no sleep and no self-kill.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+
+from ..errors import ConfigError
+from ..fsm.phases import FailurePhase
+from .inject import LATE_MARGIN_S, kill_self, perform
+from .plan import Fault, FaultKind, FaultPlan
+
+log = logging.getLogger("accelpact.faults")
+
+ENV_FAULTS = "ACCELPACT_FAULTS"
+ENV_EVERY_ATTEMPT = "ACCELPACT_FAULTS_EVERY_ATTEMPT"
+
+
+class FaultInjector:
+    """Fires each planned fault once, on its rank, at its (update, phase)."""
+
+    def __init__(self, plan: FaultPlan | str, *, rank: int, data_timeout_s: float):
+        self.plan = FaultPlan.parse(plan) if isinstance(plan, str) else plan
+        self.rank = rank
+        self.data_timeout_s = data_timeout_s
+        self._fired: set[tuple[int, FailurePhase]] = set()
+        self._boundary: Fault | None = None  # the committed-phase fault of the boundary at hand
+
+    @classmethod
+    def from_env(cls, *, rank: int, world_size: int, attempt: int, data_timeout_s: float,
+                 env: dict[str, str] | None = None) -> FaultInjector | None:
+        """The injector `ACCELPACT_FAULTS` asks for, or None. A drill's faults fire in the first
+        attempt only (so the restarted job can finish) unless ACCELPACT_FAULTS_EVERY_ATTEMPT=1."""
+        env = dict(os.environ if env is None else env)
+        try:
+            plan = FaultPlan.parse(env.get(ENV_FAULTS, ""))
+        except ConfigError as exc:
+            raise ConfigError(f"{ENV_FAULTS}: {exc}") from None
+        every = env.get(ENV_EVERY_ATTEMPT, "0").strip().lower() in ("1", "true", "yes", "on")
+        return cls.for_attempt(plan, rank=rank, world_size=world_size, attempt=attempt,
+                               data_timeout_s=data_timeout_s, every_attempt=every)
+
+    @classmethod
+    def for_attempt(cls, plan: FaultPlan | str, *, rank: int, world_size: int, attempt: int,
+                    data_timeout_s: float, every_attempt: bool = False) -> FaultInjector | None:
+        plan = FaultPlan.parse(plan) if isinstance(plan, str) else plan
+        plan.validate(world_size)
+        if not plan or (attempt > 0 and not every_attempt):
+            return None
+        return cls(plan, rank=rank, data_timeout_s=data_timeout_s)
+
+    def _take(self, update: int, phase: FailurePhase) -> Fault | None:
+        if (update, phase) in self._fired:
+            return None
+        fault = self.plan.at(update, phase, self.rank)
+        if fault is not None:
+            self._fired.add((update, phase))
+        return fault
+
+    # -- UpdateListener ----------------------------------------------------------------------------
+    def on_phase(self, update: int, phase: FailurePhase) -> None:
+        """Inside an update: perform the fault planned here. At the boundary: a kill strikes
+        before any probe; a skip or late is kept for the probes of its group."""
+        fault = self._take(update, phase)
+        if phase is not FailurePhase.COMMITTED:
+            if fault is not None:
+                perform(fault, data_timeout_s=self.data_timeout_s)
+            return
+        self._boundary = fault
+        if fault is not None and fault.kind is FaultKind.KILL:
+            log.info("injecting %s", fault, extra={"fault": str(fault)})
+            kill_self()
+
+    def probe_order(self, labels: list[str]) -> list[str]:
+        """The group a boundary fault targets goes last, so a late rank does not stall the others."""
+        target = self._boundary.group if self._boundary is not None else None
+        return sorted(labels, key=lambda label: (label == target, label))
+
+    def before_probe(self, label: str) -> bool:
+        """False: skip this group's probe (its peers time out). A late rank sleeps past the
+        data timeout first, so its probe meets a closed connection."""
+        fault = self._boundary
+        if fault is None or label != fault.group:
+            return True
+        log.info("injecting %s", fault, extra={"fault": str(fault)})
+        if fault.kind is FaultKind.SKIP:
+            return False
+        if fault.kind is FaultKind.LATE:
+            time.sleep(self.data_timeout_s + LATE_MARGIN_S)
+        return True

@@ -1,0 +1,132 @@
+"""`accelpact.attach`: build a rank's runtime from its collaborators, in the order every rank
+must follow (each step that talks to peers is a collective on every rank).
+
+This is the entry point, so it is also where the drill's fault injector is installed (from
+`faults=` or `ACCELPACT_FAULTS`) and where a spent restart budget meets the edge (`fail_stop`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..config import Config
+from ..control import ControlPlane
+from ..envelope import Envelope, choose_envelope
+from ..errors import ConfigError, RestartBudgetExceeded, UnsupportedModelError
+from ..faults import FaultInjector, FaultPlan
+from ..fsm.decisions import envelope_facts
+from ..fsm.phases import FailurePhase
+from ..launch import current_attempt
+from ..trace import TraceWriter
+from .data_plane import DataPlane
+from .detect import detect_platform, detect_profile
+from .fail_stop import fail_stop
+from .rewind import RewindState
+from .runtime import Runtime
+
+log = logging.getLogger("accelpact.runtime")
+
+
+def attach(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data_state: Any = None,
+    config: Config | None = None,
+    *,
+    envelope: Envelope | None = None,
+    meshes: tuple[Any, ...] = (),
+    faults: FaultPlan | str | None = None,
+    faults_every_attempt: bool = False,
+) -> Runtime:
+    """Protect `model`'s training: discover its data-plane groups, build the rebind plans once,
+    open the control plane. Run each optimizer update as `rt.step(fn)` (it can be rewound) or
+    inside `with rt.update():` (a failure inside it can only be preserved or rejected).
+
+    `faults` (drills only): a fault plan to inject, e.g. "skip@5:committed:2"; None reads
+    ACCELPACT_FAULTS. A drill's faults fire in the first restart attempt only unless
+    `faults_every_attempt` (or ACCELPACT_FAULTS_EVERY_ATTEMPT=1)."""
+    if not isinstance(model, nn.Module):
+        raise UnsupportedModelError(f"attach expects a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError(f"attach expects a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    if not dist.is_initialized():
+        raise ConfigError("call torch.distributed.init_process_group (or accelpact.init_process_group) "
+                          "before accelpact.attach")
+    config = (config or Config()).with_env().validate()
+    rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
+    injector = _injector(faults, faults_every_attempt, rank, world_size, attempt, config)
+    rt = _build(model, optimizer, data_state, config, envelope, meshes, rank, world_size, attempt)
+    if injector is not None:
+        rt.add_listener(injector)
+    if config.checkpoint_dir is not None:
+        from .checkpointing import Checkpointer
+
+        rt.checkpointer = Checkpointer(rt)
+        try:
+            rt.checkpointer.enforce_budget()
+        except RestartBudgetExceeded as exc:
+            fail_stop(exc, on_reject=config.on_reject, rank=rank)
+        if config.restore:
+            rt.checkpointer.restore()
+    rt.line_up()
+    log.info("attached", extra={"rank": rank, "profile": rt.profile, "groups": sorted(rt.data_plane.gids)})
+    return rt
+
+
+def _injector(faults, every_attempt: bool, rank: int, world_size: int, attempt: int,
+              config: Config) -> FaultInjector | None:
+    if faults is None:
+        return FaultInjector.from_env(rank=rank, world_size=world_size, attempt=attempt,
+                                      data_timeout_s=config.data_timeout_s)
+    return FaultInjector.for_attempt(faults, rank=rank, world_size=world_size, attempt=attempt,
+                                     data_timeout_s=config.data_timeout_s, every_attempt=every_attempt)
+
+
+def _build(model, optimizer, data_state, config: Config, envelope: Envelope | None, meshes, rank: int,
+           world_size: int, attempt: int) -> Runtime:
+    profile = config.profile or detect_profile(model)
+    plane = DataPlane(model, timeout_s=config.data_timeout_s, extra=[optimizer, *meshes])
+    platform = config.platform or detect_platform(plane.groups)
+    if envelope is None:
+        envelope, source = choose_envelope(config, platform, profile, rank=rank)
+    else:
+        source = "given to attach"
+    facts = envelope_facts(envelope, platform, profile)  # an unknown platform/profile is refused by name
+    plane.enforce_timeout()
+    control = ControlPlane(timeout_s=config.control_timeout_s, attempt=attempt)
+    trace = TraceWriter(config.trace_dir, rank, attempt)
+    rewind = RewindState(step_copy=config.step_copy, max_rewinds=config.max_rewinds_per_update)
+    if FailurePhase.BACKWARD in facts.rewind_phases:
+        rewind.unisolated_ddp = _isolate_ddp_buckets(model, rank)
+    rt = Runtime(model=model, optimizer=optimizer, data_state=data_state, config=config, rank=rank,
+                 world_size=world_size, attempt=attempt, profile=profile, platform=platform, envelope=facts,
+                 envelope_source=source, data_plane=plane, control=control, trace=trace, rewind=rewind)
+    trace.write({
+        "kind": "config", "world_size": world_size, "profile": profile, "platform": platform,
+        "groups": {label: gid.key for label, gid in plane.gids.items()}, "envelope": source,
+        "rewind_phases": [str(p) for p in facts.rewind_phases], "preserve": facts.preserve,
+        "step_copy": config.step_copy, "ddp_buckets_not_isolated": rewind.unisolated_ddp,
+    })
+    return rt
+
+
+def _isolate_ddp_buckets(model: nn.Module, rank: int) -> str:
+    """Isolate every DDP module's buckets; returns why one could not be ('' when all were)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from .ddp_buckets import BucketIsolationError, isolate_buckets
+
+    for name, module in model.named_modules():
+        if isinstance(module, DistributedDataParallel):
+            try:
+                isolate_buckets(module)
+            except BucketIsolationError as exc:
+                reason = f"DDP {name or 'model'}: {exc}"
+                log.warning(reason, extra={"rank": rank})
+                return reason
+    return ""

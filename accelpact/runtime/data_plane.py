@@ -1,0 +1,103 @@
+"""The data-plane groups of one protected model: who they are, how to probe them at a boundary,
+how a failure in them is named, and which generation every cached reference names.
+
+The groups are found in the model (`rebind.data_plane_groups`), named by what they are
+(`GroupId`: label and member ranks, independent of c10d names and generations) and replaced in
+place of the old ones once a recovery has rebuilt and rebound them."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..comm import classify_failure, retired_group_names
+from ..errors import UnsupportedModelError
+from ..fsm.decisions import GroupId
+from ..rebind import data_plane_groups, discover
+from .listeners import UpdateListener
+
+
+class DataPlane:
+    def __init__(self, model: nn.Module, *, timeout_s: float, extra: Sequence[object] = ()):
+        self.model = model
+        self.groups: dict[str, dist.ProcessGroup] = dict(data_plane_groups(model))
+        if not self.groups:
+            raise UnsupportedModelError(f"found no data-plane process group in {type(model).__name__}")
+        self.gids = {label: GroupId(label, tuple(sorted(dist.get_process_group_ranks(pg))))
+                     for label, pg in self.groups.items()}
+        self.timeout_s = timeout_s
+        self.extra = list(extra)  # optimizer, meshes: objects that may cache a group too
+        self.plans: dict = {}  # label -> RebindPlan, discovered once
+        self.ref_generation = {label: 0 for label in self.groups}  # what the references name
+        self._probes: dict[str, torch.Tensor] = {}
+
+    def enforce_timeout(self) -> None:
+        """Detection is bounded by the data-plane timeout (gloo cannot abort a collective), so
+        every data-plane group gets it: a 30-minute default would mean 30 minutes."""
+        timeout = datetime.timedelta(seconds=self.timeout_s)
+        for pg in self.groups.values():
+            dist.distributed_c10d._set_pg_timeout(timeout, pg)
+
+    def held(self) -> tuple[GroupId, ...]:
+        return tuple(sorted(self.gids.values()))
+
+    def prepare(self) -> tuple[dict[str, int], float]:
+        """Discover the rebind plans (idempotent): references per label, seconds spent."""
+        t = time.perf_counter()
+        if not self.plans:
+            self.plans = {label: discover(self.model, pg, extra=self.extra) for label, pg in self.groups.items()}
+        return {label: len(plan) for label, plan in self.plans.items()}, time.perf_counter() - t
+
+    def health_check(self, listeners: Sequence[UpdateListener] = ()) -> tuple[list[GroupId], list[str]]:
+        """A tiny all-reduce on every data-plane group, all in flight at once. Returns the groups
+        that failed and the classified cause of each."""
+        labels = sorted(self.groups)
+        for listener in listeners:
+            labels = listener.probe_order(labels)
+        works: list[tuple[str, object]] = []
+        for label in labels:
+            if not all(listener.before_probe(label) for listener in listeners):
+                continue
+            probe = self._probes.setdefault(label, torch.ones(1, dtype=torch.int64)).fill_(1)
+            try:
+                works.append((label, dist.all_reduce(probe, group=self.groups[label], async_op=True)))
+            except Exception as exc:  # evidence, not an error: classified below with the others
+                works.append((label, exc))
+        failed: list[GroupId] = []
+        causes: list[str] = []
+        for label, work in works:
+            try:
+                if isinstance(work, Exception):
+                    raise work
+                work.wait()
+            except Exception as exc:  # any probe error marks the group failed; its cause is kept
+                failed.append(self.gids[label])
+                causes.append(f"{self.gids[label].key}: {self.describe(exc)}")
+        return failed, causes
+
+    def describe(self, exc: BaseException) -> str:
+        """The real cause of a failure, as one line. An exception may name its own cause
+        (`failure_cause`); otherwise it is classified. The framework may still hold a retired group
+        (rebinding off, or a missed reference); naming the groups it uses lets a bare gloo error
+        from DDP's C++ reducer, which names no group, be recognised as the retired communicator."""
+        declared = getattr(exc, "failure_cause", None)
+        if isinstance(declared, str):
+            return declared
+        try:
+            used = [pg.group_name for pg in data_plane_groups(self.model).values()]
+        except (RuntimeError, AttributeError, ValueError) as walk_error:  # never fail the recovery here
+            used = []
+            exc.add_note(f"accelpact: the model's groups could not be listed: {walk_error!r}")
+        cls = classify_failure(exc, retired_names=retired_group_names(), used_group_names=used)
+        return f"{cls.cause.name.lower()}: {cls.message}"
+
+    def install(self, label: str, group: dist.ProcessGroup, generation: int, *, rebound: bool) -> None:
+        """The replacement of `label` is in use from now on (its references rebound or not)."""
+        self.groups[label] = group
+        if rebound:
+            self.ref_generation[label] = generation

@@ -1,0 +1,71 @@
+"""The real executor: the `Executor` protocol against process groups and the control plane.
+
+One instance per recovery (it holds that recovery's scratch: the replacements built, the
+references rebound, what the discard found). Each method is a one-line call into the module that
+owns that handler; none of them decides anything."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..control import ControlPlane
+from ..fsm.decisions import RankReport
+from ..fsm.effects import (
+    ControlPlaneFailure,
+    Executor,
+    ForceReject,
+    GatherReports,
+    GuardVerdict,
+    Quiesce,
+    RebindReferences,
+    ReplaceGroups,
+    RestoreBoundary,
+    StepResult,
+    ValidateGroups,
+    VoteRelease,
+)
+from . import agree, guard, rebinding, release, replace, restore, validate
+from .data_plane import DataPlane
+from .rewind import RewindState
+
+
+class RecoveryExecutor(Executor):
+    def __init__(self, *, rank: int, epoch: str, model: nn.Module, optimizer: torch.optim.Optimizer,
+                 data_state: Any, plane: DataPlane, control: ControlPlane, rewind: RewindState, rebind: bool):
+        self.rank, self.epoch = rank, epoch
+        self.model, self.optimizer, self.data_state = model, optimizer, data_state
+        self.plane, self.control, self.rewind, self.rebind = plane, control, rewind, rebind
+        self.pending: replace.Pending = {}
+        self.rebound: dict[str, int] = {}  # references rebound per site kind
+        self.discarded: dict = {}  # what the discard of an interrupted update found
+
+    def quiesce(self, effect: Quiesce) -> GuardVerdict:
+        verdict, self.discarded = guard.guard(self.model, self.optimizer, effect)
+        return verdict
+
+    def gather_reports(self, effect: GatherReports) -> list[RankReport | None] | ControlPlaneFailure:
+        return agree.gather_reports(self.control, effect)
+
+    def restore_boundary(self, effect: RestoreBoundary) -> StepResult:
+        result, again = restore.restore_boundary(self.model, self.optimizer, self.data_state, self.rewind, effect)
+        if again is not None and (not again.was_idle or not self.discarded):  # else keep the guard's
+            self.discarded = again.to_dict()
+        return result
+
+    def replace_groups(self, effect: ReplaceGroups) -> StepResult:
+        return replace.replace_groups(self.plane, self.rank, effect, self.pending)
+
+    def rebind_references(self, effect: RebindReferences) -> StepResult:
+        return rebinding.rebind_references(self.plane, effect, self.pending, rebind=self.rebind, counts=self.rebound)
+
+    def validate_groups(self, effect: ValidateGroups) -> StepResult:
+        return validate.validate_groups(self.plane, effect, self.pending)
+
+    def vote_release(self, effect: VoteRelease) -> str | ControlPlaneFailure:
+        return release.vote_release(self.control, self.epoch, effect)
+
+    def force_reject(self, effect: ForceReject) -> str:
+        return release.force_reject(self.control, self.epoch, effect)

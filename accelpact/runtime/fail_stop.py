@@ -1,0 +1,37 @@
+"""The edge: the one place where AccelPact ends the process.
+
+The library raises (`RecoveryRejected`, `RestartBudgetExceeded`); `rt.step`, `rt.update` and
+`accelpact.attach` hand those to `fail_stop`, which honours `Config.on_reject`
+(`ACCELPACT_ON_REJECT`): "raise" re-raises for embedding code to catch, "exit" ends the process
+with the documented code for the supervisor (torchrun)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from typing import NoReturn
+
+from ..errors import RecoveryRejected, RestartBudgetExceeded
+
+
+def fail_stop(exc: RecoveryRejected | RestartBudgetExceeded, *, on_reject: str, rank: int) -> NoReturn:
+    if on_reject == "raise":
+        raise exc
+    if isinstance(exc, RestartBudgetExceeded):
+        print(f"[accelpact] rank {rank}: {exc}", file=sys.stderr, flush=True)
+        if rank == 0 and os.environ.get("TORCHELASTIC_RUN_ID"):
+            # torchrun restarts any failed worker until its own --max-restarts; stopping the agent
+            # is the only way a worker can end the job instead of looping.
+            try:
+                os.kill(os.getppid(), signal.SIGTERM)
+            except OSError as err:  # pragma: no cover - the agent is already gone
+                print(f"[accelpact] could not stop the torchrun agent: {err}", file=sys.stderr, flush=True)
+    else:
+        print(f"[accelpact] rank {rank}: recovery rejected (exit {exc.exit_code}): {'; '.join(exc.reasons)}",
+              file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(exc.exit_code)  # never run atexit handlers that could hang on a broken group

@@ -1,0 +1,52 @@
+"""What a rank keeps so that the update in flight can be run again: the boundary snapshot, the
+optional pre-step copy, and the facts `decisions.may_rerun` judges."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..fsm.decisions import RerunFacts
+from ..fsm.phases import FailurePhase
+from .snapshot import BoundarySnapshot, StepCopy
+
+
+class RewindState:
+    def __init__(self, *, step_copy: bool, max_rewinds: int):
+        self.keep_step_copy = step_copy
+        self.max_rewinds = max_rewinds
+        self.snapshot: BoundarySnapshot | None = None
+        self.snapshot_problem = ""
+        self.step_copy: StepCopy | None = None
+        self.step_copy_for: int | None = None  # F the pre-step copy was taken at
+        self.in_step = False  # the update in flight runs inside rt.step(fn)
+        self.rewinds = 0  # rewinds of the update in flight
+        #: why DDP's buckets could not be isolated from a late all-reduce ('' when they were)
+        self.unisolated_ddp = ""
+
+    def begin_step(self, data_state: Any, frontier: int, model: nn.Module) -> None:
+        """rt.step(fn) starts update F+1: snapshot the boundary of F."""
+        try:
+            self.snapshot, self.snapshot_problem = BoundarySnapshot.capture(data_state, frontier, model), ""
+        except TypeError as exc:  # a data_state without state_dict: train on, but never rewind
+            self.snapshot, self.snapshot_problem = None, str(exc)
+        self.rewinds = 0
+
+    def before_optimizer_step(self, model: nn.Module, optimizer: torch.optim.Optimizer, frontier: int) -> None:
+        if self.keep_step_copy and self.in_step:
+            self.step_copy = self.step_copy or StepCopy()
+            self.step_copy.take(model, optimizer)
+            self.step_copy_for = frontier
+
+    def has_step_copy(self, frontier: int) -> bool:
+        return self.step_copy is not None and self.step_copy_for == frontier
+
+    def facts(self, *, frontier: int, update: int, phase: FailurePhase, has_data_cursor: bool) -> RerunFacts:
+        return RerunFacts(
+            frontier=frontier, update=update, failure_phase=phase, in_step=self.in_step,
+            snapshot_frontier=self.snapshot.frontier if self.snapshot is not None else None,
+            snapshot_problem=self.snapshot_problem, has_data_cursor=has_data_cursor, rewinds=self.rewinds,
+            max_rewinds=self.max_rewinds, unisolated_ddp=self.unisolated_ddp,
+        )
