@@ -9,7 +9,7 @@ row the model cannot reach, which is just as much a finding).
 The conformance model has two ranks with R = {0}: rank 0 plays the failed-group member, rank 1
 the rank that joins and stands by (or, already past its step, rewinds from its pre-step copy),
 so every row of the table is reachable; spurious control-plane
-timeouts make `abort` reachable from every source phase. It is small (about 2k states) because
+timeouts make `abort` reachable from Agree, its one source phase. It is small (about 2k states) because
 it runs without the VIEW that hides `edge` from the property checks.
 """
 

@@ -124,106 +124,121 @@ def run_recovery(machine: RecoveryMachine, obs: Observation) -> RecoveryGen:
     Returns Preserve (resume at the agreed frontier with generation g+1), Rewind (resume at the
     committed F with generation g+1 and re-run the interrupted update) or Reject.
     """
-    ctx: RecoveryContext = machine.ctx
-    ctx.reset()
-    start = len(machine.taken)
-    steps = _Steps(machine)
+    return (yield from _Recovery(machine, obs).run())
 
-    def done(action: RecoveryAction, frontier: int, generation: int, *reasons: str) -> RecoveryOutcome:
-        return RecoveryOutcome(action, frontier, generation, ctx.decision, tuple(reasons), machine.taken[start:])
 
-    def forced_reject(reason: str):
-        """Control-plane failure: set the outcome register, then follow whatever it says."""
-        value = yield steps.request(ForceReject(reason))
-        ctx.outcome = value if isinstance(value, str) else "reject"
-        return ctx.outcome
+class _Recovery:
+    """One run of the protocol; each phase is a sub-generator of requests."""
 
-    steps.fire("observe_failure" if obs.saw_failure else "join_recovery")
+    def __init__(self, machine: RecoveryMachine, obs: Observation):
+        self.machine, self.obs = machine, obs
+        self.ctx: RecoveryContext = machine.ctx
+        self.ctx.reset()
+        self.start = len(machine.taken)
+        self.steps = _Steps(machine)
+        self.abort_reason = ""  # why the control plane failed, when this rank aborted
 
-    # -- guard ------------------------------------------------------------------------------
-    steps.fire("enter_guard")
-    verdict = yield steps.request(Quiesce(discard=obs.failure_phase is not FailurePhase.COMMITTED))
-    if isinstance(verdict, ControlPlaneFailure):  # pragma: no cover - guard is local
-        verdict = GuardVerdict(False, verdict.reason)
-    assert isinstance(verdict, GuardVerdict)
-    report = RankReport(
-        rank=obs.rank,
-        frontier=obs.frontier,
-        generation=obs.generation,
-        opt_step=obs.opt_step,
-        failure_phase=obs.failure_phase,
-        failed_groups=tuple(obs.failed_groups),
-        guard_ok=verdict.ok,
-        guard_reason=verdict.reason[:MAX_REASON],
-        preserve_qualified=obs.preserve_qualified,
-        rewind_phases=tuple(obs.rewind_phases),
-        rerun_ok=obs.rerun_ok,
-        rerun_reason=obs.rerun_reason[:MAX_REASON],
-        step_copy=obs.step_copy,
-        held_groups=tuple(obs.held_groups),
-    )
+    def done(self, action: RecoveryAction, frontier: int, generation: int, *reasons: str) -> RecoveryOutcome:
+        return RecoveryOutcome(action, frontier, generation, self.ctx.decision, tuple(reasons),
+                               self.machine.taken[self.start:])
 
-    # -- frontier agreement -----------------------------------------------------------------
-    steps.fire("submit_report")
-    reports = yield steps.request(GatherReports(report))
-    if isinstance(reports, ControlPlaneFailure):
-        yield from forced_reject(reports.reason)
-        steps.fire("abort")
-        return done(RecoveryAction.REJECT, obs.frontier, obs.generation, reports.reason)
-    decision = decide_agreement(reports, obs.world_size)  # type: ignore[arg-type]
-    ctx.decision = decision
-    if decision.action is RecoveryAction.REJECT:
-        steps.fire("decide_reject")
-        yield steps.request(ForceReject("; ".join(decision.reasons)))
-        return done(RecoveryAction.REJECT, obs.frontier, obs.generation, *decision.reasons)
+    def rejected(self, *reasons: str) -> RecoveryOutcome:
+        return self.done(RecoveryAction.REJECT, self.obs.frontier, self.obs.generation, *reasons)
 
-    assert decision.frontier is not None and decision.generation is not None
-    new_generation = decision.generation + 1
-    mine = tuple(g for g in decision.failed_groups if obs.rank in g.ranks)
-    vote_ok, vote_reason = True, ""
+    def run(self) -> RecoveryGen:
+        obs = self.obs
+        self.steps.fire("observe_failure" if obs.saw_failure else "join_recovery")
+        report = yield from self.guard()
+        decision = yield from self.agree(report)
+        if decision is None:  # the control plane failed while gathering: aborted
+            return self.rejected(self.abort_reason)
+        if decision.action is RecoveryAction.REJECT:
+            self.steps.fire("decide_reject")
+            yield self.steps.request(ForceReject("; ".join(decision.reasons)))
+            return self.rejected(*decision.reasons)
+        assert decision.frontier is not None and decision.generation is not None
+        new_generation = decision.generation + 1
+        vote = StepResult(True)
+        if self.ctx.in_failed_group():
+            vote = yield from self.repair(decision, new_generation)
+        else:
+            self.steps.fire("stand_by")
+        outcome = yield from self.release(vote)
+        if outcome == "resume":
+            self.steps.fire("rewind" if decision.action is RecoveryAction.REWIND else "release")
+            self.steps.fire("resume_training")
+            return self.done(decision.action, decision.frontier, new_generation)
+        self.steps.fire("release_reject")
+        return self.rejected(vote.reason or "a peer voted against release")
 
-    rewinding = decision.action is RecoveryAction.REWIND
-    if ctx.in_failed_group():
-        steps.fire("decide_rewind" if rewinding else "decide_preserve")
-        # -- replace (a rewind first throws the interrupted update away) --------------------
+    def guard(self) -> Generator[Effect, object, RankReport]:
+        """Quiesce (discarding an interrupted update), then the report for agreement."""
+        obs = self.obs
+        self.steps.fire("enter_guard")
+        verdict = yield self.steps.request(Quiesce(discard=obs.failure_phase is not FailurePhase.COMMITTED))
+        if isinstance(verdict, ControlPlaneFailure):  # pragma: no cover - guard is local
+            verdict = GuardVerdict(False, verdict.reason)
+        assert isinstance(verdict, GuardVerdict)
+        return RankReport(
+            rank=obs.rank, frontier=obs.frontier, generation=obs.generation, opt_step=obs.opt_step,
+            failure_phase=obs.failure_phase, failed_groups=tuple(obs.failed_groups), guard_ok=verdict.ok,
+            guard_reason=verdict.reason[:MAX_REASON], preserve_qualified=obs.preserve_qualified,
+            rewind_phases=tuple(obs.rewind_phases), rerun_ok=obs.rerun_ok,
+            rerun_reason=obs.rerun_reason[:MAX_REASON], step_copy=obs.step_copy, held_groups=tuple(obs.held_groups),
+        )
+
+    def agree(self, report: RankReport) -> Generator[Effect, object, AgreementDecision | None]:
+        """Frontier agreement; None when the control plane failed (the rank has aborted)."""
+        self.steps.fire("submit_report")
+        reports = yield self.steps.request(GatherReports(report))
+        if isinstance(reports, ControlPlaneFailure):
+            yield from self.forced_reject(reports.reason)
+            self.steps.fire("abort")
+            self.abort_reason = reports.reason
+            return None
+        self.ctx.decision = decide_agreement(reports, self.obs.world_size)  # type: ignore[arg-type]
+        return self.ctx.decision
+
+    def repair(self, decision: AgreementDecision, generation: int) -> Generator[Effect, object, StepResult]:
+        """Replace, rebind, validate this rank's groups (a rewind first restores the boundary);
+        returns this rank's vote."""
+        rewinding = decision.action is RecoveryAction.REWIND
+        mine = tuple(g for g in decision.failed_groups if self.obs.rank in g.ranks)
+        self.steps.fire("decide_rewind" if rewinding else "decide_preserve")
         built = StepResult(True)
         if rewinding:
-            undo = must_undo_step(obs.opt_step, decision.frontier)
-            built = _as_step((yield steps.request(RestoreBoundary(decision.frontier, undo_step=undo))))
+            assert decision.frontier is not None
+            undo = must_undo_step(self.obs.opt_step, decision.frontier)
+            built = _as_step((yield self.steps.request(RestoreBoundary(decision.frontier, undo_step=undo))))
             if not built.ok:
                 built = StepResult(False, f"restoring the boundary snapshot failed: {built.reason}")
         if built.ok:
-            built = _as_step((yield steps.request(ReplaceGroups(mine, new_generation))))
-        ctx.replacement_ok = built.ok
+            built = _as_step((yield self.steps.request(ReplaceGroups(mine, generation))))
+        self.ctx.replacement_ok = built.ok
         if not built.ok:
-            steps.fire("replace_failed")
-            vote_ok, vote_reason = False, f"replace failed: {built.reason}"
-        else:
-            steps.fire("replace_comm")
-            # -- rebind ---------------------------------------------------------------------
-            proof = _as_step((yield steps.request(RebindReferences(mine, new_generation))))
-            ctx.proof_ok = proof.ok
-            if not proof.ok:
-                steps.fire("rebind_failed")
-                vote_ok, vote_reason = False, f"rebind proof failed: {proof.reason}"
-            else:
-                steps.fire("rebind_refs")
-                # -- validate ---------------------------------------------------------------
-                valid = _as_step((yield steps.request(ValidateGroups(mine, new_generation))))
-                if not valid.ok:
-                    vote_ok, vote_reason = False, f"validation failed: {valid.reason}"
-    else:
-        steps.fire("stand_by")
+            self.steps.fire("replace_failed")
+            return StepResult(False, f"replace failed: {built.reason}")
+        self.steps.fire("replace_comm")
+        proof = _as_step((yield self.steps.request(RebindReferences(mine, generation))))
+        self.ctx.proof_ok = proof.ok
+        if not proof.ok:
+            self.steps.fire("rebind_failed")
+            return StepResult(False, f"rebind proof failed: {proof.reason}")
+        self.steps.fire("rebind_refs")
+        valid = _as_step((yield self.steps.request(ValidateGroups(mine, generation))))
+        return valid if valid.ok else StepResult(False, f"validation failed: {valid.reason}")
 
-    # -- release (single outcome register) ------------------------------------------------------
-    assert machine.phase is Phase.VALIDATE
-    outcome = yield steps.request(VoteRelease(vote_ok, vote_reason))
-    if isinstance(outcome, ControlPlaneFailure):
-        outcome = yield from forced_reject(outcome.reason)
-    ctx.outcome = str(outcome)
-    if ctx.outcome == "resume":
-        steps.fire("rewind" if rewinding else "release")
-        steps.fire("resume_training")
-        return done(decision.action, decision.frontier, new_generation)
-    steps.fire("release_reject")
-    return done(RecoveryAction.REJECT, obs.frontier, obs.generation, vote_reason or "a peer voted against release")
+    def release(self, vote: StepResult) -> Generator[Effect, object, str]:
+        """Vote; follow the single outcome register (forced to reject if the control plane fails)."""
+        assert self.machine.phase is Phase.VALIDATE
+        outcome = yield self.steps.request(VoteRelease(vote.ok, vote.reason))
+        if isinstance(outcome, ControlPlaneFailure):
+            outcome = yield from self.forced_reject(outcome.reason)
+        self.ctx.outcome = str(outcome)
+        return self.ctx.outcome
+
+    def forced_reject(self, reason: str) -> Generator[Effect, object, str]:
+        """Control-plane failure: set the outcome register, then follow whatever it says."""
+        value = yield self.steps.request(ForceReject(reason))
+        self.ctx.outcome = value if isinstance(value, str) else "reject"
+        return self.ctx.outcome

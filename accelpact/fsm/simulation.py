@@ -197,49 +197,11 @@ class SimExecutor(Executor):
 def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimResult:
     """Run one recovery on every rank, interleaved by `seed`; check invariants at every step."""
     sc = scenario
-    n = sc.world_size
-    group = GroupId("replicate", tuple(sorted(sc.failed_group)))
-    observers = set(sc.observers if sc.observers is not None else sc.failed_group)
-    bus = FakeBus(n, sc.lost_reports, sc.lost_votes)
+    bus = FakeBus(sc.world_size, sc.lost_reports, sc.lost_votes)
     rng = random.Random(seed)
     trace: list[tuple[int, str, str, str]] = []
     requests: list[tuple[int, str, str]] = []
-    ranks: dict[int, SimRank] = {}
-
-    for r in range(n):
-        ctx = RecoveryContext(rank=r)
-
-        def on_edge(trigger, src, dst, r=r):
-            trace.append((r, trigger, src, dst))
-
-        machine = RecoveryMachine(ctx, on_edge=on_edge)
-        machine.fire("commit_update")  # the last boundary before the fault: F committed
-        phase = sc.phase_override.get(r, sc.failure_phase) if r in observers else FailurePhase.COMMITTED
-        base = sc.frontier + sc.frontier_skew.get(r, 0)
-        tau = base + sc.step_skew.get(r, 0) + (1 if r in sc.stepped else 0)
-        held = (group,) if r in group.ranks else ()
-        held += (GroupId("data", tuple(range(n))),)
-        obs = Observation(
-            rank=r,
-            world_size=n,
-            frontier=base,
-            generation=sc.generation + sc.generation_skew.get(r, 0),
-            opt_step=tau,
-            failure_phase=phase,
-            saw_failure=r in observers,
-            failed_groups=(group,) if r in observers else (),
-            rewind_phases=sc.rewind_phases,
-            rerun_ok=r not in sc.rerun_blocked,
-            rerun_reason="no boundary snapshot" if r in sc.rerun_blocked else "",
-            step_copy=r in sc.step_copies,
-            held_groups=held,
-        )
-        refs = [sc.generation] * sc.slots
-        sim = SimRank(r, machine, run_recovery(machine, obs), refs, frontier=obs.frontier,
-                      generation=obs.generation, base=base, tau=tau)
-        sim.executor = SimExecutor(sim, bus, sc)
-        sim.pending = next(sim.gen)
-        ranks[r] = sim
+    ranks = {r: _start_rank(sc, r, bus, trace) for r in range(sc.world_size)}
 
     def live() -> list[SimRank]:
         return [s for s in ranks.values() if not s.crashed and s.outcome is None]
@@ -249,30 +211,8 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
         steps += 1
         candidates = live()
         rng.shuffle(candidates)
-        progressed = False
-        for allow_timeout in (False, True):  # a timeout fires only when no rank can progress
-            for s in candidates:
-                if s.machine.phase in sc.crash_at.values() and sc.crash_at.get(s.rank) == s.machine.phase:
-                    s.crashed = True
-                    progressed = True
-                    break
-                assert s.executor is not None and s.pending is not None
-                s.executor.allow_timeout = allow_timeout
-                try:
-                    result = perform(s.executor, s.pending)
-                except WouldBlock:
-                    continue
-                requests.append((s.rank, s.machine.taken[-1][0], type(s.pending).__name__))
-                try:
-                    s.pending = s.gen.send(result)
-                except StopIteration as stop:
-                    s.outcome = stop.value
-                    if s.outcome.resumed:
-                        s.frontier, s.generation = s.outcome.frontier, s.outcome.generation
-                progressed = True
-                break
-            if progressed:
-                break
+        # a timeout fires only when no rank can progress
+        progressed = _advance_one(candidates, sc, requests, False) or _advance_one(candidates, sc, requests, True)
         _check_invariants(ranks, bus, sc)
         if not progressed:
             break
@@ -286,6 +226,58 @@ def simulate(scenario: Scenario, seed: int = 0, max_steps: int = 10_000) -> SimR
         trace,
         requests,
     )
+
+
+def _start_rank(sc: Scenario, r: int, bus: FakeBus, trace: list) -> SimRank:
+    """Rank r's machine (past its last commit), its observation, its executor, its first request."""
+    n = sc.world_size
+    group = GroupId("replicate", tuple(sorted(sc.failed_group)))
+    observers = set(sc.observers if sc.observers is not None else sc.failed_group)
+
+    def on_edge(trigger, src, dst):
+        trace.append((r, trigger, src, dst))
+
+    machine = RecoveryMachine(RecoveryContext(rank=r), on_edge=on_edge)
+    machine.fire("commit_update")  # the last boundary before the fault: F committed
+    phase = sc.phase_override.get(r, sc.failure_phase) if r in observers else FailurePhase.COMMITTED
+    base = sc.frontier + sc.frontier_skew.get(r, 0)
+    tau = base + sc.step_skew.get(r, 0) + (1 if r in sc.stepped else 0)
+    held = ((group,) if r in group.ranks else ()) + (GroupId("data", tuple(range(n))),)
+    obs = Observation(
+        rank=r, world_size=n, frontier=base, generation=sc.generation + sc.generation_skew.get(r, 0),
+        opt_step=tau, failure_phase=phase, saw_failure=r in observers,
+        failed_groups=(group,) if r in observers else (), rewind_phases=sc.rewind_phases,
+        rerun_ok=r not in sc.rerun_blocked, rerun_reason="no boundary snapshot" if r in sc.rerun_blocked else "",
+        step_copy=r in sc.step_copies, held_groups=held,
+    )
+    sim = SimRank(r, machine, run_recovery(machine, obs), [sc.generation] * sc.slots, frontier=obs.frontier,
+                  generation=obs.generation, base=base, tau=tau)
+    sim.executor = SimExecutor(sim, bus, sc)
+    sim.pending = next(sim.gen)
+    return sim
+
+
+def _advance_one(candidates: list[SimRank], sc: Scenario, requests: list, allow_timeout: bool) -> bool:
+    """Let the first candidate that can progress perform its pending request (or crash)."""
+    for s in candidates:
+        if s.machine.phase in sc.crash_at.values() and sc.crash_at.get(s.rank) == s.machine.phase:
+            s.crashed = True
+            return True
+        assert s.executor is not None and s.pending is not None
+        s.executor.allow_timeout = allow_timeout
+        try:
+            result = perform(s.executor, s.pending)
+        except WouldBlock:
+            continue
+        requests.append((s.rank, s.machine.taken[-1][0], type(s.pending).__name__))
+        try:
+            s.pending = s.gen.send(result)
+        except StopIteration as stop:
+            s.outcome = stop.value
+            if s.outcome.resumed:
+                s.frontier, s.generation = s.outcome.frontier, s.outcome.generation
+        return True
+    return False
 
 
 def _check_invariants(ranks: dict[int, SimRank], bus: FakeBus, sc: Scenario) -> None:

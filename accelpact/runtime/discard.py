@@ -322,7 +322,16 @@ def _fsdp2_discard_group(group: Any, report: DiscardResult, TrainingState: Any, 
         group._post_forward_indices.clear()
         busy = True
     group._training_state = TrainingState.IDLE
+    busy = _fsdp2_discard_params(group, report, ShardedState) or busy
+    if group._sharded_state != ShardedState.SHARDED:
+        group._sharded_state = ShardedState.SHARDED
+        busy = True
+    return busy
 
+
+def _fsdp2_discard_params(group: Any, report: DiscardResult, ShardedState: Any) -> bool:
+    """Reshard every parameter of the group and drop its gradients; True if anything was left."""
+    busy = False
     for fsdp_param in group.fsdp_params:
         if _fsdp2_param_unsharded(fsdp_param, ShardedState.SHARDED):
             post_forward = fsdp_param.sharded_state == ShardedState.SHARDED_POST_FORWARD
@@ -341,9 +350,6 @@ def _fsdp2_discard_group(group: Any, report: DiscardResult, TrainingState: Any, 
             fsdp_param.grad_offload_event = None
         report.grads_dropped += dropped
         busy = busy or dropped > 0
-    if group._sharded_state != ShardedState.SHARDED:
-        group._sharded_state = ShardedState.SHARDED
-        busy = True
     return busy
 
 

@@ -34,6 +34,7 @@ from .evidence import write_reject_evidence
 from .executor import RecoveryExecutor
 from .fail_stop import fail_stop
 from .history import RecoveryRecord
+from .hooks import PhaseTracker
 from .listeners import UpdateListener
 from .recovery import drive
 from .rewind import RewindState
@@ -63,16 +64,11 @@ class Runtime:
         self.history: list[RecoveryRecord] = []
         self.checkpointer = None  # set by attach when Config.checkpoint_dir is given
         self.listeners: list[UpdateListener] = []
-        self._phase: FailurePhase | None = None  # phase of the update in flight (None: between updates)
         self._recoveries = 0
         self._rewound = False
         self._plans_deferred = False
-        self._hooks = [
-            model.register_forward_pre_hook(self._on_forward_pre),
-            model.register_forward_hook(self._on_forward),
-            optimizer.register_step_pre_hook(self._on_step_pre),
-            optimizer.register_step_post_hook(self._on_step_post),
-        ]
+        self._tracker = PhaseTracker(model, optimizer, on_phase=self._notify, before_step=self._before_step,
+                                     after_step=self._after_step)
 
     # ---------------------------------------------------------------- public API -----------
     def prepare(self) -> dict[str, int]:
@@ -108,15 +104,14 @@ class Runtime:
         check, and recovery if any rank saw a failure. The body cannot be run again, so a failure
         inside it is preserved (at the boundary) or rejected, never rewound: see `step`."""
         self.update_index += 1
-        self._enter(FailurePhase.FORWARD)
+        self._tracker.enter(FailurePhase.FORWARD)
         error: BaseException | None = None
         try:
             yield self
         except Exception as exc:  # every failure goes through the protocol, so no peer hangs
             error = exc
         finally:
-            phase_at_error = self._phase
-            self._phase = None
+            phase_at_error = self._tracker.leave()
         try:
             self._boundary(error, phase_at_error)
         except RecoveryRejected as rejected:
@@ -147,38 +142,19 @@ class Runtime:
         return self.checkpointer.restore()
 
     def close(self) -> None:
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        self._tracker.remove()
         self.trace.close()
         self.control.close()
 
     # ---------------------------------------------------------------- hooks -------------------
-    def _enter(self, phase: FailurePhase) -> None:
-        self._phase = phase
+    def _notify(self, phase: FailurePhase) -> None:
         for listener in self.listeners:
             listener.on_phase(self.update_index, phase)
 
-    def _on_forward_pre(self, module, args):
-        if self._phase is not None:
-            self._enter(FailurePhase.FORWARD)
+    def _before_step(self) -> None:
+        self.rewind.before_optimizer_step(self.model, self.optimizer, self.frontier)
 
-    def _on_forward(self, module, args, output):
-        if self._phase is not None:
-            tensor = _first_grad_tensor(output)
-            if tensor is not None:
-                tensor.register_hook(self._on_backward_start)
-
-    def _on_backward_start(self, grad):
-        if self._phase is not None:
-            self._enter(FailurePhase.BACKWARD)
-
-    def _on_step_pre(self, optimizer, args, kwargs):
-        if self._phase is not None:
-            self.rewind.before_optimizer_step(self.model, self.optimizer, self.frontier)
-            self._enter(FailurePhase.OPTIMIZER)
-
-    def _on_step_post(self, optimizer, args, kwargs):
+    def _after_step(self) -> None:
         self.opt_step += 1
 
     # ---------------------------------------------------------------- boundary ----------------
@@ -189,8 +165,7 @@ class Runtime:
             error, phase_at_error = self._discover_late(error, phase_at_error)
         if error is None:
             phase = FailurePhase.COMMITTED
-            for listener in self.listeners:
-                listener.on_phase(self.update_index, phase)
+            self._notify(phase)
             failed, causes = self.data_plane.health_check(self.listeners) if self.config.health_check else ([], [])
             saw, cause = bool(failed), "; ".join(causes)
         else:
@@ -285,7 +260,7 @@ class Runtime:
             value = f"unreachable ({exc})"
         record = RecoveryRecord(
             index=self._recoveries, update=self.update_index, action=RecoveryAction.REJECT,
-            failure_phase=self._phase or FailurePhase.COMMITTED, saw_failure=True, cause=reason,
+            failure_phase=self._tracker.phase or FailurePhase.COMMITTED, saw_failure=True, cause=reason,
             frontier=self.frontier, generation=self.generation, reasons=[reason, f"register={value}"],
         )
         self.history.append(record)
@@ -307,15 +282,3 @@ class Runtime:
                         generation=self.generation, refs=dict(self.data_plane.ref_generation),
                         update=self.update_index, tau=self.opt_step)
 
-
-def _first_grad_tensor(output) -> torch.Tensor | None:
-    if isinstance(output, torch.Tensor):
-        return output if output.requires_grad else None
-    if isinstance(output, dict):
-        output = list(output.values())
-    if isinstance(output, (list, tuple)):
-        for item in output:
-            t = _first_grad_tensor(item)
-            if t is not None:
-                return t
-    return None

@@ -1,0 +1,85 @@
+"""The runtime's collaborators, each alone: the edge that exits, the drill's injector, evidence,
+detection. (Multi-process behaviour is in test_runtime.py and test_rewind.py.)"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from accelpact.errors import ConfigError, RecoveryRejected, RestartBudgetExceeded, UnsupportedModelError
+from accelpact.faults import FaultInjector, InjectedFault
+from accelpact.fsm.phases import FailurePhase, RecoveryAction
+from accelpact.runtime.detect import detect_profile
+from accelpact.runtime.evidence import write_reject_evidence
+from accelpact.runtime.fail_stop import fail_stop
+from accelpact.runtime.history import RecoveryRecord
+
+
+def test_fail_stop_reraises_for_embedding_code():
+    exc = RecoveryRejected(("peer lost",))
+    with pytest.raises(RecoveryRejected) as got:
+        fail_stop(exc, on_reject="raise", rank=0)
+    assert got.value is exc
+
+
+@pytest.mark.parametrize("make, code, said", [
+    ("RecoveryRejected(('peer lost',))", 75, "recovery rejected (exit 75): peer lost"),
+    ("RestartBudgetExceeded('restart budget exceeded: 4 > 3')", 76, "restart budget exceeded"),
+])
+def test_fail_stop_exits_with_the_documented_code(make, code, said):
+    script = ("from accelpact.errors import *\nfrom accelpact.runtime.fail_stop import fail_stop\n"
+              f"fail_stop({make}, on_reject='exit', rank=2)\nprint('not reached')")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == code, proc.stderr
+    assert said in proc.stderr and "rank 2" in proc.stderr and "not reached" not in proc.stdout
+
+
+def test_injector_fires_each_fault_once_on_its_rank_and_holds_back_the_targeted_probe():
+    inj = FaultInjector("skip@2:committed:1,late@3:backward:0,skip@4:forward:1", rank=1, data_timeout_s=0.01)
+    inj.on_phase(1, FailurePhase.COMMITTED)
+    assert inj.before_probe("replicate") and inj.before_probe("shard")
+    inj.on_phase(2, FailurePhase.COMMITTED)
+    assert inj.probe_order(["replicate", "shard"]) == ["shard", "replicate"]  # the target goes last
+    assert inj.before_probe("shard") and not inj.before_probe("replicate")
+    inj.on_phase(3, FailurePhase.BACKWARD)  # rank 0's fault: nothing here
+    with pytest.raises(InjectedFault) as fault:
+        inj.on_phase(4, FailurePhase.FORWARD)
+    assert fault.value.failure_cause == "injected skip@4:forward:1"
+    inj.on_phase(4, FailurePhase.FORWARD)  # once only: a rewound update runs clean
+
+
+def test_injector_from_the_environment_fires_in_the_first_attempt_only_unless_asked():
+    env = {"ACCELPACT_FAULTS": "skip@2:committed:1"}
+    kw = dict(rank=1, world_size=4, data_timeout_s=1.0)
+    assert FaultInjector.from_env(attempt=0, env=env, **kw) is not None
+    assert FaultInjector.from_env(attempt=1, env=env, **kw) is None
+    assert FaultInjector.from_env(attempt=1, env={**env, "ACCELPACT_FAULTS_EVERY_ATTEMPT": "1"}, **kw) is not None
+    assert FaultInjector.from_env(attempt=0, env={}, **kw) is None
+    with pytest.raises(ConfigError, match="ACCELPACT_FAULTS"):
+        FaultInjector.from_env(attempt=0, env={"ACCELPACT_FAULTS": "skip@x"}, **kw)
+    with pytest.raises(ConfigError, match="out of range"):
+        FaultInjector.from_env(attempt=0, env={"ACCELPACT_FAULTS": "skip@2:committed:9"}, **kw)
+
+
+def test_reject_evidence_names_the_reasons_and_the_original_error(tmp_path):
+    try:
+        raise KeyError("batch")
+    except KeyError as exc:
+        error = exc
+    record = RecoveryRecord(1, 5, RecoveryAction.REJECT, FailurePhase.BACKWARD, True, "x", 4, 0)
+    path = write_reject_evidence(str(tmp_path), rank=3, attempt=0, frontier=4, generation=0, opt_step=4,
+                                 update=5, reasons=["no pre-step copy"], error=error, record=record)
+    body = json.loads(open(path).read())
+    assert body["reasons"] == ["no pre-step copy"] and body["exit_code"] == 75
+    assert "KeyError" in body["traceback"] and body["recovery"]["action"] == "reject"
+    assert write_reject_evidence(None, rank=0, attempt=0, frontier=0, generation=0, opt_step=0, update=0,
+                                 reasons=[], error=None, record=record) is None
+
+
+def test_an_unknown_model_type_is_refused_by_name():
+    with pytest.raises(UnsupportedModelError, match="unknown model type Linear"):
+        detect_profile(torch.nn.Linear(2, 2))
