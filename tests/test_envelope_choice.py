@@ -80,7 +80,7 @@ def test_builtin_and_permissive_choices(tmp_path):
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(180)
-def test_an_action_the_file_does_not_qualify_falls_back_to_restart_with_the_reason(tmp_path):
+def test_an_action_the_file_does_not_qualify_falls_back_to_reject_with_the_reason(tmp_path):
     from accelpact.testing.drills import Drill, run_drill
     from accelpact.testing.spawn import run_world
 

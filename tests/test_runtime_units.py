@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from accelpact.errors import ConfigError, RecoveryRejected, RestartBudgetExceeded, UnsupportedModelError
+from accelpact.errors import ConfigError, RecoveryRejected, UnsupportedModelError
 from accelpact.faults import FaultInjector, InjectedFault
 from accelpact.fsm.phases import FailurePhase, RecoveryAction
 from accelpact.runtime.detect import detect_profile

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import os
 import statistics
 import sys
@@ -26,6 +27,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..fsm.phases import FailurePhase, RecoveryAction
 from .model import OBJECTIVE_BITWISE, PROFILES, Envelope, EnvelopeRow, ObservationKey
+
+log = logging.getLogger("accelpact.envelope")
 
 __all__ = [
     "FORMAT",
@@ -122,7 +125,8 @@ def platform_fingerprint(backend: str, device: str) -> dict[str, str]:
         fingerprint["cuda"] = str(torch.version.cuda)
         try:
             fingerprint["nccl"] = ".".join(str(part) for part in torch.cuda.nccl.version())
-        except Exception:  # noqa: BLE001 - a CUDA build without NCCL: record that, do not fail
+        except (RuntimeError, AttributeError) as exc:  # a CUDA build without NCCL: record it, do not fail
+            log.debug("NCCL version unavailable: %s: %s", type(exc).__name__, exc)
             fingerprint["nccl"] = "unavailable"
     return fingerprint
 

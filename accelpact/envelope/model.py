@@ -11,13 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ..errors import AccelPactError
 from ..fsm.phases import FailurePhase, RecoveryAction
 
 OBJECTIVE_BITWISE = "bitwise-continuation"
 PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
 
 
-class UnknownObservationKey(LookupError):
+class UnknownObservationKey(AccelPactError, LookupError):
     """No envelope row covers this observation key; nothing may be guessed."""
 
 

@@ -6,6 +6,7 @@ owns that handler; none of them decides anything."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -34,10 +35,12 @@ from .rewind import RewindState
 
 class RecoveryExecutor(Executor):
     def __init__(self, *, rank: int, epoch: str, model: nn.Module, optimizer: torch.optim.Optimizer,
-                 data_state: Any, plane: DataPlane, control: ControlPlane, rewind: RewindState, rebind: bool):
+                 data_state: Any, plane: DataPlane, control: ControlPlane, rewind: RewindState, rebind: bool,
+                 on_step_undone: Callable[[int], None]):
         self.rank, self.epoch = rank, epoch
         self.model, self.optimizer, self.data_state = model, optimizer, data_state
         self.plane, self.control, self.rewind, self.rebind = plane, control, rewind, rebind
+        self.on_step_undone = on_step_undone  # tau is back at F: the runtime's accounting follows
         self.pending: replace.Pending = {}
         self.rebound: dict[str, int] = {}  # references rebound per site kind
         self.discarded: dict = {}  # what the discard of an interrupted update found
@@ -53,6 +56,8 @@ class RecoveryExecutor(Executor):
         result, again = restore.restore_boundary(self.model, self.optimizer, self.data_state, self.rewind, effect)
         if again is not None and (not again.was_idle or not self.discarded):  # else keep the guard's
             self.discarded = again.to_dict()
+        if result.ok:
+            self.on_step_undone(effect.frontier)
         return result
 
     def replace_groups(self, effect: ReplaceGroups) -> StepResult:

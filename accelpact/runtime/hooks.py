@@ -24,6 +24,10 @@ class PhaseTracker:
             optimizer.register_step_post_hook(self._step_post),
         ]
 
+    def begin(self) -> None:
+        """An update starts (its first forward will announce the phase)."""
+        self.phase = FailurePhase.FORWARD
+
     def enter(self, phase: FailurePhase) -> None:
         self.phase = phase
         self._on_phase(phase)

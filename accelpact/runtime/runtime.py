@@ -104,7 +104,7 @@ class Runtime:
         check, and recovery if any rank saw a failure. The body cannot be run again, so a failure
         inside it is preserved (at the boundary) or rejected, never rewound: see `step`."""
         self.update_index += 1
-        self._tracker.enter(FailurePhase.FORWARD)
+        self._tracker.begin()
         error: BaseException | None = None
         try:
             yield self
@@ -156,6 +156,9 @@ class Runtime:
 
     def _after_step(self) -> None:
         self.opt_step += 1
+
+    def _step_undone(self, frontier: int) -> None:
+        self.opt_step = frontier
 
     # ---------------------------------------------------------------- boundary ----------------
     def _boundary(self, error: BaseException | None, phase_at_error: FailurePhase | None) -> None:
@@ -227,7 +230,8 @@ class Runtime:
                           "failed_groups": [g.key for g in failed]})
         executor = RecoveryExecutor(rank=self.rank, epoch=f"r{self._recoveries}", model=self.model,
                                     optimizer=self.optimizer, data_state=self.data_state, plane=self.data_plane,
-                                    control=self.control, rewind=self.rewind, rebind=self.config.rebind)
+                                    control=self.control, rewind=self.rewind, rebind=self.config.rebind,
+                                    on_step_undone=self._step_undone)
         driven = drive(self.machine, obs, executor)
         outcome = driven.outcome
         record = RecoveryRecord(
@@ -244,7 +248,6 @@ class Runtime:
             self._reject(record.reasons, error, record)
         self.frontier, self.generation = outcome.frontier, outcome.generation
         if outcome.action is RecoveryAction.REWIND:
-            self.opt_step = outcome.frontier  # every rank restored its step (or never took it)
             self.update_index -= 1  # the same update runs again (faults already fired stay fired)
             self._rewound = True
             self.rewind.rewinds += 1
