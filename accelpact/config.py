@@ -5,12 +5,27 @@ top of the given config). Drill settings (fault plans) are not here: see `accelp
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import os
 from dataclasses import dataclass, fields
 
 from .errors import ConfigError
 
 ENV_PREFIX = "ACCELPACT_"
+
+#: ACCELPACT_* variables that are not Config fields: the drill's (accelpact.faults), the qualify
+#: command's and the test and chaos harnesses'. Anything else is most likely a misspelling.
+OTHER_VARIABLES = frozenset({"ACCELPACT_FAULTS", "ACCELPACT_FAULTS_EVERY_ATTEMPT", "ACCELPACT_ENVELOPE_DIR",
+                             "ACCELPACT_TEST_ENV"})
+OTHER_PREFIXES = ("ACCELPACT_CHAOS_",)
+
+#: Timeouts are bounded: gloo counts milliseconds (1e-9 s would become 0, "no timeout"), and a
+#: detection bound of more than a day is a typo, not a setting (inf overflows c10d's timedelta).
+MIN_TIMEOUT_S = 0.01
+MAX_TIMEOUT_S = 86_400.0
+
+log = logging.getLogger("accelpact.config")
 
 
 @dataclass
@@ -60,8 +75,11 @@ class Config:
         self.validate()
 
     def validate(self) -> Config:
-        if not self.data_timeout_s > 0:
-            raise ConfigError(f"data_timeout_s must be positive, got {self.data_timeout_s}")
+        for name in ("data_timeout_s", "control_timeout_s"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S):
+                raise ConfigError(f"{name} must be a number of seconds in [{MIN_TIMEOUT_S}, {MAX_TIMEOUT_S:g}], "
+                                  f"got {value!r}")
         if not self.control_timeout_s > self.data_timeout_s:
             raise ConfigError(
                 f"control_timeout_s ({self.control_timeout_s}) must exceed data_timeout_s "
@@ -84,12 +102,36 @@ class Config:
     def with_env(self, env: dict[str, str] | None = None) -> Config:
         """This config with environment overrides applied on top (used by `attach`)."""
         env = dict(os.environ if env is None else env)
+        warn_unknown_variables(env)
         over = {}
         for f in fields(self):
             key = ENV_PREFIX + f.name.upper()
             if key in env:
                 over[f.name] = _coerce(type(self), f.name, env[key], key)
         return dataclasses.replace(self, **over) if over else self
+
+
+def known_variables() -> frozenset[str]:
+    return frozenset(ENV_PREFIX + f.name.upper() for f in fields(Config)) | OTHER_VARIABLES
+
+
+def unknown_variables(env: dict[str, str]) -> list[tuple[str, str | None]]:
+    """(name, closest valid name or None) for each ACCELPACT_* variable nothing reads."""
+    known = known_variables()
+    out = []
+    for key in sorted(env):
+        if key.startswith(ENV_PREFIX) and key not in known and not key.startswith(OTHER_PREFIXES):
+            names = {name[len(ENV_PREFIX):]: name for name in known}  # compare what follows the prefix
+            close = difflib.get_close_matches(key[len(ENV_PREFIX):], sorted(names), n=1, cutoff=0.6)
+            out.append((key, names[close[0]] if close else None))
+    return out
+
+
+def warn_unknown_variables(env: dict[str, str]) -> None:
+    """A misspelled variable is otherwise silently ignored (a drill would run with no faults)."""
+    for key, close in unknown_variables(env):
+        hint = f"; did you mean {close}?" if close else f"; valid names: {', '.join(sorted(known_variables()))}"
+        log.warning("%s is not an AccelPact setting and is ignored%s", key, hint)
 
 
 def _coerce(cls, name: str, raw: str, key: str):

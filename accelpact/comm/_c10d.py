@@ -25,11 +25,14 @@ from torch.distributed import distributed_c10d as c10d
 
 __all__ = [
     "default_store",
+    "group_timeout",
+    "is_default_group",
     "is_registered",
     "name_is_taken",
     "register_group",
     "registered_ranks",
     "resolve_name",
+    "set_group_timeout",
 ]
 
 
@@ -92,3 +95,22 @@ def destroy(pg: ProcessGroup) -> None:
 
 def abort(pg: ProcessGroup) -> None:
     c10d._abort_process_group(pg)
+
+
+def is_default_group(pg: ProcessGroup) -> bool:
+    """Whether `pg` is the default (world) group: destroying it tears down every group."""
+    return dist.is_initialized() and pg is c10d._get_default_group()
+
+
+def group_timeout(pg: ProcessGroup):
+    """The timeout `pg`'s backends apply (a timedelta), or None when no backend reports one."""
+    for device in pg._device_types:
+        options = getattr(pg._get_backend(device), "options", None)
+        timeout = getattr(options, "_timeout", None)
+        if timeout is not None:
+            return timeout
+    return None
+
+
+def set_group_timeout(pg: ProcessGroup, timeout) -> None:
+    c10d._set_pg_timeout(timeout, pg)

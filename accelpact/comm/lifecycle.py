@@ -129,6 +129,9 @@ def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
     """
     if is_retired(pg):
         return False
+    if _c10d.is_default_group(pg):
+        raise MembershipError("refusing to retire the default process group: destroying it would tear down "
+                              "every group of the job")
     name = pg.group_name
     if not _c10d.is_registered(pg):
         pg.shutdown()  # never registered, or destroyed behind our back: just close it

@@ -27,7 +27,7 @@ from .data_plane import DataPlane
 from .detect import detect_platform, detect_profile
 from .fail_stop import fail_stop
 from .rewind import RewindState
-from .runtime import Runtime
+from .runtime import ATTACHED, Runtime
 
 log = logging.getLogger("accelpact.runtime")
 
@@ -57,25 +57,55 @@ def attach(
     if not dist.is_initialized():
         raise ConfigError("call torch.distributed.init_process_group (or accelpact.init_process_group) "
                           "before accelpact.attach")
+    if getattr(model, ATTACHED, False):
+        raise ConfigError("this model is already attached to an AccelPact runtime: a second attach would "
+                          "hook every update twice; call rt.close() first")
+    _check_data_state(data_state)
     config = (config or Config()).with_env().validate()
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
     injector = _injector(faults, faults_every_attempt, rank, world_size, attempt, config)
-    rt = _build(model, optimizer, data_state, config, envelope, meshes, rank, world_size, attempt)
-    if injector is not None:
-        rt.add_listener(injector)
-    if config.checkpoint_dir is not None:
-        from .checkpointing import Checkpointer
-
-        rt.checkpointer = Checkpointer(rt)
-        try:
-            rt.checkpointer.enforce_budget()
-        except RestartBudgetExceeded as exc:
-            fail_stop(exc, on_reject=config.on_reject, rank=rank)
-        if config.restore:
-            rt.checkpointer.restore()
-    rt.line_up()
+    profile = config.profile or detect_profile(model)
+    plane = DataPlane(model, timeout_s=config.data_timeout_s, extra=[optimizer, *meshes])
+    plane.refuse_default_group()
+    rt: Runtime | None = None
+    try:
+        rt = _build(model, optimizer, data_state, config, envelope, profile, plane, rank, world_size, attempt)
+        if injector is not None:
+            rt.add_listener(injector)
+        _checkpointing(rt, config, rank)
+        rt.line_up()
+    except BaseException:
+        # a failed attach leaves the user's objects as it found them: hooks, timeouts, the mark
+        if rt is not None:
+            rt.close()
+        plane.restore_timeouts()
+        raise
     log.info("attached", extra={"rank": rank, "profile": rt.profile, "groups": sorted(rt.data_plane.gids)})
     return rt
+
+
+def _check_data_state(data_state: Any) -> None:
+    if data_state is None:
+        return
+    missing = [name for name in ("state_dict", "load_state_dict") if not callable(getattr(data_state, name, None))]
+    if missing:
+        raise ConfigError(f"data_state {type(data_state).__name__} has no {' or '.join(missing)}: pass the data "
+                          "loader's cursor (an object with state_dict/load_state_dict) so that checkpoints and "
+                          "a rewound update read the same batches, or None")
+
+
+def _checkpointing(rt: Runtime, config: Config, rank: int) -> None:
+    if config.checkpoint_dir is None:
+        return
+    from .checkpointing import Checkpointer
+
+    rt.checkpointer = Checkpointer(rt)
+    try:
+        rt.checkpointer.enforce_budget()
+    except RestartBudgetExceeded as exc:
+        fail_stop(exc, on_reject=config.on_reject, rank=rank)
+    if config.restore:
+        rt.checkpointer.restore()
 
 
 def _injector(faults, every_attempt: bool, rank: int, world_size: int, attempt: int,
@@ -87,10 +117,8 @@ def _injector(faults, every_attempt: bool, rank: int, world_size: int, attempt: 
                                      data_timeout_s=config.data_timeout_s, every_attempt=every_attempt)
 
 
-def _build(model, optimizer, data_state, config: Config, envelope: Envelope | None, meshes, rank: int,
-           world_size: int, attempt: int) -> Runtime:
-    profile = config.profile or detect_profile(model)
-    plane = DataPlane(model, timeout_s=config.data_timeout_s, extra=[optimizer, *meshes])
+def _build(model, optimizer, data_state, config: Config, envelope: Envelope | None, profile: str,
+           plane: DataPlane, rank: int, world_size: int, attempt: int) -> Runtime:
     platform = config.platform or detect_platform(plane.groups)
     if envelope is None:
         envelope, source = choose_envelope(config, platform, profile, rank=rank)

@@ -15,8 +15,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..comm import classify_failure, retired_group_names
-from ..errors import UnsupportedModelError
+from ..comm import _c10d, classify_failure, retired_group_names
+from ..errors import ConfigError, UnsupportedModelError
 from ..fsm.decisions import GroupId
 from ..rebind import data_plane_groups, discover
 from .listeners import UpdateListener
@@ -35,13 +35,32 @@ class DataPlane:
         self.plans: dict = {}  # label -> RebindPlan, discovered once
         self.ref_generation = {label: 0 for label in self.groups}  # what the references name
         self._probes: dict[str, torch.Tensor] = {}
+        self._saved_timeouts: dict[str, datetime.timedelta | None] = {}
+
+    def refuse_default_group(self) -> None:
+        """Replacing the default group would destroy it, and with it every group of the job."""
+        for label, pg in self.groups.items():
+            if _c10d.is_default_group(pg):
+                raise ConfigError(
+                    f"the model's {label!r} data-plane group is the default process group: AccelPact "
+                    "replaces a failed data-plane group, and replacing the default group would tear down "
+                    "every group of the job. Give the wrapper a group of its own, e.g. "
+                    "DistributedDataParallel(model, process_group=dist.new_group(ranks)) or a DeviceMesh")
 
     def enforce_timeout(self) -> None:
         """Detection is bounded by the data-plane timeout (gloo cannot abort a collective), so
-        every data-plane group gets it: a 30-minute default would mean 30 minutes."""
+        every data-plane group gets it: a 30-minute default would mean 30 minutes. The previous
+        timeouts are kept so that a failed attach can put them back (`restore_timeouts`)."""
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        for pg in self.groups.values():
-            dist.distributed_c10d._set_pg_timeout(timeout, pg)
+        for label, pg in self.groups.items():
+            self._saved_timeouts.setdefault(label, _c10d.group_timeout(pg))
+            _c10d.set_group_timeout(pg, timeout)
+
+    def restore_timeouts(self) -> None:
+        for label, previous in self._saved_timeouts.items():
+            if previous is not None:
+                _c10d.set_group_timeout(self.groups[label], previous)
+        self._saved_timeouts.clear()
 
     def held(self) -> tuple[GroupId, ...]:
         return tuple(sorted(self.gids.values()))

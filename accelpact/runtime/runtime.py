@@ -43,6 +43,10 @@ T = TypeVar("T")
 
 log = logging.getLogger("accelpact.runtime")
 
+#: Marks a model that has a runtime attached (one runtime per model: two would hook every
+#: update twice and let F and tau drift apart).
+ATTACHED = "_accelpact_attached"
+
 
 class Runtime:
     """One rank's AccelPact runtime. Create with `accelpact.attach`."""
@@ -69,6 +73,7 @@ class Runtime:
         self._plans_deferred = False
         self._tracker = PhaseTracker(model, optimizer, on_phase=self._notify, before_step=self._before_step,
                                      after_step=self._after_step)
+        setattr(model, ATTACHED, True)
 
     # ---------------------------------------------------------------- public API -----------
     def prepare(self) -> dict[str, int]:
@@ -142,7 +147,10 @@ class Runtime:
         return self.checkpointer.restore()
 
     def close(self) -> None:
+        """Remove every hook, close trace and control plane; the model may be attached again."""
         self._tracker.remove()
+        if getattr(self.model, ATTACHED, False):
+            delattr(self.model, ATTACHED)
         self.trace.close()
         self.control.close()
 

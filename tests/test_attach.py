@@ -1,0 +1,116 @@
+"""What attach refuses, and what a failed attach leaves behind (nothing)."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+
+import pytest
+
+from accelpact.config import Config
+from accelpact.errors import ConfigError
+from accelpact.testing.spawn import run_world
+
+
+def _ddp(group=None):
+    import torch
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 4), process_group=group)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+class Cursor:
+    def __init__(self):
+        self.i = 0
+
+    def state_dict(self):
+        return {"i": self.i}
+
+    def load_state_dict(self, d):
+        self.i = d["i"]
+
+
+def _attach_checks(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    import accelpact
+    from accelpact.comm import _c10d
+    from accelpact.comm.lifecycle import MembershipError, retire_group
+    from accelpact.runtime import runtime as shell
+
+    out: dict = {}
+    cfg = Config(data_timeout_s=2.0, control_timeout_s=8.0, envelope="builtin", on_reject="raise")
+    # 1. the default group is refused, with the fix named; retire_group guards it too
+    model, opt = _ddp()
+    try:
+        accelpact.attach(model, opt, config=cfg)
+    except ConfigError as exc:
+        out["default"] = str(exc)
+    try:
+        retire_group(dist.group.WORLD)
+    except MembershipError as exc:
+        out["retire_default"] = str(exc)
+    # 2. a data_state without state_dict is refused at attach, not at the first checkpoint
+    group = dist.new_group(list(range(world_size)))
+    model, opt = _ddp(group)
+    try:
+        accelpact.attach(model, opt, data_state=object(), config=cfg)
+    except ConfigError as exc:
+        out["data_state"] = str(exc)
+    # 3. a failed attach undoes its side effects: timeouts, hooks, the attached mark
+    before = _c10d.group_timeout(group)
+    hooks_before = (len(model._forward_pre_hooks), len(model._forward_hooks))
+    real = shell.Runtime.line_up
+
+    def failing_line_up(self):
+        raise RuntimeError("peer vanished during attach")
+
+    shell.Runtime.line_up = failing_line_up
+    try:
+        accelpact.attach(model, opt, data_state=Cursor(), config=cfg)
+    except RuntimeError as exc:
+        out["failed"] = str(exc)
+    finally:
+        shell.Runtime.line_up = real
+    out["timeout_restored"] = _c10d.group_timeout(group) == before != datetime.timedelta(seconds=2)
+    out["hooks_removed"] = (len(model._forward_pre_hooks), len(model._forward_hooks)) == hooks_before
+    # 4. one runtime per model: a second attach is refused until the first is closed
+    rt = accelpact.attach(model, opt, data_state=Cursor(), config=cfg)
+    out["timeout_set"] = _c10d.group_timeout(group) == datetime.timedelta(seconds=2)
+    try:
+        accelpact.attach(model, opt, data_state=Cursor(), config=cfg)
+    except ConfigError as exc:
+        out["second"] = str(exc)
+    rt.close()
+    accelpact.attach(model, opt, data_state=Cursor(), config=cfg).close()
+    out["reattached_after_close"] = True
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_attach_refuses_bad_input_and_leaves_nothing_behind_when_it_fails():
+    for out in run_world(_attach_checks, 2, timeout_s=90):
+        assert "process_group=dist.new_group" in out["default"] and "default process group" in out["default"]
+        assert "refusing to retire the default process group" in out["retire_default"]
+        assert "has no state_dict or load_state_dict" in out["data_state"]
+        assert out["failed"] == "peer vanished during attach"
+        assert out["timeout_restored"] and out["hooks_removed"] and out["timeout_set"]
+        assert "already attached" in out["second"] and out["reattached_after_close"]
+
+
+@pytest.mark.parametrize("value", [1e-9, 0.0, -1.0, float("inf"), float("nan"), 1e9])
+def test_timeouts_are_bounded(value):
+    with pytest.raises(ConfigError, match=r"data_timeout_s must be a number of seconds in \[0.01, 86400\]"):
+        Config(data_timeout_s=value, control_timeout_s=100.0)
+
+
+def test_a_misspelled_variable_is_named_with_the_closest_valid_one(caplog):
+    env = {"ACCELPACT_DATA_TIMEOUT": "5", "ACCELPACT_FALUTS": "skip@2:committed:1", "ACCELPACT_CHAOS_NODE": "1",
+           "ACCELPACT_STEP_COPY": "1"}
+    with caplog.at_level(logging.WARNING, logger="accelpact.config"):
+        cfg = Config().with_env(env)
+    text = caplog.text
+    assert "ACCELPACT_DATA_TIMEOUT is not an AccelPact setting" in text and "did you mean ACCELPACT_DATA_TIMEOUT_S" in text
+    assert "did you mean ACCELPACT_FAULTS?" in text and "CHAOS" not in text and cfg.step_copy
