@@ -57,6 +57,7 @@ bench: install
 	$(PY) bench/restart.py --quick
 	$(PY) bench/goodput.py --quick
 	$(PY) bench/ddp_buckets.py --updates 20
+	$(PY) bench/soak.py --recoveries 50
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -74,9 +75,11 @@ def store_prefix(label: str, generation: int, ranks: Sequence[int]) -> str:
 
 
 _ledger_lock = threading.Lock()
-_retired_names: list[str] = []
-_retired_ids: set[int] = set()
-_retired_keepalive: list[ProcessGroup] = []  # keeps ids unique: a retired group is never freed
+_retired_names: list[str] = []  # names only: the classifier matches error texts against them
+#: Retired groups still referenced somewhere. Weak: once nothing holds a retired group it is
+#: freed (its sockets, pipes and threads with it) and drops out of here, so a long job's
+#: recoveries do not accumulate descriptors; while anything holds it, it is known as retired.
+_retired: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
 
 
 def retired_group_names() -> tuple[str, ...]:
@@ -87,7 +90,7 @@ def retired_group_names() -> tuple[str, ...]:
 
 def is_retired(pg: ProcessGroup) -> bool:
     with _ledger_lock:
-        return id(pg) in _retired_ids
+        return pg in _retired
 
 
 def make_group(
@@ -124,8 +127,8 @@ def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
     """Shut ``pg`` down and drop it from c10d (idempotent); returns whether this call retired it.
 
     ``abort=True`` is the NCCL route (see module docstring). The group's name goes to the
-    ledger that ``classify_failure`` consults, and the object is kept alive so that its identity
-    stays unique to it.
+    ledger that ``classify_failure`` consults; the object itself is not kept, so it is freed as
+    soon as the rebind has dropped the framework's last reference to it.
     """
     if is_retired(pg):
         return False
@@ -140,8 +143,7 @@ def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
     else:
         _c10d.destroy(pg)
     with _ledger_lock:
-        _retired_ids.add(id(pg))
-        _retired_keepalive.append(pg)
+        _retired.add(pg)
         _retired_names.append(name)
     return True
 
