@@ -30,6 +30,8 @@ log = logging.getLogger("accelpact.control")
 
 #: Fixed size of one rank's control-plane message (a report is well under 2 KiB).
 GATHER_BYTES = 8192
+#: Key of the placeholder a rank sends instead of a message too large for its slot.
+OVERSIZE = "accelpact_oversize_bytes"
 
 
 class ControlPlane:
@@ -71,14 +73,18 @@ class ControlPlane:
         return int(self._flag.item())
 
     def gather(self, obj: object) -> list[object]:
-        """Every rank's JSON-serialisable object (reports), in rank order.
+        """Every rank's JSON-serialisable object (reports), in rank order. A rank whose object
+        does not fit its slot sends `{OVERSIZE: n, "rank": r}` instead (see `oversized`).
 
         One all-gather of fixed-size byte buffers: `all_gather_object` would cost two collectives
         plus pickling, and the agreement phase sits on the repair path."""
         self.seq += 1
         payload = json.dumps(obj, separators=(",", ":")).encode()
         if len(payload) > GATHER_BYTES - 4:
-            raise ValueError(f"control-plane message of {len(payload)} bytes exceeds {GATHER_BYTES - 4}")
+            # never raise before the collective (the peers would wait out the timeout): send a
+            # placeholder every rank sees, so that all of them reject together, with the reason
+            log.error("control-plane message of %d bytes exceeds the %d-byte slot", len(payload), GATHER_BYTES - 4)
+            payload = json.dumps({OVERSIZE: len(payload), "rank": self.rank}).encode()
         buf = torch.zeros(GATHER_BYTES, dtype=torch.uint8)
         buf[:4] = torch.tensor(list(len(payload).to_bytes(4, "little")), dtype=torch.uint8)
         buf[4 : 4 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
@@ -93,6 +99,12 @@ class ControlPlane:
             n = int.from_bytes(raw[:4], "little")
             result.append(json.loads(raw[4 : 4 + n]) if n else None)
         return result
+
+    @staticmethod
+    def oversized(got: list[object]) -> list[str]:
+        """Why each placeholder in a gather's result stands there (empty: every message fit)."""
+        return [f"rank {d['rank']}'s control-plane message of {d[OVERSIZE]} bytes exceeds the "
+                f"{GATHER_BYTES - 4}-byte slot" for d in got if isinstance(d, dict) and OVERSIZE in d]
 
     # -- the outcome register -----------------------------------------------------------------------
     def _outcome_key(self, epoch: str) -> str:

@@ -29,15 +29,50 @@ class GroupId:
 
     @property
     def key(self) -> str:
-        return f"{self.label}[{','.join(map(str, self.ranks))}]"
+        """`label[r0,r1,...]`; a group of more than 8 ranks writes runs of evenly spaced ranks as
+        `first..last` or `first..last:step`, so that a 1,000-rank group fits a report."""
+        if len(self.ranks) <= COMPACT_ABOVE:
+            return f"{self.label}[{','.join(map(str, self.ranks))}]"
+        return f"{self.label}[{','.join(_runs(self.ranks))}]"
 
     @classmethod
     def parse(cls, key: str) -> GroupId:
         label, _, rest = key.partition("[")
         if not rest.endswith("]"):
             raise ValueError(f"malformed group key {key!r}; expected label[r0,r1,...]")
-        ranks = tuple(int(x) for x in rest[:-1].split(",") if x)
-        return cls(label, ranks)
+        ranks: list[int] = []
+        for item in filter(None, rest[:-1].split(",")):
+            first, dots, tail = item.partition("..")
+            if not dots:
+                ranks.append(int(item))
+                continue
+            last, _, step = tail.partition(":")
+            if int(step or 1) <= 0:
+                raise ValueError(f"malformed group key {key!r}: step of {item!r} must be positive")
+            ranks.extend(range(int(first), int(last) + 1, int(step or 1)))
+        return cls(label, tuple(ranks))
+
+
+#: Groups up to this size keep the plain rank list in their key (what traces and people read).
+COMPACT_ABOVE = 8
+
+
+def _runs(ranks: tuple[int, ...]) -> list[str]:
+    """Sorted ranks as maximal runs with one step: 'a..b' (step 1), 'a..b:s', or single ranks."""
+    out, i = [], 0
+    while i < len(ranks):
+        j = i + 1
+        if j < len(ranks):
+            step = ranks[j] - ranks[i]
+            while j + 1 < len(ranks) and ranks[j + 1] - ranks[j] == step:
+                j += 1
+            if j - i >= 2:  # three or more evenly spaced ranks
+                out.append(f"{ranks[i]}..{ranks[j]}" + (f":{step}" if step != 1 else ""))
+                i = j + 1
+                continue
+        out.append(str(ranks[i]))
+        i += 1
+    return out
 
 
 @dataclass(frozen=True)
