@@ -79,6 +79,11 @@ def _qualify(args: argparse.Namespace) -> int:
         print(f"finding: {finding}")
     if not result.platform_ok:
         print("finding: retire-and-rebuild failed on this platform: only restart is qualified")
+    skipped = sorted(set(probes.DEFAULT_FRAMEWORKS) - set(frameworks))
+    if skipped or set(phases) != set(probes.DEFAULT_PHASES):
+        print(f"not probed (their rows allow only reject): frameworks {', '.join(skipped) or 'none'}; phases "
+              f"{', '.join(sorted(set(probes.DEFAULT_PHASES) - set(phases))) or 'none'}. "
+              "`accelpact qualify` without --quick probes every one")
     print(f"wrote {result.path} ({len(result.rows)} rows, {result.wall_s:.0f} s)")
     return 0
 

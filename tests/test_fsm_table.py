@@ -321,3 +321,27 @@ def test_envelope_facts_read_preserve_and_rewind_for_the_platform_and_profile():
     assert facts.preserve and set(facts.rewind_phases) == set(UNCOMMITTED)
     with pytest.raises(UnknownObservationKey, match="zero3"):
         envelope_facts(DEFAULT_ENVELOPE, "cpu-gloo", "zero3")
+
+
+def test_attach_is_told_what_the_envelope_allows_and_warned_when_the_profile_was_never_measured():
+    from accelpact.envelope import Envelope, EnvelopeRow
+    from accelpact.fsm.decisions import envelope_facts, envelope_warning
+
+    rows = []
+    for profile, measured in (("fsdp2-hsdp", True), ("fsdp1-hsdp", False)):
+        for phase in FailurePhase:
+            key = ObservationKey("cpu-gloo", profile, phase)
+            if not measured:
+                rows.append(EnvelopeRow(key, (RecoveryAction.REJECT,), "not_probed: not in this qualification"))
+            elif phase is FailurePhase.COMMITTED:
+                rows.append(EnvelopeRow(key, (RecoveryAction.PRESERVE, RecoveryAction.REJECT), "preserve: 3/3"))
+            else:
+                rows.append(EnvelopeRow(key, (RecoveryAction.REWIND, RecoveryAction.REJECT), "rewind: 3/3"))
+    env = Envelope(rows)
+    fsdp2 = envelope_facts(env, "cpu-gloo", "fsdp2-hsdp")
+    assert envelope_warning(fsdp2, "fsdp2-hsdp", "env.json") is None
+    assert "committed: preserve, reject" in fsdp2.describe() and "backward: rewind, reject" in fsdp2.describe()
+    fsdp1 = envelope_facts(env, "cpu-gloo", "fsdp1-hsdp")
+    assert not fsdp1.preserve and fsdp1.rewind_phases == () and len(fsdp1.not_probed) == 4
+    warning = envelope_warning(fsdp1, "fsdp1-hsdp", "env.json")
+    assert "no measured rows for profile fsdp1-hsdp" in warning and "`accelpact qualify`" in warning

@@ -360,6 +360,13 @@ class EnvelopeFacts:
 
     preserve: bool
     rewind_phases: tuple[FailurePhase, ...]
+    #: phase -> the actions its row allows, preferred first (what attach tells the user)
+    allowed: tuple[tuple[FailurePhase, tuple[RecoveryAction, ...]], ...] = ()
+    #: phases whose row says nobody measured them (a partial `accelpact qualify --quick` file)
+    not_probed: tuple[FailurePhase, ...] = ()
+
+    def describe(self) -> str:
+        return "; ".join(f"{phase}: {', '.join(map(str, actions))}" for phase, actions in self.allowed)
 
 
 def envelope_facts(envelope: Envelope, platform: str, profile: str) -> EnvelopeFacts:
@@ -367,12 +374,27 @@ def envelope_facts(envelope: Envelope, platform: str, profile: str) -> EnvelopeF
     attach refuses a platform or profile the envelope has no rows for, by name."""
     committed = ObservationKey(platform, profile, FailurePhase.COMMITTED)
     envelope.lookup(committed)
-    rewind = []
-    for phase in (FailurePhase.FORWARD, FailurePhase.BACKWARD, FailurePhase.OPTIMIZER):
-        key = ObservationKey(platform, profile, phase)
+    rewind, allowed, unprobed = [], [], []
+    for phase in (FailurePhase.FORWARD, FailurePhase.BACKWARD, FailurePhase.OPTIMIZER, FailurePhase.COMMITTED):
         try:
-            if envelope.permits(key, RecoveryAction.REWIND):
-                rewind.append(phase)
-        except UnknownObservationKey:  # a file without rows for this phase: Rewind not qualified
+            row = envelope.lookup(ObservationKey(platform, profile, phase))
+        except UnknownObservationKey:  # a file without rows for this phase: nothing qualified
             continue
-    return EnvelopeFacts(envelope.permits(committed, RecoveryAction.PRESERVE), tuple(rewind))
+        allowed.append((phase, row.actions))
+        if "not_probed" in row.evidence:
+            unprobed.append(phase)
+        if phase is not FailurePhase.COMMITTED and RecoveryAction.REWIND in row.actions:
+            rewind.append(phase)
+    return EnvelopeFacts(envelope.permits(committed, RecoveryAction.PRESERVE), tuple(rewind), tuple(allowed),
+                         tuple(unprobed))
+
+
+def envelope_warning(facts: EnvelopeFacts, profile: str, source: str) -> str | None:
+    """What a user must hear at attach when the envelope file never measured this model's
+    profile: every failure would then be rejected, where the built-in envelope would preserve."""
+    if not facts.not_probed:
+        return None
+    phases = ", ".join(map(str, facts.not_probed))
+    return (f"the envelope {source} has no measured rows for profile {profile} (phases {phases} were not "
+            f"probed, e.g. by `accelpact qualify --quick`): recoveries there will be rejected. Run "
+            f"`accelpact qualify` (every framework) or set ACCELPACT_ENVELOPE=builtin")

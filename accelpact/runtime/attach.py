@@ -8,6 +8,7 @@ This is the entry point, so it is also where the drill's fault injector is insta
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any
 
 import torch
@@ -19,7 +20,7 @@ from ..control import ControlPlane
 from ..envelope import Envelope, choose_envelope
 from ..errors import ConfigError, RestartBudgetExceeded, UnsupportedModelError
 from ..faults import FaultInjector, FaultPlan
-from ..fsm.decisions import envelope_facts
+from ..fsm.decisions import envelope_facts, envelope_warning
 from ..fsm.phases import FailurePhase
 from ..launch import current_attempt
 from ..trace import TraceWriter
@@ -125,6 +126,12 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     else:
         source = "given to attach"
     facts = envelope_facts(envelope, platform, profile)  # an unknown platform/profile is refused by name
+    warning = envelope_warning(facts, profile, source)
+    if warning and rank == 0:
+        log.warning(warning)
+        print(f"[accelpact] WARNING: {warning}", file=sys.stderr, flush=True)
+    if rank == 0:
+        log.info("envelope %s allows for %s on %s: %s", source, profile, platform, facts.describe())
     plane.enforce_timeout()
     control = ControlPlane(timeout_s=config.control_timeout_s, attempt=attempt)
     trace = TraceWriter(config.trace_dir, rank, attempt)
