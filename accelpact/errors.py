@@ -102,6 +102,9 @@ class RecoveryRejected(AccelPactError):
     """
 
     exit_code = EXIT_REJECTED
+    #: the exception the rank's own update raised when that was a bug, not a communication
+    #: failure: `fail_stop` re-raises it (on_reject="raise") or prints it (before exiting)
+    original: BaseException | None = None
 
     def __init__(self, reasons: tuple[str, ...], evidence_path: str | None = None, **context: Any) -> None:
         # args are the constructor's, so the exception pickles (spawned ranks return it).

@@ -158,3 +158,53 @@ def test_never_raises_and_unrelated_text_is_other(texts):
     assert len(result.chain) == len(texts)
     if not any(keyword in text.lower() for text in texts for keyword in _KEYWORDS):
         assert result.cause is FailureCause.OTHER
+
+
+# -- what is recovered: communication failures only; a bug in the step reaches the user -----------
+
+
+def _dist_error(name: str, text: str) -> BaseException:
+    import torch.distributed as dist
+
+    return getattr(dist, name)(text)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: RuntimeError(GLOO_RECV_TIMEOUT),
+    lambda: RuntimeError(GLOO_CLOSED),
+    lambda: _masked(ValueError(C10D_NOT_IN_WORLD), RuntimeError(GLOO_CLOSED)),
+    lambda: RuntimeError(NCCL_WATCHDOG),
+    lambda: RuntimeError(MESH_UNRESOLVED),
+    lambda: ConnectionResetError(),
+    lambda: _dist_error("DistBackendError", "NCCL error in: ProcessGroupNCCL.cpp:1971, remote process exited"),
+    lambda: _dist_error("DistNetworkError", "Failed to recv, got 0 bytes. Connection was likely closed."),
+    # DDP's reducer re-raises gloo's error from its C++ bucket all-reduce
+    lambda: RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:445] op.preamble.length "
+                         "<= op.nbytes. 8 vs 4"),
+], ids=["gloo-timeout", "gloo-closed", "c10d-mask", "nccl-watchdog", "mesh", "conn-reset", "dist-backend",
+        "dist-network", "ddp-reducer-gloo"])
+def test_communication_failures_are_recovered(make):
+    from accelpact.comm import is_communication_failure
+
+    assert is_communication_failure(make())
+
+
+def test_an_injected_fault_declares_itself_a_communication_failure():
+    from accelpact.comm import is_communication_failure
+    from accelpact.faults import FaultPlan, InjectedFault
+
+    assert is_communication_failure(InjectedFault(FaultPlan.parse("skip@2:forward:0").faults[0]))
+
+
+@pytest.mark.parametrize("make", [
+    lambda: ValueError("malformed batch"),
+    lambda: KeyError("input_ids"),
+    lambda: RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+    lambda: RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 4x8)"),
+    lambda: AssertionError("FSDP: expected the parameter to be sharded"),
+    lambda: ZeroDivisionError("division by zero"),
+], ids=["value", "key", "oom", "shapes", "fsdp-assert", "zero-div"])
+def test_a_bug_in_the_training_step_is_not_a_communication_failure(make):
+    from accelpact.comm import is_communication_failure
+
+    assert not is_communication_failure(make())

@@ -345,3 +345,12 @@ def test_attach_is_told_what_the_envelope_allows_and_warned_when_the_profile_was
     assert not fsdp1.preserve and fsdp1.rewind_phases == () and len(fsdp1.not_probed) == 4
     warning = envelope_warning(fsdp1, "fsdp1-hsdp", "env.json")
     assert "no measured rows for profile fsdp1-hsdp" in warning and "`accelpact qualify`" in warning
+
+
+def test_a_bug_on_any_rank_rejects_with_its_name_whatever_else_would_be_recovered():
+    d = decide_agreement(all_reports(over={2: {"bug": "KeyError: 'input_ids'"}}), 4)
+    assert d.action is RecoveryAction.REJECT
+    assert d.reasons == ("rank 2 raised KeyError: 'input_ids' in update 8: not a communication failure, so it is "
+                         "not recovered (a rebuild cannot fix it, a rewind would run into it again)",)
+    d = decide_agreement(interrupted(over={0: {"bug": "ValueError: malformed batch"}}), 4)
+    assert d.action is RecoveryAction.REJECT and "ValueError: malformed batch" in d.reasons[0]

@@ -1,6 +1,6 @@
 """Communicator lifecycle: build, retire, replace and validate process groups; classify failures."""
 
-from accelpact.comm.classify import Classification, FailureCause, classify_failure
+from accelpact.comm.classify import Classification, FailureCause, classify_failure, is_communication_failure
 from accelpact.comm.lifecycle import (
     MembershipError,
     group_name,
@@ -21,6 +21,7 @@ __all__ = [
     "ValidationResult",
     "classify_failure",
     "group_name",
+    "is_communication_failure",
     "make_group",
     "parse_group_name",
     "replace_group",

@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-__all__ = ["Classification", "FailureCause", "classify_failure", "exception_chain"]
+__all__ = ["Classification", "FailureCause", "classify_failure", "exception_chain", "is_communication_failure"]
 
 _MAX_CHAIN = 32
 _MAX_FRAMES = 200
@@ -69,6 +69,34 @@ _CLOSED_PATTERNS = tuple(
         r"connection refused",
     )
 )
+
+
+#: torch.distributed's own error types (c10d, the store, the backends), by name: no torch import
+_DIST_TYPES = frozenset({"DistError", "DistBackendError", "DistNetworkError", "DistStoreError"})
+_COMM_PATTERNS = tuple(
+    re.compile(pattern, re.IGNORECASE)
+    for pattern in (
+        r"third_party/gloo/",  # every gloo transport error names its source file
+        r"\bgloo\b", r"\bnccl", r"\bc10d\b", r"process ?group", r"connectFullMesh",
+    )
+)
+
+
+def is_communication_failure(exc: BaseException) -> bool:
+    """Whether `exc` is a failure of communication (recoverable by rebuilding groups) rather than
+    a bug in the training step, which must reach the user as it is: a rebuild cannot fix it and a
+    rewind would only run into it again.
+
+    Communication: anything `classify_failure` recognises (timeout, closed connection, retired
+    communicator), torch.distributed's own error types, an error text from gloo, NCCL or c10d
+    anywhere in the chain, and an exception that declares its cause (`failure_cause`: the drills'
+    injected faults). Everything else (a KeyError, a malformed batch, out of memory) is a bug."""
+    if isinstance(getattr(exc, "failure_cause", None), str):
+        return True
+    if classify_failure(exc).cause is not FailureCause.OTHER:
+        return True
+    return any(type(link).__name__ in _DIST_TYPES or _matches(_text(link), _COMM_PATTERNS)
+               for link in exception_chain(exc))
 
 
 def exception_chain(exc: BaseException) -> list[BaseException]:

@@ -92,6 +92,8 @@ class RankReport:
     #: whether this rank's envelope qualifies Preserve at a committed boundary (a fact read from
     #: the envelope; `decide_agreement` applies it)
     preserve_qualified: bool = True
+    #: the update raised something that is not a communication failure ("Type: message"), or ""
+    bug: str = ""
     #: Rewind inputs: failure phases this rank's envelope qualifies Rewind for; whether this
     #: rank can re-run the update from its boundary snapshot (and why not); whether it holds a
     #: host copy of its pre-step state; every data-plane group it holds (a Rewind rebuilds all).
@@ -112,6 +114,7 @@ class RankReport:
             "guard_ok": self.guard_ok,
             "guard_reason": self.guard_reason,
             "preserve_qualified": self.preserve_qualified,
+            "bug": self.bug,
             "rewind_phases": [str(p) for p in self.rewind_phases],
             "rerun_ok": self.rerun_ok,
             "rerun_reason": self.rerun_reason,
@@ -131,6 +134,7 @@ class RankReport:
             guard_ok=bool(d.get("guard_ok", True)),
             guard_reason=str(d.get("guard_reason", "")),
             preserve_qualified=bool(d.get("preserve_qualified", True)),
+            bug=str(d.get("bug", "")),
             rewind_phases=tuple(FailurePhase.parse(p) for p in d.get("rewind_phases", ())),
             rerun_ok=bool(d.get("rerun_ok", False)),
             rerun_reason=str(d.get("rerun_reason", "")),
@@ -261,6 +265,10 @@ def decide_agreement(
         return _reject(*reasons)
 
     ordered = [by_rank[r] for r in range(world_size)]
+    bugs = [f"rank {r.rank} raised {r.bug} in update {r.frontier + 1}: not a communication failure, so it is "
+            "not recovered (a rebuild cannot fix it, a rewind would run into it again)" for r in ordered if r.bug]
+    if bugs:
+        return _reject(*bugs)
     protected = set(protected_groups)
     uncommitted = [r.rank for r in ordered if r.failure_phase is not FailurePhase.COMMITTED]
     if uncommitted:

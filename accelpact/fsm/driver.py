@@ -54,6 +54,7 @@ class Observation:
     saw_failure: bool  # True: this rank's own collective failed; False: joined via the control plane
     failed_groups: tuple[GroupId, ...] = ()
     cause: str = ""
+    bug: str = ""  # the update raised this, and it is no communication failure ("Type: message")
     preserve_qualified: bool = True
     #: Rewind inputs, reported as they are (see RankReport)
     rewind_phases: tuple[FailurePhase, ...] = ()
@@ -183,6 +184,7 @@ class _Recovery:
             rank=obs.rank, frontier=obs.frontier, generation=obs.generation, opt_step=obs.opt_step,
             failure_phase=obs.failure_phase, failed_groups=tuple(obs.failed_groups), guard_ok=verdict.ok,
             guard_reason=verdict.reason[:MAX_REASON], preserve_qualified=obs.preserve_qualified,
+            bug=obs.bug[:MAX_REASON],
             rewind_phases=tuple(obs.rewind_phases), rerun_ok=obs.rerun_ok,
             rerun_reason=obs.rerun_reason[:MAX_REASON], step_copy=obs.step_copy, held_groups=tuple(obs.held_groups),
         )

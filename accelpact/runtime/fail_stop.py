@@ -11,14 +11,24 @@ import logging
 import os
 import signal
 import sys
+import traceback
 from typing import NoReturn
 
 from ..errors import RecoveryRejected, RestartBudgetExceeded
 
 
 def fail_stop(exc: RecoveryRejected | RestartBudgetExceeded, *, on_reject: str, rank: int) -> NoReturn:
+    """A rank whose update raised a bug (`RecoveryRejected.original`) sees that exception itself,
+    type, message and traceback, with a note that every rank rejected."""
+    original = getattr(exc, "original", None)
+    if original is not None:
+        original.add_note(f"accelpact: not a communication failure; every rank rejected the recovery ({exc})")
     if on_reject == "raise":
+        if original is not None:
+            raise original from None
         raise exc
+    if original is not None:
+        traceback.print_exception(original, file=sys.stderr)
     if isinstance(exc, RestartBudgetExceeded):
         print(f"[accelpact] rank {rank}: {exc}", file=sys.stderr, flush=True)
         if rank == 0 and os.environ.get("TORCHELASTIC_RUN_ID"):

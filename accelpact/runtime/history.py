@@ -26,6 +26,18 @@ class RecoveryRecord:
     edges: list[tuple[str, str, str]] = field(default_factory=list)
     discarded: dict = field(default_factory=dict)  # what a discarded (rewound) update left behind
 
+    @classmethod
+    def of(cls, index: int, update: int, obs, detect_s: float, driven, executor) -> RecoveryRecord:
+        """The record of a recovery `recovery.drive` ran with `executor` on observation `obs`."""
+        outcome = driven.outcome
+        return cls(
+            index=index, update=update, action=outcome.action, failure_phase=obs.failure_phase,
+            saw_failure=obs.saw_failure, cause=obs.cause, frontier=outcome.frontier, generation=outcome.generation,
+            failed_groups=[g.key for g in (outcome.decision.failed_groups if outcome.decision else ())],
+            reasons=list(outcome.reasons), detect_s=detect_s, timings_s=driven.timings_s, repair_s=driven.repair_s,
+            rebound=dict(executor.rebound), edges=list(outcome.edges), discarded=executor.discarded,
+        )
+
     @property
     def preserved(self) -> bool:
         return self.action is RecoveryAction.PRESERVE

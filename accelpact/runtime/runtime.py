@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..comm import is_communication_failure
 from ..config import Config
 from ..control import ControlPlane
 from ..errors import ConfigError, ControlPlaneError, RecoveryRejected
@@ -189,7 +190,8 @@ class Runtime:
         if flag == 0:
             self._commit()
             return
-        self._recover(error, phase, saw, failed, cause, time.perf_counter() - t_detect)
+        bug = error if error is not None and not is_communication_failure(error) else None
+        self._recover(error, phase, saw, failed, cause, time.perf_counter() - t_detect, bug)
 
     def _discover_late(self, error, phase):
         """Discover, then line the ranks up again before the health check (every rank defers
@@ -217,7 +219,8 @@ class Runtime:
                                               f"{type(exc).__name__}: {exc}", exc)
 
     # ---------------------------------------------------------------- recovery ----------------
-    def _observe(self, phase: FailurePhase, saw: bool, failed: list[GroupId], cause: str) -> Observation:
+    def _observe(self, phase: FailurePhase, saw: bool, failed: list[GroupId], cause: str,
+                 bug: BaseException | None) -> Observation:
         self.opt_step = applied_steps(self.opt_step, self.frontier, phase)
         facts = self.rewind.facts(frontier=self.frontier, update=self.update_index, phase=phase,
                                   has_data_cursor=self.data_state is not None)
@@ -227,12 +230,14 @@ class Runtime:
             opt_step=self.opt_step, failure_phase=phase, saw_failure=saw, failed_groups=tuple(failed),
             cause=cause, preserve_qualified=self.envelope.preserve, rewind_phases=self.envelope.rewind_phases,
             rerun_ok=rerun_ok, rerun_reason=rerun_reason, step_copy=self.rewind.has_step_copy(self.frontier),
+            bug=f"{type(bug).__name__}: {bug}" if bug is not None else "",
             held_groups=self.data_plane.held(),
         )
 
-    def _recover(self, error, phase, saw, failed, cause, detect_s) -> None:
+    def _recover(self, error, phase, saw, failed, cause, detect_s, bug: BaseException | None) -> None:
+        """`bug`: the update raised it and it is no communication failure (every rank rejects)."""
         self._recoveries += 1
-        obs = self._observe(phase, saw, failed, cause)
+        obs = self._observe(phase, saw, failed, cause, bug)
         self.trace.write({"kind": "observe", "seq": self.control.seq, "update": self.update_index,
                           "phase_failed": str(phase), "saw": saw, "cause": cause,
                           "failed_groups": [g.key for g in failed]})
@@ -242,18 +247,12 @@ class Runtime:
                                     on_step_undone=self._step_undone)
         driven = drive(self.machine, obs, executor)
         outcome = driven.outcome
-        record = RecoveryRecord(
-            index=self._recoveries, update=self.update_index, action=outcome.action, failure_phase=phase,
-            saw_failure=saw, cause=cause, frontier=outcome.frontier, generation=outcome.generation,
-            failed_groups=[g.key for g in (outcome.decision.failed_groups if outcome.decision else ())],
-            reasons=list(outcome.reasons), detect_s=detect_s, timings_s=driven.timings_s, repair_s=driven.repair_s,
-            rebound=dict(executor.rebound), edges=list(outcome.edges), discarded=executor.discarded,
-        )
+        record = RecoveryRecord.of(self._recoveries, self.update_index, obs, detect_s, driven, executor)
         self.history.append(record)
         self.trace.write({"kind": "recovery", **record.to_dict()})
         if outcome.action is RecoveryAction.REJECT:
             record.reasons = list(outcome.reasons) + self.control.release_reasons(executor.epoch)
-            self._reject(record.reasons, error, record)
+            self._reject(record.reasons, error, record, original=bug)
         self.frontier, self.generation = outcome.frontier, outcome.generation
         if outcome.action is RecoveryAction.REWIND:
             self.update_index -= 1  # the same update runs again (faults already fired stay fired)
@@ -277,7 +276,8 @@ class Runtime:
         self.history.append(record)
         self._reject([reason], error, record)
 
-    def _reject(self, reasons: list[str], error: BaseException | None, record: RecoveryRecord) -> NoReturn:
+    def _reject(self, reasons: list[str], error: BaseException | None, record: RecoveryRecord,
+                original: BaseException | None = None) -> NoReturn:
         """Leave the evidence, record the fail-stop, raise (the edge decides about exiting)."""
         evidence = write_reject_evidence(
             self.config.trace_dir, rank=self.rank, attempt=self.attempt, frontier=self.frontier,
@@ -286,7 +286,9 @@ class Runtime:
         if self.checkpointer is not None:
             self.checkpointer.record_fail_stop(self.frontier, reasons)
         log.error("recovery rejected on rank %d: %s", self.rank, "; ".join(reasons))
-        raise RecoveryRejected(tuple(reasons), evidence, rank=self.rank, frontier=self.frontier) from error
+        rejected = RecoveryRejected(tuple(reasons), evidence, rank=self.rank, frontier=self.frontier)
+        rejected.original = original  # the user's own exception reaches the user as it is
+        raise rejected from error
 
     def _on_edge(self, trigger: str, src: str, dst: str) -> None:
         self.trace.edge(seq=self.control.seq, action=trigger, src=src, dst=dst, frontier=self.frontier,
