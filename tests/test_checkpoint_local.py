@@ -341,3 +341,28 @@ def test_verify_step_dir_is_usable_alone(history) -> None:
     assert good.ok and good.reason == "ok" and good.step == 4 and good.manifest is not None
     assert not verify_step_dir(root / "step-000000000777").ok
     assert "not a published step" in verify_step_dir(root / "latest.json").reason
+
+
+def test_dcp_failures_become_checkpoint_errors_and_leave_no_temp_directory(tmp_path: Path, monkeypatch) -> None:
+    """DCP raises CheckpointException, a BaseException that `except Exception` lets through (a full
+    disk then escaped the fail-stop path and left the temp step directory behind)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    from accelpact.checkpoint import CheckpointLoadError
+
+    t = Trainer()
+    t.step()
+    mgr = manager(tmp_path)
+    save(mgr, t)  # a good step 1 to load later
+    t.step()
+    full = CheckpointException("save failed", {0: OSError(28, "No space left on device")})
+    monkeypatch.setattr(dcp, "save", lambda *a, **k: (_ for _ in ()).throw(full))
+    with pytest.raises(CheckpointSaveError, match=r"rank 0: OSError: \[Errno 28\] No space left on device"):
+        save(mgr, t)
+    assert mgr.verified_steps() == [1]
+    assert [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
+    broken = CheckpointException("load failed", {0: ValueError("bad metadata")})
+    monkeypatch.setattr(dcp, "load", lambda *a, **k: (_ for _ in ()).throw(broken))
+    with pytest.raises(CheckpointLoadError, match="rank 0: ValueError: bad metadata"):
+        load(mgr, t)

@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import platform
+import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -223,6 +224,8 @@ class CheckpointManager:
         try:
             referenced = save_shards(tmp / SHARDS_DIR, model, optimizer, comm)
         except Exception as exc:  # DCP gathers its failures and raises on every rank
+            if comm.is_coordinator:  # an unpublished step directory is never left behind
+                shutil.rmtree(tmp, ignore_errors=True)
             raise CheckpointSaveError(f"DCP save of step {step} into {tmp} failed: {_err(exc)}") from exc
         local = None
         try:

@@ -18,9 +18,11 @@ from typing import Any
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from .collective import Comm
+from .errors import CheckpointLoadError, CheckpointSaveError
 
 
 def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None) -> dict[str, Any]:
@@ -46,10 +48,13 @@ def save_shards(
 ) -> set[str]:
     """Collective DCP save into ``path`` (fsynced); returns the storage files DCP's metadata references."""
     writer = FileSystemWriter(os.fspath(path), sync_files=True, overwrite=False)
-    with _single_process_quiet(comm):
-        metadata = dcp.save(
-            _state(model, optimizer), storage_writer=writer, process_group=comm.group, no_dist=not comm.enabled
-        )
+    try:
+        with _single_process_quiet(comm):
+            metadata = dcp.save(
+                _state(model, optimizer), storage_writer=writer, process_group=comm.group, no_dist=not comm.enabled
+            )
+    except CheckpointException as exc:  # a BaseException: `except Exception` would let it escape
+        raise CheckpointSaveError(f"DCP save into {path} failed: {_dcp_failures(exc)}") from exc
     storage = getattr(metadata, "storage_data", None) or {}
     return {getattr(info, "relative_path", "") for info in storage.values()} - {""}
 
@@ -59,12 +64,22 @@ def load_shards(
 ) -> None:
     """Collective DCP load from a verified ``path`` into the live (already sharded) model/optimizer."""
     state = _state(model, optimizer)
-    with _single_process_quiet(comm):
-        dcp.load(state, storage_reader=FileSystemReader(os.fspath(path)), process_group=comm.group,
-                 no_dist=not comm.enabled)
+    try:
+        with _single_process_quiet(comm):
+            dcp.load(state, storage_reader=FileSystemReader(os.fspath(path)), process_group=comm.group,
+                     no_dist=not comm.enabled)
+    except CheckpointException as exc:  # a BaseException: `except Exception` would let it escape
+        raise CheckpointLoadError(f"DCP load from {path} failed: {_dcp_failures(exc)}") from exc
     set_state_dict(
         model,
         [] if optimizer is None else [optimizer],
         model_state_dict=state["model"],
         optim_state_dict=state.get("optimizer", {}),
     )
+
+
+def _dcp_failures(exc: CheckpointException) -> str:
+    """DCP's per-rank failures as one line: 'rank r: Type: message; ...'."""
+    failures = getattr(exc, "failures", None) or {}
+    parts = [f"rank {rank}: {type(err).__name__}: {err}" for rank, err in sorted(failures.items())]
+    return "; ".join(parts) or str(exc)
