@@ -16,8 +16,10 @@ closed for good), hence its timeout is longer than the data-plane timeout by a w
 from __future__ import annotations
 
 import datetime
+import hashlib
 import json
 import logging
+import os
 import secrets
 
 import torch
@@ -25,6 +27,7 @@ import torch.distributed as dist
 
 from ..errors import ControlPlaneError
 from ..fsm.decisions import ReleaseVote
+from .auth import SECRET_BYTES, ForgedValue, Sealer
 
 log = logging.getLogger("accelpact.control")
 
@@ -32,6 +35,10 @@ log = logging.getLogger("accelpact.control")
 GATHER_BYTES = 8192
 #: Key of the placeholder a rank sends instead of a message too large for its slot.
 OVERSIZE = "accelpact_oversize_bytes"
+#: Key of the placeholder a gather puts where a report failed authentication.
+FORGED = "accelpact_forged"
+#: A secret given to every rank (e.g. by the launcher); without it rank 0 draws one per attach.
+ENV_SECRET = "ACCELPACT_SECRET"
 
 
 class ControlPlane:
@@ -45,18 +52,50 @@ class ControlPlane:
         # Every world rank calls this once at attach, so plain new_group is safe here.
         self.group = dist.new_group(backend="gloo", timeout=self.timeout)
         # Outcome registers must never be reused: keys are scoped by restart attempt and by a
-        # token rank 0 draws for this attach and every rank receives over the new group (no
-        # process-global counter, and a key nobody can guess in advance).
-        token = torch.tensor([secrets.randbits(62) if self.rank == 0 else 0], dtype=torch.int64)
-        try:
-            dist.broadcast(token, src=0, group=self.group)
-        except Exception as exc:  # gloo raises RuntimeError/DistError kinds
-            raise ControlPlaneError(f"control plane could not agree on its namespace: {type(exc).__name__}: {exc}") from exc
-        self.namespace = f"attempt{attempt}/{int(token.item()):016x}"
+        # token rank 0 draws for this attach (no process-global counter, and a key nobody can
+        # guess in advance). With it rank 0 draws the job's secret unless ACCELPACT_SECRET gives
+        # one; both reach every rank over the new group, never through the store.
+        drawn = self._from_rank0(8 + SECRET_BYTES)
+        self.namespace = f"attempt{attempt}/{int.from_bytes(drawn[:8], 'little') >> 2:016x}"
+        given = os.environ.get(ENV_SECRET, "").encode()
+        self.sealer = Sealer(hashlib.sha256(given).digest() if given else drawn[8:], self.namespace)
+        if given:
+            self._check_same_secret()
         base = store if store is not None else dist.distributed_c10d._get_default_store()
         self.store = dist.PrefixStore(f"accelpact/{self.namespace}/", base)
+        self.forged: dict[str, list[str]] = {}  # epoch -> values that failed authentication
         self.seq = 0  # control-plane sequence number: equal on every rank at the same protocol step
         self._flag = torch.zeros(1, dtype=torch.int64)
+
+    def _from_rank0(self, n: int) -> bytes:
+        """`n` random bytes drawn by rank 0, received by every rank over the control group."""
+        buf = torch.frombuffer(bytearray(secrets.token_bytes(n) if self.rank == 0 else bytes(n)), dtype=torch.uint8)
+        try:
+            dist.broadcast(buf, src=0, group=self.group)
+        except Exception as exc:  # gloo raises RuntimeError/DistError kinds
+            raise ControlPlaneError(f"control plane could not agree on its namespace: {type(exc).__name__}: {exc}") from exc
+        return buf.numpy().tobytes()
+
+    def _check_same_secret(self) -> None:
+        """Every rank must hold the same ACCELPACT_SECRET, or every value would fail later."""
+        mine = torch.frombuffer(bytearray(bytes.fromhex(self.sealer.mac("secret-check"))), dtype=torch.uint8)
+        ref = mine.clone()
+        dist.broadcast(ref, src=0, group=self.group)
+        differs = torch.tensor([0 if torch.equal(mine, ref) else 1], dtype=torch.int64)
+        dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=self.group)
+        if int(differs.item()):
+            raise ControlPlaneError(f"{ENV_SECRET} differs between ranks: every rank must be given the same secret")
+
+    def _obey(self, epoch: str, raw: bytes | str) -> str:
+        """The register's outcome if its value verifies; otherwise the value is evidence and the
+        outcome is reject."""
+        try:
+            value = self.sealer.open(raw, epoch, "outcome")
+        except ForgedValue as exc:
+            self.forged.setdefault(epoch, []).append(str(exc))
+            log.error("outcome register: %s", exc, extra={"epoch": epoch})
+            return "reject"
+        return value if value in ("resume", "reject") else "reject"
 
     # -- collectives ------------------------------------------------------------------------------
     def boundary_check(self, flag: int) -> int:
@@ -74,17 +113,17 @@ class ControlPlane:
 
     def gather(self, obj: object) -> list[object]:
         """Every rank's JSON-serialisable object (reports), in rank order. A rank whose object
-        does not fit its slot sends `{OVERSIZE: n, "rank": r}` instead (see `oversized`).
+        does not fit its slot sends `{OVERSIZE: n, "rank": r}` instead (see `unusable`).
 
         One all-gather of fixed-size byte buffers: `all_gather_object` would cost two collectives
         plus pickling, and the agreement phase sits on the repair path."""
         self.seq += 1
-        payload = json.dumps(obj, separators=(",", ":")).encode()
+        payload = self.sealer.seal(obj, "report", self.seq, self.rank).encode()
         if len(payload) > GATHER_BYTES - 4:
             # never raise before the collective (the peers would wait out the timeout): send a
             # placeholder every rank sees, so that all of them reject together, with the reason
             log.error("control-plane message of %d bytes exceeds the %d-byte slot", len(payload), GATHER_BYTES - 4)
-            payload = json.dumps({OVERSIZE: len(payload), "rank": self.rank}).encode()
+            payload = self.sealer.seal({OVERSIZE: len(payload), "rank": self.rank}, "report", self.seq, self.rank).encode()
         buf = torch.zeros(GATHER_BYTES, dtype=torch.uint8)
         buf[:4] = torch.tensor(list(len(payload).to_bytes(4, "little")), dtype=torch.uint8)
         buf[4 : 4 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
@@ -94,17 +133,27 @@ class ControlPlane:
         except Exception as exc:
             raise ControlPlaneError(f"gather #{self.seq} failed: {exc}") from exc
         result: list[object] = []
-        for t in out:
+        for rank, t in enumerate(out):
             raw = t.numpy().tobytes()
             n = int.from_bytes(raw[:4], "little")
-            result.append(json.loads(raw[4 : 4 + n]) if n else None)
+            try:
+                result.append(self.sealer.open(raw[4 : 4 + n], "report", self.seq, rank) if n else None)
+            except ForgedValue as exc:  # every rank sees the same bytes: all reject together
+                result.append({FORGED: str(exc), "rank": rank})
         return result
 
     @staticmethod
-    def oversized(got: list[object]) -> list[str]:
-        """Why each placeholder in a gather's result stands there (empty: every message fit)."""
-        return [f"rank {d['rank']}'s control-plane message of {d[OVERSIZE]} bytes exceeds the "
-                f"{GATHER_BYTES - 4}-byte slot" for d in got if isinstance(d, dict) and OVERSIZE in d]
+    def unusable(got: list[object]) -> list[str]:
+        """Why each placeholder in a gather's result stands there (empty: every message fit and
+        verified)."""
+        out = []
+        for d in got:
+            if isinstance(d, dict) and OVERSIZE in d:
+                out.append(f"rank {d['rank']}'s control-plane message of {d[OVERSIZE]} bytes exceeds the "
+                           f"{GATHER_BYTES - 4}-byte slot")
+            elif isinstance(d, dict) and FORGED in d:
+                out.append(f"rank {d['rank']}'s report: {d[FORGED]}")
+        return out
 
     # -- the outcome register -----------------------------------------------------------------------
     def _outcome_key(self, epoch: str) -> str:
@@ -116,16 +165,17 @@ class ControlPlane:
         self.seq += 1
         try:
             self.store.set(f"{epoch}/reject-reason/{self.rank}", reason)
-            value = self.store.compare_set(self._outcome_key(epoch), "", "reject")
+            value = self.store.compare_set(self._outcome_key(epoch), "", self.sealer.seal("reject", epoch, "outcome"))
         except Exception as exc:  # torch raises RuntimeError/DistStoreError/DistNetworkError
             raise ControlPlaneError(f"outcome register unreachable: {type(exc).__name__}: {exc}") from exc
-        return _decode(value)
+        return self._obey(epoch, value)
 
     def post_vote(self, epoch: str, vote: ReleaseVote) -> None:
         """Post this rank's release vote."""
         self.seq += 1
         try:
-            self.store.set(f"{epoch}/vote/{vote.rank}", json.dumps({"ok": vote.ok, "reason": vote.reason}))
+            self.store.set(f"{epoch}/vote/{vote.rank}",
+                           self.sealer.seal({"ok": vote.ok, "reason": vote.reason}, epoch, "vote", vote.rank))
         except Exception as exc:  # torch raises plain RuntimeError/DistStoreError for a lost store
             raise ControlPlaneError(f"posting the release vote failed: {type(exc).__name__}: {exc}") from exc
 
@@ -139,8 +189,16 @@ class ControlPlane:
         votes: list[ReleaseVote | None] = []
         for r, key in enumerate(keys):
             try:
-                votes.append(ReleaseVote(r, **json.loads(self.store.get(key))) if self.store.check([key]) else None)
-            except (RuntimeError, ValueError, TypeError) as exc:
+                if not self.store.check([key]):
+                    votes.append(None)
+                    continue
+                body = self.sealer.open(self.store.get(key), epoch, "vote", r)
+                votes.append(ReleaseVote(r, bool(body["ok"]), str(body["reason"])))  # type: ignore[index]
+            except ForgedValue as exc:  # never counted: a missing vote, and the reason is kept
+                self.forged.setdefault(epoch, []).append(str(exc))
+                log.error("release vote of rank %d: %s", r, exc, extra={"epoch": epoch})
+                votes.append(None)
+            except (RuntimeError, ValueError, TypeError, KeyError) as exc:
                 log.warning("vote of rank %d unreadable: %s: %s", r, type(exc).__name__, exc, extra={"epoch": epoch})
                 votes.append(None)
         return votes
@@ -149,32 +207,33 @@ class ControlPlane:
         """Rank 0: write the decided outcome unless the register is already set; returns its value."""
         if reasons:
             self.store.set(f"{epoch}/release-reasons", json.dumps(list(reasons)))
-        return _decode(self.store.compare_set(self._outcome_key(epoch), "", value))
+        return self._obey(epoch, self.store.compare_set(self._outcome_key(epoch), "",
+                                                        self.sealer.seal(value, epoch, "outcome")))
 
     def await_outcome(self, epoch: str, timeout_s: float) -> str:
         """Wait for the register to be written; ControlPlaneError if it is not within `timeout_s`."""
         key = self._outcome_key(epoch)
         try:
             self.store.wait([key], datetime.timedelta(seconds=max(0.001, timeout_s)))
-            return _decode(self.store.get(key))
+            raw = self.store.get(key)
         except Exception as exc:  # torch raises DistStoreError (a RuntimeError) on timeout
             raise ControlPlaneError(f"no release decision within {timeout_s:.1f}s: {type(exc).__name__}: {exc}") from exc
+        return self._obey(epoch, raw)
 
     def release_reasons(self, epoch: str) -> list[str]:
-        """Why rank 0 decided reject (diagnostics for the evidence; empty if unreadable)."""
+        """Why the release was rejected: values that failed authentication here, then rank 0's
+        reasons (diagnostics for the evidence, not obeyed)."""
+        out = [f"not obeyed: {why}" for why in self.forged.get(epoch, [])]
         try:
             if self.store.check([f"{epoch}/release-reasons"]):
-                return json.loads(self.store.get(f"{epoch}/release-reasons"))
+                got = json.loads(self.store.get(f"{epoch}/release-reasons"))
+                out += [str(r) for r in got] if isinstance(got, list) else [f"rank 0's reasons: {got!r}"]
         except (RuntimeError, ValueError) as exc:  # pragma: no cover - store gone at fail-stop
-            return [f"release reasons unreadable: {type(exc).__name__}: {exc}"]
-        return []
+            out.append(f"release reasons unreadable: {type(exc).__name__}: {exc}")
+        return out
 
     def close(self) -> None:
         try:
             dist.destroy_process_group(self.group)
         except (RuntimeError, ValueError) as exc:  # pragma: no cover - best effort at shutdown
             log.debug("closing the control group: %s: %s", type(exc).__name__, exc)
-
-
-def _decode(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -13,7 +13,7 @@ def gather_reports(control: ControlPlane, effect: GatherReports) -> list[RankRep
         got = control.gather(effect.report.to_dict())
     except ControlPlaneError as exc:
         return ControlPlaneFailure(str(exc))
-    oversized = control.oversized(got)
-    if oversized:  # every rank saw the same placeholders: all abort together, with the reason
-        return ControlPlaneFailure("; ".join(oversized))
+    unusable = control.unusable(got)
+    if unusable:  # every rank saw the same placeholders: all abort together, with the reason
+        return ControlPlaneFailure("; ".join(unusable))
     return [RankReport.from_dict(d) if d is not None else None for d in got]  # type: ignore[arg-type]

@@ -42,9 +42,9 @@ class Checkpointer:
         # Each rank knows only its own groups; the layout must name the whole job's shape, so
         # gather every rank's groups (once, at attach) into one description.
         gathered = rt.control.gather(layout["groups"])
-        oversized = rt.control.oversized(gathered)
-        if oversized:  # every rank sees it: all refuse the layout together
-            raise ControlPlaneError("the checkpoint layout does not fit the control plane: " + "; ".join(oversized))
+        unusable = rt.control.unusable(gathered)
+        if unusable:  # every rank sees it: all refuse the layout together
+            raise ControlPlaneError("the checkpoint layout does not fit the control plane: " + "; ".join(unusable))
         layout["groups"] = sorted({g for per_rank in gathered for g in per_rank})
         self.manager = CheckpointManager(
             cfg.checkpoint_dir, run_id=self.run_id, world_size=rt.world_size, layout=layout,

@@ -1,0 +1,76 @@
+"""A hostile client of the rendezvous store cannot decide a recovery: forged, replayed and garbage
+values in every key it can guess (given the namespace, the worst case) are never obeyed."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelpact.control.auth import ForgedValue, Sealer
+from accelpact.testing.spawn import run_world
+
+
+def test_a_sealed_value_opens_only_in_its_own_context():
+    sealer = Sealer(b"k" * 32, "attempt0/abc")
+    raw = sealer.seal("resume", "r1", "outcome")
+    assert sealer.open(raw, "r1", "outcome") == "resume"
+    for context in (("r2", "outcome"), ("r1", "vote")):  # replay into another recovery or key
+        with pytest.raises(ForgedValue, match="fails authentication"):
+            sealer.open(raw, *context)
+    with pytest.raises(ForgedValue):  # same secret, another attach
+        Sealer(b"k" * 32, "attempt0/def").open(raw, "r1", "outcome")
+    with pytest.raises(ForgedValue):  # another secret
+        Sealer(b"x" * 32, "attempt0/abc").open(raw, "r1", "outcome")
+    tampered = raw.replace("resume", "reject")
+    with pytest.raises(ForgedValue):
+        sealer.open(tampered, "r1", "outcome")
+    with pytest.raises(ForgedValue, match="unsigned or malformed"):
+        sealer.open(b"resume", "r1", "outcome")
+
+
+def _hostile(rank: int, world_size: int) -> dict:
+    import json
+
+    import torch.distributed as dist
+
+    from accelpact.control import ControlPlane
+    from accelpact.fsm.effects import VoteRelease
+    from accelpact.runtime.release import vote_release
+
+    control = ControlPlane(timeout_s=3.0, attempt=0)
+    attacker = control.store  # knows the namespace: the worst case
+
+    def forge(epoch: str) -> None:
+        if rank == 0:
+            attacker.set(f"{epoch}/outcome", "resume")  # plain value
+            for r in range(world_size):  # every vote says ok, signed with a guessed key
+                attacker.set(f"{epoch}/vote/{r}", json.dumps({"v": json.dumps({"ok": True, "reason": ""}),
+                                                             "mac": "0" * 64}))
+        dist.barrier(group=control.group)
+
+    out: dict = {}
+    # r1: the register and the votes are forged before anyone votes; rank 1 votes against release
+    forge("r1")
+    out["r1"] = vote_release(control, "r1", VoteRelease(ok=rank == 0, reason="" if rank == 0 else "proof failed"))
+    out["r1_reasons"] = control.release_reasons("r1")
+    # r2: a genuine release, both ok
+    out["r2"] = vote_release(control, "r2", VoteRelease(ok=True))
+    # r3: the genuine signed "resume" of r2 replayed into r3's register; rank 1 votes against
+    if rank == 0:
+        attacker.set("r3/outcome", attacker.get("r2/outcome"))
+    dist.barrier(group=control.group)
+    out["r3"] = vote_release(control, "r3", VoteRelease(ok=rank == 0, reason="validation failed"))
+    # r4: garbage bytes in the register
+    if rank == 0:
+        attacker.set("r4/outcome", bytes(range(256)))
+    dist.barrier(group=control.group)
+    out["r4"] = vote_release(control, "r4", VoteRelease(ok=True))
+    control.close()
+    return out
+
+
+@pytest.mark.timeout(90)
+def test_no_rank_resumes_on_a_forged_replayed_or_garbage_value():
+    for out in run_world(_hostile, 2, timeout_s=60):
+        assert out["r1"] == "reject" and out["r3"] == "reject" and out["r4"] == "reject", out
+        assert out["r2"] == "resume"  # the genuine release still works
+        assert any(why.startswith("not obeyed: unsigned or malformed value") for why in out["r1_reasons"])
