@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 import logging
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from .errors import ConfigError
 
@@ -48,6 +48,10 @@ class Config:
     #: Verified checkpoints (L2 fallback): directory, and save every K committed updates (0: never).
     checkpoint_dir: str | None = None
     checkpoint_every: int = 0
+    #: Checkpoint signing key (ACCELPACT_CHECKPOINT_KEY): COMMITTED then carries an HMAC of the
+    #: manifest, and an unsigned or mis-signed step is refused before any file is unpickled.
+    #: Without it, verification catches corruption, not tampering (see the README).
+    checkpoint_key: str | None = field(default=None, repr=False)
     #: Newest verified checkpoints kept by retention.
     checkpoint_keep: int = 3
     #: Restore the newest verified checkpoint at attach (when checkpoint_dir is set).

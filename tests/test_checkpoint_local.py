@@ -366,3 +366,56 @@ def test_dcp_failures_become_checkpoint_errors_and_leave_no_temp_directory(tmp_p
     monkeypatch.setattr(dcp, "load", lambda *a, **k: (_ for _ in ()).throw(broken))
     with pytest.raises(CheckpointLoadError, match="rank 0: ValueError: bad metadata"):
         load(mgr, t)
+
+
+def _tamper_consistently(step_dir: Path, payload: bytes) -> None:
+    """What whoever can write the directory can do: replace DCP's .metadata (which DCP unpickles)
+    and recompute the manifest's digests and COMMITTED, without the signing key."""
+    from accelpact.checkpoint.manifest import committed_marker, parse_manifest, sha256_bytes
+
+    (step_dir / "shards" / ".metadata").write_bytes(payload)
+    doc = json.loads((step_dir / "manifest.json").read_text())
+    for entry in doc["files"]:
+        if entry["path"] == "shards/.metadata":
+            entry["sha256"], entry["bytes"] = sha256_bytes(payload), len(payload)
+    raw = json.dumps(doc, sort_keys=True, indent=2).encode()
+    manifest = parse_manifest(raw)
+    (step_dir / "manifest.json").write_bytes(raw)
+    (step_dir / "COMMITTED").write_text(committed_marker(manifest.step, raw))
+
+
+def test_with_a_signing_key_a_tampered_step_is_refused_before_anything_is_unpickled(tmp_path: Path,
+                                                                                     monkeypatch) -> None:
+    import pickle
+
+    import torch.distributed.checkpoint.filesystem as dcp_fs
+
+    t = Trainer()
+    t.step()
+    signed = manager(tmp_path / "signed", key="correct horse")
+    save(signed, t)
+    assert "hmac_sha256" in (tmp_path / "signed" / step_dir_name(1) / "COMMITTED").read_text()
+    assert signed.verified_steps() == [1]
+    assert manager(tmp_path / "signed", key="another key").verified_steps() == []  # mis-signed
+    evil = pickle.dumps("would run code when unpickled")
+    _tamper_consistently(tmp_path / "signed" / step_dir_name(1), evil)
+    unpickled = []
+    monkeypatch.setattr(dcp_fs.FileSystemReader, "read_metadata", lambda self: unpickled.append(1))
+    with pytest.raises(NoVerifiedCheckpointError, match="COMMITTED is unsigned"):
+        load(signed, t)
+    assert not unpickled
+    # without a key, verification catches corruption, not tampering: the consistent forgery verifies
+    unsigned = manager(tmp_path / "plain")
+    save(unsigned, t)
+    _tamper_consistently(tmp_path / "plain" / step_dir_name(1), evil)
+    assert unsigned.verified_steps() == [1]
+
+
+def test_symbolic_links_inside_a_step_are_refused(history) -> None:
+    root, _ = history
+    step = root / step_dir_name(4)
+    outside = root.parent / "outside.bin"
+    outside.write_bytes(b"x")
+    (step / "shards" / "extra.distcp").symlink_to(outside)
+    verdict = verify_step_dir(step)
+    assert not verdict.ok and "symbolic links inside the step are refused: shards/extra.distcp" in verdict.reason

@@ -7,6 +7,7 @@ the choice so that all ranks restore the same step or all fail with the same err
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import os
@@ -127,7 +128,11 @@ class CheckpointManager:
         keep_every: int | None = None,
         group: dist.ProcessGroup | None = None,
         attempt: int | str | None = None,
+        key: str | bytes | None = None,
     ) -> None:
+        """`key`: the checkpoint signing key (ACCELPACT_CHECKPOINT_KEY). With it every COMMITTED
+        is signed, and a step that is unsigned or mis-signed is refused before any of its files
+        is unpickled."""
         if not run_id:
             raise ValueError("run_id must be a non-empty string")
         if world_size < 1:
@@ -143,6 +148,8 @@ class CheckpointManager:
         self.group = group
         self.attempt = str(restart_count() if attempt is None else attempt)
         self._hashed: dict[str, tuple] = {}  # step dir name -> file fingerprint when it last verified
+        self._key = (hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
+                     if key else None)
 
     # -- helpers -------------------------------------------------------------------------------
 
@@ -169,7 +176,7 @@ class CheckpointManager:
         except OSError:
             fingerprint = None
         unchanged = reuse_hash and fingerprint is not None and self._hashed.get(name) == fingerprint
-        verdict = verify_step_dir(path, hash_files=not unchanged)
+        verdict = verify_step_dir(path, hash_files=not unchanged, key=self._key)
         if verdict.ok and fingerprint is not None and tree_fingerprint(path) == fingerprint:
             self._hashed[name] = fingerprint
         else:
@@ -264,7 +271,7 @@ class CheckpointManager:
                                                                                          self.layout)},
                 )
                 name = step_dir_name(step)
-                commit_and_publish(tmp, self.root / name, manifest)
+                commit_and_publish(tmp, self.root / name, manifest, self._key)
                 self._hashed[name] = _published_fingerprint(self.root / name)
                 try:
                     write_latest(self.root, latest_pointer(manifest, name))
@@ -403,7 +410,7 @@ class CheckpointManager:
             local = _err(exc)
         comm.agree(local, f"restoring {sel.name} (model, optimizer, app state)", CheckpointLoadError)
 
-        manifest = verify_step_dir(path, hash_files=False).manifest
+        manifest = verify_step_dir(path, hash_files=False, key=self._key).manifest
         report = RestoreResult(
             step=sel.step, path=str(path), frontier=app_state.frontier, opt_step=app_state.opt_step,
             saved_attempt=str(payload.get("attempt", "")), refused=sel.refusals, latest_note=sel.latest_note,

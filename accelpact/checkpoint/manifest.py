@@ -10,6 +10,7 @@ detected too. Nothing here does I/O.
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import re
 from collections.abc import Mapping
@@ -196,14 +197,24 @@ def sha256_bytes(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def committed_marker(step: int, manifest_bytes: bytes) -> str:
-    """Content of the COMMITTED marker: it names the step and pins the manifest's digest."""
-    doc = {"format": COMMITTED_FORMAT, "step": step, "manifest_sha256": sha256_bytes(manifest_bytes)}
+def _signature(key: bytes, step: int, digest: str) -> str:
+    return hmac.new(key, f"accelpact-checkpoint\x1f{step}\x1f{digest}".encode(), hashlib.sha256).hexdigest()
+
+
+def committed_marker(step: int, manifest_bytes: bytes, key: bytes | None = None) -> str:
+    """Content of the COMMITTED marker: it names the step and pins the manifest's digest; with a
+    signing key it also carries an HMAC of both, which only a holder of the key can recompute."""
+    digest = sha256_bytes(manifest_bytes)
+    doc: dict[str, object] = {"format": COMMITTED_FORMAT, "step": step, "manifest_sha256": digest}
+    if key is not None:
+        doc["hmac_sha256"] = _signature(key, step, digest)
     return json.dumps(doc, sort_keys=True) + "\n"
 
 
-def check_committed(marker: bytes, step: int, manifest_bytes: bytes) -> str | None:
-    """Why a COMMITTED marker does not vouch for this manifest, or None when it does."""
+def check_committed(marker: bytes, step: int, manifest_bytes: bytes, key: bytes | None = None) -> str | None:
+    """Why a COMMITTED marker does not vouch for this manifest, or None when it does. With a
+    key, an unsigned or mis-signed marker never vouches (whoever can write the directory can
+    recompute the digests, not the signature)."""
     try:
         doc = json.loads(marker.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
@@ -214,6 +225,12 @@ def check_committed(marker: bytes, step: int, manifest_bytes: bytes) -> str | No
         return f"COMMITTED marker names step {doc.get('step')!r}, directory is step {step}"
     if doc.get("manifest_sha256") != sha256_bytes(manifest_bytes):
         return "manifest.json sha256 differs from the digest pinned in COMMITTED (manifest changed or torn)"
+    if key is not None:
+        mac = doc.get("hmac_sha256")
+        if not isinstance(mac, str):
+            return "COMMITTED is unsigned, and a checkpoint signing key is set (ACCELPACT_CHECKPOINT_KEY)"
+        if not hmac.compare_digest(mac, _signature(key, step, str(doc["manifest_sha256"]))):
+            return "COMMITTED signature does not verify under the checkpoint signing key (tampered, or another key)"
     return None
 
 

@@ -113,11 +113,12 @@ def loadability_problem(entries: Collection[FileEntry], referenced: Collection[s
     return None
 
 
-def commit_and_publish(tmp: Path, final: Path, manifest: Manifest) -> None:
-    """Write manifest + COMMITTED, make the tree durable, then atomically rename tmp -> final."""
+def commit_and_publish(tmp: Path, final: Path, manifest: Manifest, key: bytes | None = None) -> None:
+    """Write manifest + COMMITTED (signed with `key` if given), make the tree durable, then
+    atomically rename tmp -> final."""
     raw = manifest.to_json().encode("utf-8")
     write_durable(tmp / MANIFEST_NAME, raw)
-    write_durable(tmp / COMMITTED_NAME, committed_marker(manifest.step, raw).encode("utf-8"))
+    write_durable(tmp / COMMITTED_NAME, committed_marker(manifest.step, raw, key).encode("utf-8"))
     fsync_tree_dirs(tmp)
     if final.exists():  # rename(2) would silently replace an empty directory
         raise CheckpointExistsError(f"{final} appeared while step {manifest.step} was being saved")

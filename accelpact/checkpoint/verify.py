@@ -77,28 +77,33 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def verify_step_dir(path: str | os.PathLike[str], *, hash_files: bool = True) -> Verdict:
+def verify_step_dir(path: str | os.PathLike[str], *, hash_files: bool = True, key: bytes | None = None) -> Verdict:
     """Decide whether a published step directory may be loaded.
 
     Checks, in order (cheap first): the name is a step name; COMMITTED exists; manifest.json
     exists, is the one COMMITTED pins by sha256, parses, and names this step; every listed file
     exists with the listed size and nothing unlisted is present; every sha256 matches
-    (skipped with ``hash_files=False``, for re-checks of directories already hashed).
-    Reads files, writes nothing, unpickles nothing.
+    (skipped with ``hash_files=False``, for re-checks of directories already hashed). A
+    symbolic link anywhere in the step is refused (it could point outside the step). With a
+    signing ``key`` COMMITTED must carry a valid signature. Reads files, writes nothing, unpickles
+    nothing.
     """
     d = Path(path)
     step = parse_step_dir_name(d.name)
     if step is None:
         return Verdict(False, f"{d.name!r} is not a published step directory name")
-    if not d.is_dir():
-        return Verdict(False, "directory does not exist", step)
+    if d.is_symlink() or not d.is_dir():
+        return Verdict(False, "directory does not exist" if not d.is_symlink() else "the step is a symbolic link", step)
+    links = sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_symlink())
+    if links:
+        return Verdict(False, f"symbolic links inside the step are refused: {_listed(links)}", step)
     marker = _read(d / COMMITTED_NAME)
     if marker is None:
         return Verdict(False, "COMMITTED marker missing (save never published or was interrupted)", step)
     raw = _read(d / MANIFEST_NAME)
     if raw is None:
         return Verdict(False, "manifest.json missing", step)
-    why = check_committed(marker, step, raw)
+    why = check_committed(marker, step, raw, key)
     if why:
         return Verdict(False, why, step)
     try:

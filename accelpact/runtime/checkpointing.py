@@ -48,7 +48,7 @@ class Checkpointer:
         layout["groups"] = sorted({g for per_rank in gathered for g in per_rank})
         self.manager = CheckpointManager(
             cfg.checkpoint_dir, run_id=self.run_id, world_size=rt.world_size, layout=layout,
-            keep=cfg.checkpoint_keep, group=rt.control.group, attempt=rt.attempt,
+            keep=cfg.checkpoint_keep, group=rt.control.group, attempt=rt.attempt, key=cfg.checkpoint_key,
         )
         self.attempts = AttemptLog(cfg.checkpoint_dir, run_id=self.run_id, attempt=rt.attempt)
         self.saves: list[dict] = []
