@@ -221,3 +221,30 @@ def test_isolation_refuses_models_it_cannot_isolate() -> None:
     assert "allreduce_hook" in got["refused"] and "Rewind" in got["refused"]
     assert "refused a communication hook" in got["refused_builtin"]
     assert "Linear" in got["type"]
+
+
+def _release(rank: int, world_size: int) -> dict:
+    import torch.distributed as dist
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    from accelpact.runtime.ddp_buckets import isolate_buckets, release_buckets
+
+    model = DistributedDataParallel(nn.Linear(4, 4), process_group=dist.new_group(list(range(world_size))))
+    isolate_buckets(model)
+    for _ in range(2):
+        model(torch.ones(2, 4)).sum().backward()
+    freed = release_buckets(model)
+    try:  # why the hook cannot be removed: DDP takes one hook, once, and has no way to unregister it
+        model.register_comm_hook(None, lambda state, bucket: None)
+        again = "accepted"
+    except RuntimeError as exc:
+        again = str(exc)
+    return {"freed": freed, "again": again, "released_twice": release_buckets(model)}
+
+
+@pytest.mark.timeout(60)
+def test_close_frees_the_hooks_buffers_and_ddp_cannot_unregister_a_hook():
+    for out in run_world(_release, 2, timeout_s=45):
+        assert out["freed"] >= 1 and out["released_twice"] == 0
+        assert "can only be called once" in out["again"]

@@ -124,3 +124,23 @@ def test_rewind_is_refused_with_the_reason_when_a_rank_cannot_take_it(tmp_path, 
         assert actions(r)[-1] == "reject"
         assert r["rejected"] is not None
     assert any(needle in why for why in reasons(results)), reasons(results)
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_that_finished_its_update_scheduler_included_is_rewound_bitwise_lr_included(tmp_path):
+    """DDP, backward fault on rank 2: the replicate pair that did not fail finishes its update,
+    optimizer and warm-up scheduler step included, while the other waits out the timeout; the
+    rewind must put the scheduler and the LR back with the parameters (found through the
+    optimizer by attach)."""
+    results = drill(tmp_path, framework="ddp", faults="skip@3:backward:2", step_copy=True, scheduler=True)
+    assert_bitwise(results)  # the comparison includes extra/scheduler and extra/lr
+    assert all("rewind" in actions(r) for r in results)
+    stepped = set()
+    for path in (tmp_path / "trace").glob("trace-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("kind") == "edge" and rec.get("action") == "join_recovery" and rec.get("tau") == 3:
+                stepped.add(rec["rank"])
+            if rec.get("kind") == "config":
+                assert rec["rewind_restores"] == ["LambdaLR"]
+    assert stepped, "no rank had finished its update when the rewind began: the split case did not occur"

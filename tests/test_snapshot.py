@@ -349,3 +349,25 @@ def test_module_buffers_changed_by_forward_are_restored_in_place():
     for k, v in model.state_dict().items():
         assert torch.equal(v, before[k]), k
     assert [b.data_ptr() for b in model.buffers()] == ptrs
+
+
+def test_the_boundary_snapshot_puts_schedulers_scalers_and_the_lr_back():
+    import torch
+
+    from accelpact.runtime.rewind import schedulers_of
+    from accelpact.runtime.snapshot import BoundarySnapshot
+
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / 4)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    scaler.scale(torch.ones(()))  # the scaler's state exists once it has scaled a loss
+    assert schedulers_of(opt) == [sched]  # found through the optimizer it drives
+    snap = BoundarySnapshot.capture(None, 0, model, optimizer=opt, stateful=(sched, scaler))
+    before = (sched.state_dict(), scaler.state_dict(), opt.param_groups[0]["lr"])
+    opt.step()
+    sched.step()
+    scaler.update(new_scale=3.0)
+    assert opt.param_groups[0]["lr"] != before[2]
+    snap.restore(None)
+    assert (sched.state_dict(), scaler.state_dict(), opt.param_groups[0]["lr"]) == before

@@ -27,7 +27,7 @@ from ..trace import TraceWriter
 from .data_plane import DataPlane
 from .detect import detect_platform, detect_profile
 from .fail_stop import fail_stop
-from .rewind import RewindState
+from .rewind import RewindState, schedulers_of
 from .runtime import ATTACHED, Runtime
 
 log = logging.getLogger("accelpact.runtime")
@@ -43,10 +43,16 @@ def attach(
     meshes: tuple[Any, ...] = (),
     faults: FaultPlan | str | None = None,
     faults_every_attempt: bool = False,
+    schedulers: tuple[Any, ...] | None = None,
+    scalers: tuple[Any, ...] = (),
 ) -> Runtime:
     """Protect `model`'s training: discover its data-plane groups, build the rebind plans once,
     open the control plane. Run each optimizer update as `rt.step(fn)` (it can be rewound) or
     inside `with rt.update():` (a failure inside it can only be preserved or rejected).
+
+    `schedulers` and `scalers` (LR schedulers, grad scalers) are what else an update steps: a
+    Rewind puts them back with the boundary snapshot. None finds the optimizer's LR schedulers
+    that exist at attach; a GradScaler is never found, pass it.
 
     `faults` (drills only): a fault plan to inject, e.g. "skip@5:committed:2"; None reads
     ACCELPACT_FAULTS. A drill's faults fire in the first restart attempt only unless
@@ -62,6 +68,10 @@ def attach(
         raise ConfigError("this model is already attached to an AccelPact runtime: a second attach would "
                           "hook every update twice; call rt.close() first")
     _check_data_state(data_state)
+    stateful = (*(schedulers_of(optimizer) if schedulers is None else schedulers), *scalers)
+    for obj in stateful:
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise ConfigError(f"{type(obj).__name__} given as a scheduler or scaler has no state_dict/load_state_dict")
     config = (config or Config()).with_env().validate()
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
     injector = _injector(faults, faults_every_attempt, rank, world_size, attempt, config)
@@ -70,7 +80,8 @@ def attach(
     plane.refuse_default_group()
     rt: Runtime | None = None
     try:
-        rt = _build(model, optimizer, data_state, config, envelope, profile, plane, rank, world_size, attempt)
+        rt = _build(model, optimizer, data_state, config, envelope, profile, plane, rank, world_size, attempt,
+                    stateful)
         if injector is not None:
             rt.add_listener(injector)
         _checkpointing(rt, config, rank)
@@ -119,7 +130,7 @@ def _injector(faults, every_attempt: bool, rank: int, world_size: int, attempt: 
 
 
 def _build(model, optimizer, data_state, config: Config, envelope: Envelope | None, profile: str,
-           plane: DataPlane, rank: int, world_size: int, attempt: int) -> Runtime:
+           plane: DataPlane, rank: int, world_size: int, attempt: int, stateful: tuple[Any, ...]) -> Runtime:
     platform = config.platform or detect_platform(plane.groups)
     if envelope is None:
         envelope, source = choose_envelope(config, platform, profile, rank=rank)
@@ -135,7 +146,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     plane.enforce_timeout()
     control = ControlPlane(timeout_s=config.control_timeout_s, attempt=attempt)
     trace = TraceWriter(config.trace_dir, rank, attempt)
-    rewind = RewindState(step_copy=config.step_copy, max_rewinds=config.max_rewinds_per_update)
+    rewind = RewindState(step_copy=config.step_copy, max_rewinds=config.max_rewinds_per_update, stateful=stateful)
     if FailurePhase.BACKWARD in facts.rewind_phases:
         rewind.unisolated_ddp = _isolate_ddp_buckets(model, rank)
     rt = Runtime(model=model, optimizer=optimizer, data_state=data_state, config=config, rank=rank,
@@ -146,6 +157,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
         "groups": {label: gid.key for label, gid in plane.gids.items()}, "envelope": source,
         "rewind_phases": [str(p) for p in facts.rewind_phases], "preserve": facts.preserve,
         "step_copy": config.step_copy, "ddp_buckets_not_isolated": rewind.unisolated_ddp,
+        "rewind_restores": [type(obj).__name__ for obj in stateful],
     })
     return rt
 

@@ -31,7 +31,7 @@ from torch import nn
 
 from ..errors import AccelPactError
 
-__all__ = ["BucketIsolationError", "isolate_buckets", "is_isolated"]
+__all__ = ["BucketIsolationError", "isolate_buckets", "is_isolated", "release_buckets"]
 
 _MARK = "_accelpact_isolated_buckets"
 
@@ -92,6 +92,21 @@ def _allreduce_fresh_copy(state, bucket):  # unannotated: DDP compares annotatio
 def is_isolated(ddp: nn.Module) -> bool:
     """Whether ``isolate_buckets`` installed its hook on this DDP module."""
     return bool(getattr(ddp, _MARK, False))
+
+
+def release_buckets(ddp: Any) -> int:
+    """At `rt.close()`: free the output buffers the hook keeps for reuse; returns how many.
+
+    The hook itself stays: DDP offers no way to unregister a communication hook (torch 2.13's
+    reducer accepts one hook, once, and has no reset), so this is as close as close can get. What
+    stays computes bit for bit what the built-in path computes, holds its module only weakly,
+    and a later attach reuses it."""
+    freed = 0
+    for hook, state in getattr(ddp, "_comm_hooks", ()):
+        if hook is _allreduce_fresh_copy and isinstance(state, _HookState):
+            freed += len(state._outputs)
+            state._outputs.clear()
+    return freed
 
 
 def isolate_buckets(ddp: Any) -> None:

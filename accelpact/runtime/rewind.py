@@ -13,9 +13,22 @@ from ..fsm.phases import FailurePhase
 from .snapshot import BoundarySnapshot, StepCopy
 
 
+def schedulers_of(optimizer: torch.optim.Optimizer) -> list[Any]:
+    """The LR schedulers that drive `optimizer` (an LRScheduler holds its optimizer; the
+    optimizer does not know its schedulers, so they are found among live objects, once, at
+    attach). A scheduler built after attach is not found: pass it to attach instead."""
+    import gc
+
+    from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
+
+    kinds = (LRScheduler, ReduceLROnPlateau)
+    return [obj for obj in gc.get_objects() if isinstance(obj, kinds) and getattr(obj, "optimizer", None) is optimizer]
+
+
 class RewindState:
-    def __init__(self, *, step_copy: bool, max_rewinds: int):
+    def __init__(self, *, step_copy: bool, max_rewinds: int, stateful: tuple[Any, ...] = ()):
         self.keep_step_copy = step_copy
+        self.stateful = stateful  # LR schedulers and grad scalers the update steps
         self.max_rewinds = max_rewinds
         self.snapshot: BoundarySnapshot | None = None
         self.snapshot_problem = ""
@@ -26,10 +39,11 @@ class RewindState:
         #: why DDP's buckets could not be isolated from a late all-reduce ('' when they were)
         self.unisolated_ddp = ""
 
-    def begin_step(self, data_state: Any, frontier: int, model: nn.Module) -> None:
+    def begin_step(self, data_state: Any, frontier: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """rt.step(fn) starts update F+1: snapshot the boundary of F."""
         try:
-            self.snapshot, self.snapshot_problem = BoundarySnapshot.capture(data_state, frontier, model), ""
+            snap = BoundarySnapshot.capture(data_state, frontier, model, optimizer=optimizer, stateful=self.stateful)
+            self.snapshot, self.snapshot_problem = snap, ""
         except TypeError as exc:  # a data_state without state_dict: train on, but never rewind
             self.snapshot, self.snapshot_problem = None, str(exc)
         self.rewinds = 0

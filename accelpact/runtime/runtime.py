@@ -31,6 +31,7 @@ from ..fsm.phases import FailurePhase, RecoveryAction
 from ..rebind import NotReadyError
 from ..trace import TraceWriter
 from .data_plane import DataPlane
+from .ddp_buckets import release_buckets as release_ddp_buckets
 from .evidence import write_reject_evidence
 from .executor import RecoveryExecutor
 from .fail_stop import fail_stop
@@ -129,7 +130,7 @@ class Runtime:
         Unlike `with rt.update():`, the body can be run again: if the update is interrupted and
         every rank agrees to Rewind, the partial update is discarded, RNG and data cursor go back
         to this boundary's snapshot, every group is rebuilt, and `fn()` runs once more."""
-        self.rewind.begin_step(self.data_state, self.frontier, self.model)
+        self.rewind.begin_step(self.data_state, self.frontier, self.model, self.optimizer)
         while True:
             self._rewound = False
             self.rewind.in_step = True
@@ -150,6 +151,7 @@ class Runtime:
     def close(self) -> None:
         """Remove every hook, close trace and control plane; the model may be attached again."""
         self._tracker.remove()
+        release_ddp_buckets(self.model)
         if getattr(self.model, ATTACHED, False):
             delattr(self.model, ATTACHED)
         self.trace.close()

@@ -15,7 +15,7 @@ optimizer's ``param_groups`` and ``state``, rebind plans) stays valid.
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,22 +55,35 @@ class BoundarySnapshot:
     has_cursor: bool = False
     #: module buffers forward may change (BatchNorm running statistics, counters): (live, copy)
     buffers: tuple[tuple[torch.Tensor, torch.Tensor], ...] = field(default=(), repr=False)
+    #: what else an update mutates (LR schedulers, grad scalers): (live object, its state_dict copy)
+    stateful: tuple[tuple[Any, Any], ...] = field(default=(), repr=False)
+    #: the optimizer's param-group hyperparameters (lr, momentum, ...; not the params): (live, copy)
+    hyper: tuple[tuple[dict, dict], ...] = field(default=(), repr=False)
 
     @classmethod
-    def capture(cls, data_state: Any, frontier: int, model: torch.nn.Module | None = None) -> BoundarySnapshot:
+    def capture(cls, data_state: Any, frontier: int, model: torch.nn.Module | None = None, *,
+                optimizer: torch.optim.Optimizer | None = None, stateful: Sequence[Any] = ()) -> BoundarySnapshot:
         """Snapshot the current process; ``data_state`` needs state_dict/load_state_dict, or is None.
         With ``model``, its floating and integer buffers are copied too: a forward that updates
-        running statistics would otherwise count the interrupted update twice after a rewind."""
+        running statistics would otherwise count the interrupted update twice after a rewind.
+        ``stateful`` (schedulers, scalers) and the ``optimizer``'s param-group hyperparameters are
+        copied because an update steps them: a rank that finished its update before a peer failed
+        would otherwise re-run it one scheduler step ahead."""
         buffers = ()
         if model is not None:
             with torch.no_grad():
                 buffers = tuple((b, b.detach().clone()) for b in model.buffers())
+        for obj in stateful:
+            _check_stateful(obj)
+        extra = {"stateful": tuple((obj, copy.deepcopy(obj.state_dict())) for obj in stateful),
+                 "hyper": tuple((g, copy.deepcopy({k: v for k, v in g.items() if k != "params"}))
+                                for g in (optimizer.param_groups if optimizer is not None else ()))}
         if data_state is None:
-            return cls(frontier=int(frontier), rng=capture_rng_state(), buffers=buffers)
+            return cls(frontier=int(frontier), rng=capture_rng_state(), buffers=buffers, **extra)
         _check_stateful(data_state)
         cursor = copy.deepcopy(data_state.state_dict())
         return cls(frontier=int(frontier), rng=capture_rng_state(), cursor=cursor, has_cursor=True,
-                   buffers=buffers)
+                   buffers=buffers, **extra)
 
     def restore(self, data_state: Any) -> None:
         """Put RNG streams and cursor back as captured; checks everything before changing anything."""
@@ -95,6 +108,10 @@ class BoundarySnapshot:
         with torch.no_grad():
             for live, saved in self.buffers:
                 live.copy_(saved)
+        for obj, saved in self.stateful:
+            obj.load_state_dict(copy.deepcopy(saved))
+        for group, saved in self.hyper:
+            group.update(copy.deepcopy(saved))
         restore_rng_state(self.rng)
 
 

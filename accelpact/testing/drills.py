@@ -11,6 +11,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from .. import state as app_state
@@ -51,6 +52,8 @@ class Drill:
     max_rewinds: int = 3
     #: DDP only: register a communication hook of the user's own before attach
     ddp_user_comm_hook: bool = False
+    #: step a warm-up LR scheduler inside every update (attach finds it through the optimizer)
+    scheduler: bool = False
 
 
 _seed = seed_everything
@@ -65,8 +68,26 @@ def _users_allreduce_hook(state, bucket):  # unannotated: DDP compares annotatio
 
 
 def build(drill: Drill, generation: int):
-    return build_hsdp_job(drill.framework, layers=drill.layers, seed=drill.seed, local=drill.local,
-                          seq_len=8, batch_size=2, generation=generation)
+    model, optimizer, data = build_hsdp_job(drill.framework, layers=drill.layers, seed=drill.seed, local=drill.local,
+                                            seq_len=8, batch_size=2, generation=generation)
+    sched = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup) if drill.scheduler else None
+    return model, optimizer, data, sched
+
+
+def _warmup(step: int) -> float:
+    return min(1.0, (step + 1) / 4)
+
+
+def _update(model, optimizer, data, sched) -> None:
+    _one_update(model, optimizer, data)
+    if sched is not None:
+        sched.step()
+
+
+def _capture(model, optimizer, data, sched, *, frontier: int, opt_step: int) -> dict[str, Any]:
+    extra = {} if sched is None else {"scheduler": sched.state_dict(),
+                                      "lr": [g["lr"] for g in optimizer.param_groups]}
+    return app_state.capture(model, optimizer, data, frontier=frontier, opt_step=opt_step, **extra)
 
 
 _one_update = stochastic_update
@@ -76,7 +97,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
     import accelpact
 
     _seed(drill.seed)
-    model, optimizer, data = build(drill, generation=generation)
+    model, optimizer, data, sched = build(drill, generation=generation)
     config = Config(
         data_timeout_s=drill.data_timeout_s,
         control_timeout_s=drill.control_timeout_s,
@@ -101,19 +122,19 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
             if drill.tamper_at and i + 1 == drill.tamper_at:
                 rt.frontier += drill.tamper_frontier.get(dist.get_rank(), 0)
             if drill.rewind:
-                rt.step(lambda: _one_update(model, optimizer, data))
+                rt.step(lambda: _update(model, optimizer, data, sched))
             else:
                 with rt.update():
-                    _one_update(model, optimizer, data)
+                    _update(model, optimizer, data, sched)
     except RecoveryRejected as rej:
         rejected = rej
-    return rt, model, optimizer, data, rejected, restored_step
+    return rt, (model, optimizer, data, sched), rejected, restored_step
 
 
 def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
     """Protected run with faults, then (optionally) the reference; returns a picklable summary."""
-    rt, model, optimizer, data, rej, _ = _protected_run(drill, faults=drill.faults, generation=0)
-    out: dict[str, Any] = {"rank": rank, "rejected": None, "ddp_isolated": is_isolated(model)}
+    rt, job, rej, _ = _protected_run(drill, faults=drill.faults, generation=0)
+    out: dict[str, Any] = {"rank": rank, "rejected": None, "ddp_isolated": is_isolated(job[0])}
     if rej is not None:
         out["rejected"] = list(rej.reasons)
         out["evidence"] = rej.evidence_path
@@ -121,7 +142,7 @@ def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
         # What torchrun does after a Reject, in the same processes: everything rebuilt, newest
         # verified checkpoint restored, replay to the end; the fault plan does not fire again.
         out["first_attempt"] = {"frontier": rt.frontier, "history": [r.to_dict() for r in rt.history]}
-        rt, model, optimizer, data, rej, restored = _protected_run(drill, faults="", generation=500)
+        rt, job, rej, restored = _protected_run(drill, faults="", generation=500)
         out["restored_step"] = restored
         out["rejected_after_restart"] = list(rej.reasons) if rej is not None else None
         if rej is None:
@@ -136,14 +157,14 @@ def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
     )
     if out["rejected"] is not None:
         return out  # the process is about to be restarted by a supervisor; nothing to compare
-    protected = app_state.capture(model, optimizer, data, frontier=rt.frontier, opt_step=rt.opt_step)
+    protected = _capture(*job, frontier=rt.frontier, opt_step=rt.opt_step)
     rt.close()
     if drill.reference:
         _seed(drill.seed)
-        model, optimizer, data = build(drill, generation=1000)
+        job = build(drill, generation=1000)
         for _ in range(drill.updates):
-            _one_update(model, optimizer, data)
-        reference = app_state.capture(model, optimizer, data, frontier=drill.updates, opt_step=drill.updates)
+            _update(*job)
+        reference = _capture(*job, frontier=drill.updates, opt_step=drill.updates)
         out["mismatches"] = app_state.diff(protected, reference)
         out["compared"] = len(protected)
     return out
