@@ -225,7 +225,6 @@ def test_isolation_refuses_models_it_cannot_isolate() -> None:
 
 def _release(rank: int, world_size: int) -> dict:
     import torch.distributed as dist
-
     from torch.nn.parallel import DistributedDataParallel
 
     from accelpact.runtime.ddp_buckets import isolate_buckets, release_buckets
