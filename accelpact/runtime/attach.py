@@ -68,10 +68,7 @@ def attach(
         raise ConfigError("this model is already attached to an AccelPact runtime: a second attach would "
                           "hook every update twice; call rt.close() first")
     _check_data_state(data_state)
-    stateful = (*(schedulers_of(optimizer) if schedulers is None else schedulers), *scalers)
-    for obj in stateful:
-        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-            raise ConfigError(f"{type(obj).__name__} given as a scheduler or scaler has no state_dict/load_state_dict")
+    stateful = _stepped_with_the_update(optimizer, schedulers, scalers)
     config = (config or Config()).with_env().validate()
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
     injector = _injector(faults, faults_every_attempt, rank, world_size, attempt, config)
@@ -94,6 +91,15 @@ def attach(
         raise
     log.info("attached", extra={"rank": rank, "profile": rt.profile, "groups": sorted(rt.data_plane.gids)})
     return rt
+
+
+def _stepped_with_the_update(optimizer, schedulers, scalers) -> tuple[Any, ...]:
+    """The schedulers and scalers a Rewind must put back (see `attach`)."""
+    stateful = (*(schedulers_of(optimizer) if schedulers is None else schedulers), *scalers)
+    for obj in stateful:
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise ConfigError(f"{type(obj).__name__} given as a scheduler or scaler has no state_dict/load_state_dict")
+    return stateful
 
 
 def _check_data_state(data_state: Any) -> None:
