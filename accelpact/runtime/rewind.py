@@ -22,7 +22,8 @@ def schedulers_of(optimizer: torch.optim.Optimizer) -> list[Any]:
     from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
     kinds = (LRScheduler, ReduceLROnPlateau)
-    return [obj for obj in gc.get_objects() if isinstance(obj, kinds) and getattr(obj, "optimizer", None) is optimizer]
+    # type(), not isinstance(): the latter reads __class__, which some lazy module objects warn on
+    return [obj for obj in gc.get_objects() if issubclass(type(obj), kinds) and obj.optimizer is optimizer]
 
 
 class RewindState:
