@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from ..fsm.phases import FailurePhase, RecoveryAction
+
+if TYPE_CHECKING:
+    from ..fsm.driver import Observation
+    from .executor import RecoveryExecutor
+    from .recovery import Driven
 
 
 @dataclass
@@ -27,7 +33,8 @@ class RecoveryRecord:
     discarded: dict = field(default_factory=dict)  # what a discarded (rewound) update left behind
 
     @classmethod
-    def of(cls, index: int, update: int, obs, detect_s: float, driven, executor) -> RecoveryRecord:
+    def of(cls, index: int, update: int, obs: Observation, detect_s: float, driven: Driven,
+           executor: RecoveryExecutor) -> RecoveryRecord:
         """The record of a recovery `recovery.drive` ran with `executor` on observation `obs`."""
         outcome = driven.outcome
         return cls(
