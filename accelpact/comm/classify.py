@@ -82,7 +82,7 @@ _COMM_PATTERNS = tuple(
 )
 
 
-def is_communication_failure(exc: BaseException) -> bool:
+def is_communication_failure(exc: BaseException, classification: Classification | None = None) -> bool:
     """Whether `exc` is a failure of communication (recoverable by rebuilding groups) rather than
     a bug in the training step, which must reach the user as it is: a rebuild cannot fix it and a
     rewind would only run into it again.
@@ -90,10 +90,11 @@ def is_communication_failure(exc: BaseException) -> bool:
     Communication: anything `classify_failure` recognises (timeout, closed connection, retired
     communicator), torch.distributed's own error types, an error text from gloo, NCCL or c10d
     anywhere in the chain, and an exception that declares its cause (`failure_cause`: the drills'
-    injected faults). Everything else (a KeyError, a malformed batch, out of memory) is a bug."""
+    injected faults). Everything else (a KeyError, a malformed batch, out of memory) is a bug.
+    `classification`: `exc`'s, when the caller already has it (with its retired-group evidence)."""
     if isinstance(getattr(exc, "failure_cause", None), str):
         return True
-    if classify_failure(exc).cause is not FailureCause.OTHER:
+    if (classification or classify_failure(exc)).cause is not FailureCause.OTHER:
         return True
     return any(type(link).__name__ in _DIST_TYPES or _matches(_text(link), _COMM_PATTERNS)
                for link in exception_chain(exc))

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..comm import _c10d, classify_failure, retired_group_names
+from ..comm import _c10d, classify_failure, is_communication_failure, retired_group_names
 from ..errors import ConfigError, UnsupportedModelError
 from ..fsm.decisions import GroupId
 from ..rebind import data_plane_groups, discover
@@ -96,24 +96,25 @@ class DataPlane:
                 work.wait()
             except Exception as exc:  # any probe error marks the group failed; its cause is kept
                 failed.append(self.gids[label])
-                causes.append(f"{self.gids[label].key}: {self.describe(exc)}")
+                causes.append(f"{self.gids[label].key}: {self.diagnose(exc)[0]}")
         return failed, causes
 
-    def describe(self, exc: BaseException) -> str:
-        """The real cause of a failure, as one line. An exception may name its own cause
-        (`failure_cause`); otherwise it is classified. The framework may still hold a retired group
-        (rebinding off, or a missed reference); naming the groups it uses lets a bare gloo error
-        from DDP's C++ reducer, which names no group, be recognised as the retired communicator."""
+    def diagnose(self, exc: BaseException) -> tuple[str, bool]:
+        """The real cause of a failure as one line, and whether it is a communication failure
+        (recoverable) rather than a bug, from one classification. An exception may name its own
+        cause (`failure_cause`). The framework may still hold a retired group (rebinding off, or a
+        missed reference); naming the groups it uses lets a bare gloo error from DDP's C++
+        reducer, which names no group, be recognised as the retired communicator."""
         declared = getattr(exc, "failure_cause", None)
         if isinstance(declared, str):
-            return declared
+            return declared, True
         try:
             used = [pg.group_name for pg in data_plane_groups(self.model).values()]
         except (RuntimeError, AttributeError, ValueError) as walk_error:  # never fail the recovery here
             used = []
             exc.add_note(f"accelpact: the model's groups could not be listed: {walk_error!r}")
         cls = classify_failure(exc, retired_names=retired_group_names(), used_group_names=used)
-        return f"{cls.cause.name.lower()}: {cls.message}"
+        return f"{cls.cause.name.lower()}: {cls.message}", is_communication_failure(exc, cls)
 
     def install(self, label: str, group: dist.ProcessGroup, generation: int, *, rebound: bool) -> None:
         """The replacement of `label` is in use from now on (its references rebound or not)."""

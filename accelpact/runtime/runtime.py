@@ -20,7 +20,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..comm import is_communication_failure
 from ..config import Config
 from ..control import ControlPlane
 from ..errors import ConfigError, ControlPlaneError, RecoveryRejected
@@ -181,10 +180,10 @@ class Runtime:
             phase = FailurePhase.COMMITTED
             self._notify(phase)
             failed, causes = self.data_plane.health_check(self.listeners) if self.config.health_check else ([], [])
-            saw, cause = bool(failed), "; ".join(causes)
+            saw, cause, fault = bool(failed), "; ".join(causes), True
         else:
             phase, failed, saw = phase_at_error or FailurePhase.FORWARD, [], True
-            cause = self.data_plane.describe(error)
+            cause, fault = self.data_plane.diagnose(error)
         try:
             flag = self.control.boundary_check(1 if saw else 0)
         except ControlPlaneError as exc:
@@ -192,7 +191,7 @@ class Runtime:
         if flag == 0:
             self._commit()
             return
-        bug = error if error is not None and not is_communication_failure(error) else None
+        bug = error if error is not None and not fault else None
         self._recover(error, phase, saw, failed, cause, time.perf_counter() - t_detect, bug)
 
     def _discover_late(self, error, phase):
