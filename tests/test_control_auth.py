@@ -74,3 +74,24 @@ def test_no_rank_resumes_on_a_forged_replayed_or_garbage_value():
         assert out["r1"] == "reject" and out["r3"] == "reject" and out["r4"] == "reject", out
         assert out["r2"] == "resume"  # the genuine release still works
         assert any(why.startswith("not obeyed: unsigned or malformed value") for why in out["r1_reasons"])
+
+
+def _given_secret(rank: int, world_size: int, same: bool) -> str:
+    import os
+
+    from accelpact.control import ControlPlane
+    from accelpact.errors import ControlPlaneError
+
+    os.environ["ACCELPACT_SECRET"] = "job-secret" if same or rank == 0 else "another"
+    try:
+        ControlPlane(timeout_s=5.0, attempt=0).close()
+        return "ok"
+    except ControlPlaneError as exc:
+        return str(exc)
+
+
+@pytest.mark.timeout(60)
+def test_a_given_secret_must_be_the_same_on_every_rank():
+    assert run_world(_given_secret, 2, True, timeout_s=45) == ["ok", "ok"]
+    for out in run_world(_given_secret, 2, False, timeout_s=45):
+        assert "ACCELPACT_SECRET differs between ranks" in out

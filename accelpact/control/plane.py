@@ -80,9 +80,12 @@ class ControlPlane:
         """Every rank must hold the same ACCELPACT_SECRET, or every value would fail later."""
         mine = torch.frombuffer(bytearray(bytes.fromhex(self.sealer.mac("secret-check"))), dtype=torch.uint8)
         ref = mine.clone()
-        dist.broadcast(ref, src=0, group=self.group)
-        differs = torch.tensor([0 if torch.equal(mine, ref) else 1], dtype=torch.int64)
-        dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=self.group)
+        try:
+            dist.broadcast(ref, src=0, group=self.group)
+            differs = torch.tensor([0 if torch.equal(mine, ref) else 1], dtype=torch.int64)
+            dist.all_reduce(differs, op=dist.ReduceOp.MAX, group=self.group)
+        except Exception as exc:  # gloo raises RuntimeError/DistError kinds
+            raise ControlPlaneError(f"checking {ENV_SECRET} across ranks failed: {type(exc).__name__}: {exc}") from exc
         if int(differs.item()):
             raise ControlPlaneError(f"{ENV_SECRET} differs between ranks: every rank must be given the same secret")
 
