@@ -26,8 +26,21 @@ def _demo(args: argparse.Namespace) -> int:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     print(f"$ {' '.join(cmd)}", flush=True)
     code = subprocess.call(cmd, env=env)
-    print(f"traces: {trace_dir}")
+    _print_incidents(trace_dir)
+    print(f"traces: {trace_dir}  (accelpact report {trace_dir})")
     return code
+
+
+def _print_incidents(trace_dir: str) -> None:
+    """Every incident of the run as a sentence, read back from its traces."""
+    from . import run_report
+
+    try:
+        summary = run_report.summarize(run_report.load_traces(trace_dir))
+    except FileNotFoundError:  # the run never attached: nothing to tell
+        return
+    run_report.attach_evidence(summary, trace_dir)
+    print("\n".join(run_report.incident_lines(summary)))
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -84,6 +97,8 @@ def _qualify(args: argparse.Namespace) -> int:
         print(f"not probed (their rows allow only reject): frameworks {', '.join(skipped) or 'none'}; phases "
               f"{', '.join(sorted(set(probes.DEFAULT_PHASES) - set(phases))) or 'none'}. "
               "`accelpact qualify` without --quick probes every one")
+    if result.timeouts is not None:  # what a runtime's "auto" timeouts start from
+        print(f"timeouts: {result.timeouts.describe()}")
     print(f"wrote {result.path} ({len(result.rows)} rows, {result.wall_s:.0f} s)")
     return 0
 

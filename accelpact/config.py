@@ -9,6 +9,7 @@ import difflib
 import logging
 import os
 from dataclasses import dataclass, field, fields
+from typing import Literal
 
 from .errors import ConfigError
 
@@ -24,6 +25,8 @@ OTHER_PREFIXES = ("ACCELPACT_CHAOS_",)
 #: detection bound of more than a day is a typo, not a setting (inf overflows c10d's timedelta).
 MIN_TIMEOUT_S = 0.01
 MAX_TIMEOUT_S = 86_400.0
+#: A timeout measured at attach instead of given (`accelpact.timeouts`, `runtime/calibrate.py`).
+AUTO = "auto"
 
 log = logging.getLogger("accelpact.config")
 
@@ -32,10 +35,11 @@ log = logging.getLogger("accelpact.config")
 class Config:
     #: Timeout of every data-plane group AccelPact builds, and the detection bound: gloo
     #: collectives cannot be aborted from another thread, so a failure is seen after this long.
-    data_timeout_s: float = 10.0
+    #: "auto": derived at attach from measured collective latencies (`accelpact.timeouts`).
+    data_timeout_s: float | Literal["auto"] = 10.0
     #: Timeout of the control plane. Must exceed the data timeout: the boundary check waits for
-    #: peers that are themselves waiting out a data-plane timeout.
-    control_timeout_s: float = 30.0
+    #: peers that are themselves waiting out a data-plane timeout. "auto": derived at attach.
+    control_timeout_s: float | Literal["auto"] = 30.0
     #: Per-rank JSON-lines traces and rejection evidence go here (None: no trace files).
     trace_dir: str | None = None
     #: Debug switch for the paper's causal ablation: replace groups but do not rebind references.
@@ -74,6 +78,18 @@ class Config:
     #: Platform and resource profile of the recovery envelope key (None: detected).
     platform: str | None = None
     profile: str | None = None
+    #: Prometheus metrics (`accelpact.observe.metrics`; needs prometheus_client): an HTTP
+    #: endpoint on port `metrics_port + LOCAL_RANK` (one per rank of a host), and/or one text
+    #: file per rank for node_exporter's textfile collector ("{rank}" in the path is replaced,
+    #: else -rank<r> goes before the suffix). Spans follow the standard OTEL_* variables.
+    metrics_port: int | None = None
+    metrics_textfile: str | None = None
+    #: The rolling window of the goodput ratio metric, in seconds.
+    metrics_window_s: float = 300.0
+    #: Straggler signal: a rank whose median update time over the last `straggler_window` clean
+    #: boundaries exceeds this factor times its peers' median is named in a warning.
+    straggler_factor: float = 2.0
+    straggler_window: int = 20
 
     def __post_init__(self) -> None:
         self.validate()
@@ -81,10 +97,12 @@ class Config:
     def validate(self) -> Config:
         for name in ("data_timeout_s", "control_timeout_s"):
             value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S):
-                raise ConfigError(f"{name} must be a number of seconds in [{MIN_TIMEOUT_S}, {MAX_TIMEOUT_S:g}], "
-                                  f"got {value!r}")
-        if not self.control_timeout_s > self.data_timeout_s:
+            if value != AUTO and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                      and MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S):
+                raise ConfigError(f"{name} must be a number of seconds in [{MIN_TIMEOUT_S}, {MAX_TIMEOUT_S:g}] "
+                                  f"or {AUTO!r}, got {value!r}")
+        # with "auto", an explicit one is checked against the derived one at attach (accelpact.timeouts)
+        if not self.calibrates and not self.control_timeout_s > self.data_timeout_s:  # type: ignore[operator]
             raise ConfigError(
                 f"control_timeout_s ({self.control_timeout_s}) must exceed data_timeout_s "
                 f"({self.data_timeout_s}): the control plane waits out data-plane timeouts"
@@ -101,7 +119,22 @@ class Config:
             raise ConfigError(f"max_rewinds_per_update must be >= 0, got {self.max_rewinds_per_update}")
         if self.max_restarts < 0:
             raise ConfigError(f"max_restarts must be >= 0, got {self.max_restarts}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ConfigError(f"metrics_port must be a TCP port (the base; each rank adds its local rank), "
+                              f"got {self.metrics_port}")
+        if not self.metrics_window_s > 0:
+            raise ConfigError(f"metrics_window_s must be positive, got {self.metrics_window_s}")
+        if not (isinstance(self.straggler_factor, (int, float)) and self.straggler_factor > 1):
+            raise ConfigError(f"straggler_factor must be a number > 1 (times the peers' median update time), "
+                              f"got {self.straggler_factor!r}")
+        if not (isinstance(self.straggler_window, int) and self.straggler_window >= 1):
+            raise ConfigError(f"straggler_window must be an integer >= 1 (boundaries), got {self.straggler_window!r}")
         return self
+
+    @property
+    def calibrates(self) -> bool:
+        """Whether attach measures collective latencies to derive a timeout ("auto")."""
+        return AUTO in (self.data_timeout_s, self.control_timeout_s)
 
     def with_env(self, env: dict[str, str] | None = None) -> Config:
         """This config with environment overrides applied on top (used by `attach`)."""
@@ -149,6 +182,8 @@ def _coerce(cls, name: str, raw: str, key: str):
             if low in ("0", "false", "no", "off"):
                 return False
             raise ValueError(f"not a boolean: {raw!r}")
+        if "Literal" in typ and raw.strip().lower() == AUTO:
+            return AUTO
         if typ.startswith("float"):
             return float(raw)
         if typ.startswith("int"):

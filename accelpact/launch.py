@@ -15,9 +15,15 @@ of one attempt start before any worker of the next, so attempt = (count - 1) // 
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 
 import torch.distributed as dist
+
+from .comm.backends import parse_backends, uses_nccl
+from .comm.nccl_env import apply_required
+
+log = logging.getLogger("accelpact.launch")
 
 _attempt: int | None = None
 
@@ -31,9 +37,16 @@ def current_attempt() -> int:
 
 
 def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | None = None, **kwargs) -> None:
-    """Drop-in for `torch.distributed.init_process_group` that is safe across torchrun restarts."""
+    """Drop-in for `torch.distributed.init_process_group` that is safe across torchrun restarts.
+
+    With an NCCL backend it first sets the NCCL environment a recovery needs
+    (`comm.nccl_env.REQUIRED`: ProcessGroupNCCL reads it when communicators are created, so it
+    must be in place before this call), logging every value it changes."""
     global _attempt
     env = os.environ
+    if uses_nccl(parse_backends(backend)):
+        for change in apply_required(env):
+            log.warning("accelpact set %s", change)
     if "TORCHELASTIC_RESTART_COUNT" not in env or "store" in kwargs or "init_method" in kwargs:
         dist.init_process_group(backend, timeout=timeout, **kwargs)
         return

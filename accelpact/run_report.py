@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .observe.incident import IncidentFacts, sentence
+
 #: Per-phase timings recorded by the runtime (`timings_s` keys), in protocol order.
 TIMING_PHASES = ("guard", "agree", "replace", "rebind", "validate", "release", "reject")
 
@@ -63,6 +65,23 @@ class Recovery:
     t_next_commit: float | None = None  # first commit past F_fail (fault-to-frontier end)
     restored_step: int | None = None  # checkpoint the next attempt restored (Restart)
     updates_lost: int | None = None  # committed updates redone: 0 under Preserve, A = F - C otherwise
+    observers: list[int] = field(default_factory=list)  # ranks that saw it themselves, first first
+    cause: str = ""  # the first observer's classified cause
+    reasons: list[str] = field(default_factory=list)
+    evidence: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its incident record
+
+    @property
+    def facts(self) -> IncidentFacts:
+        return IncidentFacts(
+            update=self.update, phase=self.failure_phase, action=self.action, observers=tuple(self.observers),
+            failed_groups=tuple(self.failed_groups), cause=self.cause, detect_s=self.detect_s,
+            repair_s=self.repair_s, reasons=tuple(self.reasons), back_s=self.fault_to_frontier_s,
+            restored_step=self.restored_step)
+
+    @property
+    def sentence(self) -> str:
+        """The incident in plain words (`accelpact.observe.incident.sentence`)."""
+        return sentence(self.facts)
 
     @property
     def rto_s(self) -> float | None:
@@ -74,7 +93,7 @@ class Recovery:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(rto_s=self.rto_s, fault_to_frontier_s=self.fault_to_frontier_s)
+        d.update(rto_s=self.rto_s, fault_to_frontier_s=self.fault_to_frontier_s, sentence=self.sentence)
         return d
 
 
@@ -257,7 +276,10 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
             detect_s=t_observed - t_fault, repair_s=max(float(r.get("repair_s", 0.0)) for r in recs_of.values()),
             phases_s=phases, ranks=sorted(by_rank), t_fault=t_fault,
             t_decided=max(float(r["t"]) for r in recs_of.values()),
+            observers=[r for r, o in sorted(observes.items(), key=lambda kv: float(kv[1]["t"])) if o.get("saw")],
+            reasons=[str(x) for x in first.get("reasons", [])],
         )
+        recovery.cause = str(observes[recovery.observers[0]].get("cause", "")) if recovery.observers else ""
         _resolve_outcome(recovery, per_rank)
         recoveries.append(recovery)
     return RunSummary(ranks=ranks, attempts=max(len(a) for a in per_rank.values()),
@@ -361,8 +383,9 @@ def timeline(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[Segment]
 
 # ------------------------------------------------------------------------------ text -----------
 def format_summary(summary: RunSummary) -> str:
-    """Human-readable summary of a run."""
-    lines = [
+    """Human-readable summary of a run: one sentence per incident first, then the numbers."""
+    lines = incident_lines(summary)
+    lines += [
         f"ranks {len(summary.ranks)}  attempts {summary.attempts}  final frontier F={summary.final_frontier}  "
         f"updates run {summary.updates_run}  traced span {summary.wall_s:.2f} s",
         f"recoveries: {len(summary.recoveries)}  outcomes: "
@@ -391,6 +414,44 @@ def format_summary(summary: RunSummary) -> str:
         )
         lines.append("mean per phase: " + "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in summary.mean_phases_s.items()))
     return "\n".join(lines)
+
+
+def incident_lines(summary: RunSummary) -> list[str]:
+    """"incidents:" and one plain-language line per incident (with where its evidence is)."""
+    if not summary.recoveries:
+        return ["incidents: none"]
+    lines = ["incidents:"]
+    for r in summary.recoveries:
+        attempt = f" (attempt {r.attempt})" if summary.attempts > 1 else ""
+        lines.append(f"  #{r.index}{attempt} {r.sentence}")
+        stacks = [f"rank {rank} ({len(ev.get('stacks') or {})} threads)" for rank, ev in sorted(r.evidence.items())
+                  if ev.get("stacks")]
+        errors = sorted({f"{ev['error']['type']}: {ev['error']['message'][:100]}" for ev in r.evidence.values()
+                         if ev.get("error")})
+        if stacks:
+            lines.append(f"      stacks of every thread (suspected hang): {', '.join(stacks)} in incidents-rank<r>.jsonl")
+        for err in errors:
+            lines.append(f"      error: {err}")
+    return lines
+
+
+def attach_evidence(summary: RunSummary, run_dir: str | Path) -> None:
+    """Attach each rank's incident record (`incidents-rank<r>.jsonl`) to its recovery: the record
+    with the recovery's index that was written first after the rank's recovery ended."""
+    for path in sorted(Path(run_dir).glob("incidents-rank*.jsonl")):
+        rank = int(path.stem.removeprefix("incidents-rank"))
+        docs = []
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                docs.append(json.loads(line))
+            except json.JSONDecodeError:  # a SIGKILLed rank may leave a torn last line
+                continue
+        for rec in summary.recoveries:
+            if rank not in rec.ranks:
+                continue
+            after = [d for d in docs if d.get("index") == rec.index and float(d.get("t", 0.0)) >= rec.t_fault]
+            if after:
+                rec.evidence[rank] = min(after, key=lambda d: float(d["t"]))
 
 
 # ------------------------------------------------------------------------------ picture --------
@@ -465,6 +526,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     traces = load_traces(args.run_dir)
     summary = summarize(traces)
+    attach_evidence(summary, args.run_dir)
     print(format_summary(summary))
     for line in _evidence_lines(Path(args.run_dir)):
         print(line)

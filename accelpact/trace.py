@@ -4,20 +4,30 @@ One record per edge taken: rank, control-plane sequence number, action (the spec
 from/to phase, frontier F, generation g, the generation each cached-reference class names, and a
 monotonic time. Records are written line-buffered so a rank that is SIGKILLed leaves a usable
 prefix. Cheap enough to stay on by default (one small write per update).
+
+Every record also carries `vc`, the rank's vector clock ticked for that record (the control plane
+merges it on every exchange, `accelpact/control/clock.py`): what the rank could have seen of its
+peers when it wrote the record. The attach record names the host, because `t` (CLOCK_MONOTONIC)
+is one clock for all ranks of a host, so trace validation may compare it only between those.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from pathlib import Path
 from typing import Any
 
+from .control.clock import VectorClock
+
 
 class TraceWriter:
-    def __init__(self, directory: str | os.PathLike | None, rank: int, attempt: int = 0):
+    def __init__(self, directory: str | os.PathLike | None, rank: int, attempt: int = 0,
+                 clock: VectorClock | None = None):
         self.rank = rank
+        self.clock = clock
         self.path: Path | None = None
         self._fh = None
         if directory is not None:
@@ -25,12 +35,14 @@ class TraceWriter:
             d.mkdir(parents=True, exist_ok=True)
             self.path = d / f"trace-rank{rank}.jsonl"
             self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
-            self.write({"kind": "attach", "attempt": attempt, "pid": os.getpid()})
+            self.write({"kind": "attach", "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname()})
 
     def write(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             return
         record = {"rank": self.rank, "t": time.monotonic(), **record}
+        if self.clock is not None:
+            record["vc"] = self.clock.tick()
         self._fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
 
     def edge(self, *, seq: int, action: str, src: str, dst: str, frontier: int, generation: int,

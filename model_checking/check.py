@@ -1,8 +1,10 @@
 """`accelpact check`: model-check the recovery protocol with TLC.
 
     accelpact check --ranks 2 3        the protocol with 2 and 3 ranks: every property must hold
-    accelpact check --mutants          every seeded mutant must violate the property it names
-    accelpact check --conformance      the spec's edges must equal the Python table's edges
+    accelpact check --mutants          every seeded mutant must violate the property it names, and
+                                       every witness (spec/witnesses/) must be reached
+    accelpact check --write-table      regenerate the spec's guards (spec/AccelPactTable.tla) from the table
+    accelpact check --conformance      the spec's guards are the table's, and its edges equal the table's
     accelpact check --trace RUN_DIR    a recorded run must be a behaviour of the spec (trace.py)
     python -m model_checking.check ... the same without the accelpact CLI
 
@@ -25,15 +27,18 @@ from .tlc import ModelConfig, TlcError, TlcResult
 
 PROPERTY_TEXT = {
     "TypeOK": "every variable stays in its type",
-    "NoSplitFrontier": "all ranks that resume hold the same frontier F and generation g",
-    "NoStaleReference": "no rank in Train/Resume holds a reference to a retired communicator",
-    "ValidatedBeforeRelease": "nobody resumes before every rank validated and voted ok",
+    "ValidatedBeforeRelease": "nobody resumes while a live peer has not finished its repair",
     "OutcomeAgreement": "never one rank resumed while another rejected (all-or-nothing)",
+    "NoSplitFrontier": "ranks in Resume hold the same F and g (their own, not the decision's)",
+    "NoStaleReference": "no rank in Train/Resume holds a reference, in any group, to a destroyed communicator",
+    "NoRetiredGeneration": "no rank in Train/Resume works at a generation whose communicators were destroyed",
+    "RewindRebuildsEveryGroup": "a rank voting ok under Rewind holds g+1 in every slot of every group",
     "ZeroReplay": "Preserve resumes at the committed frontier held at failure, Rewind at the committed F",
-    "RewindNeverAfterStep": "no rank rewinds an update whose step it applied and cannot undo",
-    "NoReapply": "a rewound rank holds exactly F applied steps until the re-run commits (no update twice)",
-    "RecoveryEnds": "every recovery ends: each rank resumes, rejects or has crashed "
+    "NoReapply": "a rewound rank's real tau is F until the re-run commits (no update twice)",
+    "FailedGroupsRebuilt": "a rank resumed by Preserve holds the new generation in every failed group it belongs to",
+    "RecoveryEnds": "every recovery ends: each rank resumes, rejects or has stopped "
     "(weak fairness of protocol steps)",
+    "ResumePossible": "with no crash and no spurious timeout some recovery resumes (witness NoResumeEver)",
 }
 
 
@@ -57,6 +62,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--conformance", action="store_true",
                         help="check that the spec's (trigger, from, to) edges equal the Python table's")
     parser.add_argument("--table", action="store_true", help="print the transition table (markdown)")
+    parser.add_argument("--write-table", action="store_true",
+                        help="regenerate spec/AccelPactTable.tla (the spec's guards) from accelpact/fsm/table.py")
     parser.add_argument("--workers", type=_positive_int, default=1,
                         help="TLC worker threads (an integer; default 1: the cores are shared)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per TLC run (default 600)")
@@ -144,10 +151,35 @@ def _check_mutants(args, out, records: list) -> bool:
     return all_ok
 
 
+def _check_witnesses(args, out, records: list) -> bool:
+    witnesses = models.witness_models(args.spec_dir)
+    print(f"\n== witnesses: {len(witnesses)} interesting states, each must be reached (invariant violated)",
+          file=out)
+    all_ok = True
+    for model in witnesses:
+        result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+        ok = models.expectation_met(model, result)
+        all_ok &= ok
+        print(f"   {model.name:<26} {model.expect:<27} -> {result.verdict():<45} "
+              f"{'REACHED' if ok else 'NOT REACHED'}; {_fmt_int(result.distinct_states)} states, "
+              f"{result.wall_s:.1f} s", file=out)
+        if not ok:
+            for err in result.errors:
+                print("      " + err.replace("\n", "\n      "), file=out)
+        records.append(_record(model, result, ok))
+    return all_ok
+
+
 def _check_conformance(args, out, records: list) -> bool:
     from .conformance import compare_edges, spec_edges, table_edges
+    from .guards import table_module_is_current
 
-    print("\n== conformance: spec edges vs accelpact/fsm/table.py", file=out)
+    guards_ok, message = table_module_is_current(models.spec_dir(args.spec_dir))
+    print(f"\n== conformance: guards: {message}", file=out)
+    records.append({"model": "guards", "ok": guards_ok, "wall_s": 0.0})
+    if not guards_ok:
+        return False
+    print("== conformance: spec edges vs accelpact/fsm/table.py", file=out)
     found = spec_edges(models.spec_path(args.spec_dir), workers=args.workers, timeout_s=args.timeout)
     table = table_edges()
     diff = compare_edges(found.edges, table)
@@ -185,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     # Tolerate a namespace built by a parser that shares only some of our options.
     for name, default in (("ranks", None), ("mutants", False), ("conformance", False), ("table", False),
-                          ("workers", 1), ("timeout", 600.0), ("spec_dir", None), ("json", None),
+                          ("workers", 1), ("timeout", 600.0), ("spec_dir", None), ("json", None), ("write_table", False),
                           ("counterexample", False), ("trace", None)):
         if not hasattr(args, name):
             setattr(args, name, default)
@@ -194,7 +226,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(render_markdown(), file=out)
     ranks = list(args.ranks or [])
-    if not ranks and not (args.mutants or args.conformance or args.table or args.trace):
+    if not ranks and not (args.mutants or args.conformance or args.table or args.trace or args.write_table):
         ranks = [2, 3]
     records: list[dict] = []
     ok = True
@@ -205,8 +237,13 @@ def run(args: argparse.Namespace) -> int:
                   f"{args.workers} worker(s)", file=out)
         for n in ranks:
             ok &= _check_protocol(n, args, out, records)
+        if args.write_table:
+            from .guards import write_table_module
+
+            print(f"wrote {write_table_module(models.spec_dir(args.spec_dir))}", file=out)
         if args.mutants:
             ok &= _check_mutants(args, out, records)
+            ok &= _check_witnesses(args, out, records)
         if args.conformance:
             ok &= _check_conformance(args, out, records)
         if args.trace:

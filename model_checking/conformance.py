@@ -6,7 +6,10 @@ recorded edges must equal `table.edges()` exactly. An edge only in the spec is b
 runtime does not have; an edge only in the table is behaviour the model never checked (or a
 row the model cannot reach, which is just as much a finding).
 
-The conformance model has two ranks with R = {0}: rank 0 plays the failed-group member, rank 1
+Edges are half of it: the guards are the other half, and those the spec does not restate but
+EXTENDS, generated from the same table (model_checking/guards.py, spec/AccelPactTable.tla).
+
+The conformance model has two ranks and one group {0} (R = {0}): rank 0 plays the failed-group member, rank 1
 the rank that joins and stands by (or, already past its step, rewinds from its pre-step copy),
 so every row of the table is reachable; spurious control-plane
 timeouts make `abort` reachable from Agree, its one source phase. It is small (about 2k states) because
@@ -27,11 +30,13 @@ Edge = tuple[str, str, str]
 
 CONFORMANCE_CONSTANTS: dict[str, object] = {
     "N": 2,
-    "R": {0},
+    "Groups": {frozenset({0})},
     "Slots": {1, 2},
     "MaxFrontier": 1,
     "MaxGen": 1,
     "MaxCrashes": 1,
+    "MaxCuts": 0,
+    "ControlFaults": False,
     "FaultPhases": {"backward", "optimizer", "committed"},
     "Spurious": True,
     "RewindQualified": True,

@@ -1,8 +1,9 @@
 """Where the spec and its models live, and what each model is expected to do.
 
 The shipped models are plain files under spec/ so that anyone can run them with TLC by hand:
-`spec/MC{2,3,4}.cfg` (the protocol, must pass) and `spec/mutants/*.cfg` (deliberately broken
-variants, each must violate the property its `\\* expect:` header names). This module only finds
+`spec/MC{2,3,4}.cfg` (the protocol, must pass), `spec/mutants/*.cfg` (deliberately broken
+variants, each must violate the property its `\\* expect:` header names) and
+`spec/witnesses/*.cfg` (interesting states, each must be reached: its invariant violated). This module only finds
 them and judges a TLC result against that expectation.
 """
 
@@ -48,10 +49,28 @@ def mutant_models(directory: Path | None = None) -> list[ModelConfig]:
     return models
 
 
+def witness_models(directory: Path | None = None) -> list[ModelConfig]:
+    """spec/witnesses/*.cfg: each names an "interesting state" invariant TLC must violate."""
+    models = [ModelConfig.load(p) for p in sorted((spec_dir(directory) / "witnesses").glob("*.cfg"))]
+    for m in models:
+        if m.expect not in m.invariants:
+            raise ValueError(f"witness {m.path} must check the invariant it expects to be violated")
+    return models
+
+
+#: Possibility properties: "some state satisfies P" cannot be an invariant, so it is checked as the
+#: negated witness invariant on the right, which TLC must violate (spec/witnesses/). A mutant
+#: caught by a possibility is one under which TLC finds no such state: its run passes.
+POSSIBILITIES = {"ResumePossible": "NoResumeEver"}
+
+
 def expectation_met(model: ModelConfig, result: TlcResult) -> bool:
-    """A correct model must pass; a mutant must be caught by exactly the property it names."""
+    """A correct model must pass; a mutant must be caught by exactly the property it names
+    (for a possibility: its witness is never violated, every other property holds)."""
     if model.expect == "pass":
         return result.status is Status.PASS
+    if model.expect in POSSIBILITIES:
+        return POSSIBILITIES[model.expect] in model.invariants and result.status is Status.PASS
     return result.status in (Status.INVARIANT, Status.LIVENESS) and result.violated == model.expect
 
 

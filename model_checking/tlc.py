@@ -428,6 +428,11 @@ def run_tlc(
         jar = stack.enter_context(jar_path())
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="accelpact-tlc-")))
         (work / "jtmp").mkdir()
+        # Modules the spec EXTENDS (spec/AccelPactTable.tla) sit beside it: copy the siblings
+        # first, so that the spec and the explicit extras (a variant under test) win.
+        for directory in {spec.parent, *(Path(e).parent for e in extra_modules)}:
+            for sibling in directory.glob("*.tla"):
+                shutil.copyfile(sibling, work / sibling.name)
         shutil.copyfile(spec, work / spec.name)
         for extra in extra_modules:
             shutil.copyfile(extra, work / Path(extra).name)

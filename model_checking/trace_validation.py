@@ -2,10 +2,13 @@
 
 Every rank writes one JSON-lines record per protocol edge (accelpact/trace.py). This module
 
-1. reads a run directory and merges the ranks' edge records into one sequence (pure);
+1. reads a run directory, checks each attempt's vector clocks against happens-before and the
+   protocol's message pattern (`causality.py`: a release that has not seen every peer validate is
+   refused there, naming the record), and merges the ranks' edge records into one sequence that
+   respects happens-before (pure);
 2. maps each record onto the spec's vocabulary (pure, `abstract_attempt`), cutting the run into
-   segments of one recovery each, because the spec fixes the failed group R as a constant while a
-   run may fail a different group in every recovery;
+   segments of one recovery each (each checked against an instance whose groups are the failed
+   group R and the rest of the world, so that the fault's choice of group is the recorded one);
 3. writes a TLA+ module holding the segments as a constant and a trace spec whose every step must
    be the spec's own action named by the record, with the recorded phase, F, g and reference
    generation (`render_module`), and runs TLC on many segments at once (`validate_segments`);
@@ -19,10 +22,13 @@ record nothing more): the runtime writes no record for them.
 The mapping from records to spec values is the only place where the runtime and the spec
 differ in bookkeeping, so it is spelled out here:
 
-- Merge order: by control-plane sequence number, then by protocol stage (the table's row order),
-  then rank; every rank's own record order is kept. The sequence number alone does not put an
+- Merge order: a record comes after every record its vector clock has seen; records the clocks
+  call concurrent are ordered by control-plane sequence number, then by protocol stage (the
+  table's row order), then rank; every rank's own record order is kept. The clocks do not put an
   observer before the ranks that join because of it: both learn of the failure from the same
-  boundary all-reduce, and the spec needs the observation first (`FlagRaised`).
+  boundary all-reduce, and the spec needs the observation first (`FlagRaised`). A trace written
+  before the clocks (no `vc`) is merged by sequence number, stage and rank alone, unchecked for
+  causality: what one rank could have seen of another is not in it.
 - A fault at a committed boundary strikes, in the spec, after every rank committed the update
   (`commit_update`, then `DataPlaneFailure`); the runtime learns of it at the boundary check that
   would have counted it, reports F+1, and counts it when the recovery returns. For such a recovery
@@ -49,6 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .causality import CausalViolation, causal_merge, has_clocks, violations
 from .tlc import TlcResult, TraceState, run_tlc
 
 TRACE_MODULE = "AccelPactTrace"
@@ -64,7 +71,7 @@ _R_ONLY = {"observe_failure", "decide_preserve", "decide_rewind", "replace_comm"
            "rebind_failed"}
 _PROGRESS_RE = re.compile(r'<<"accelpact-progress", (\d+), (\d+)>>')
 SPEC_VARIABLES = ("phase", "frontier", "gen", "refs", "validated", "obs", "reports", "decision", "outcome",
-                  "live", "retired", "crashed", "phi", "resumedAt", "tau", "copy", "edge")
+                  "retired", "crashed", "phi", "fr", "resumedAt", "tau", "copy", "cut", "cpDown", "edge")
 
 
 class TraceFormatError(ValueError):
@@ -94,6 +101,10 @@ class RankLog:
     def config(self) -> dict[str, Any]:
         return next((r for _, r in self.records if r.get("kind") == "config"), {})
 
+    def host(self) -> str:
+        """The host named by the attach record ("" in a trace from before hosts were recorded)."""
+        return next((str(r.get("host") or "") for _, r in self.records if r.get("kind") == "attach"), "")
+
 
 def read_run(run_dir: str | Path) -> list[dict[int, RankLog]]:
     """The run's attempts: the k-th attach of every rank is attempt k. Raises TraceFormatError."""
@@ -121,9 +132,32 @@ def read_run(run_dir: str | Path) -> list[dict[int, RankLog]]:
     return attempts
 
 
+def _canonical(rank: int, rec: dict[str, Any]) -> tuple[int, int, int]:
+    return (int(rec["seq"]), _STAGE.get(rec["action"], 99), rank)
+
+
+def world_of(logs: dict[int, RankLog]) -> int:
+    return int(next((lg.config().get("world_size") for lg in logs.values() if lg.config()), 0) or max(logs) + 1)
+
+
+def causal_violations(logs: dict[int, RankLog]) -> list[CausalViolation]:
+    """One attempt's records against happens-before (empty for a trace without clocks)."""
+    items = {r: lg.records for r, lg in logs.items()}
+    return violations(items, world_of(logs), {r: lg.host() for r, lg in logs.items()})
+
+
 def merge(logs: dict[int, RankLog]) -> list[tuple[Source, dict[str, Any]]]:
-    """All ranks' edge records in one sequence: by sequence number, protocol stage, then rank,
-    keeping each rank's own order (a k-way merge on the head of every rank's list)."""
+    """All ranks' edge records in one sequence. With vector clocks: every record after all it has
+    seen, concurrent ones by sequence number, protocol stage, then rank (`causality.causal_merge`).
+    Without (an old trace): by sequence number, protocol stage, then rank. Each rank's own order is
+    kept."""
+    if has_clocks({r: lg.records for r, lg in logs.items()}) and not causal_violations(logs):
+        return causal_merge({r: lg.edges for r, lg in logs.items()}, _canonical)
+    return _seq_merge(logs)
+
+
+def _seq_merge(logs: dict[int, RankLog]) -> list[tuple[Source, dict[str, Any]]]:
+    """By sequence number, protocol stage, then rank (a k-way merge on every rank's head)."""
     heads = {r: log.edges for r, log in logs.items()}
     pos = dict.fromkeys(heads, 0)
     out: list[tuple[Source, dict[str, Any]]] = []
@@ -132,11 +166,7 @@ def merge(logs: dict[int, RankLog]) -> list[tuple[Source, dict[str, Any]]]:
         if not ready:
             return out
 
-        def key(r: int) -> tuple[int, int, int]:
-            rec = heads[r][pos[r]][1]
-            return (int(rec["seq"]), _STAGE.get(rec["action"], 99), r)
-
-        best = min(ready, key=key)
+        best = min(ready, key=lambda r: _canonical(r, heads[r][pos[r]][1]))
         out.append(heads[best][pos[best]])
         pos[best] += 1
 
@@ -219,8 +249,7 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
     merged = merge(logs)
     if not merged:
         return []
-    world = int(next((lg.config().get("world_size") for lg in logs.values() if lg.config()), 0) or
-                max(logs) + 1)
+    world = world_of(logs)
     for _, rec in merged:
         for key in ("seq", "action", "from", "to", "F", "g", "rank"):
             if key not in rec:
@@ -371,16 +400,22 @@ def render_module(segments: Sequence[Segment]) -> str:
         "",
     ]
     for (world, R, rewind, step_copy), k in configs.items():
+        # The failed group, and the rest of the world as one other group (under Rewind R is
+        # every rank); the run's other groups are never repaired in this segment.
+        rest = frozenset(range(world)) - R
+        groups = "{" + ", ".join(_tla_set(g) for g in (R, rest) if g) + "}"
         lines.append(
-            f"C{k} == INSTANCE AccelPact WITH N <- {world}, R <- {_tla_set(R)}, Slots <- {_tla_set(SLOTS)}, "
-            f"MaxFrontier <- {max_f}, MaxGen <- {max_g}, MaxCrashes <- {world}, "
-            'FaultPhases <- {"forward", "backward", "optimizer", "committed"}, Spurious <- TRUE, '
-            f"RewindQualified <- {'TRUE' if rewind else 'FALSE'}, StepCopy <- {'TRUE' if step_copy else 'FALSE'}, "
-            'Mutant <- "none"')
+            f"C{k} == INSTANCE AccelPact WITH N <- {world}, Groups <- {groups}, Slots <- {_tla_set(SLOTS)}, "
+            f"MaxFrontier <- {max_f}, MaxGen <- {max_g}, MaxCrashes <- {world}, MaxCuts <- 0, "
+            'ControlFaults <- TRUE, FaultPhases <- {"forward", "backward", "optimizer", "committed"}, '
+            f"Spurious <- TRUE, RewindQualified <- {'TRUE' if rewind else 'FALSE'}, "
+            f"StepCopy <- {'TRUE' if step_copy else 'FALSE'}, Mutant <- \"none\"")
         body = "\n".join(f"    [] a = {_tla_str(a)} -> C{k}!{a}(r)" for a in actions)
         lines.append(f"Act{k}(a, r) == CASE\n{body[7:]}\n    [] OTHER -> FALSE")
         lines.append(f"Env{k}(crashable) == \\/ C{k}!PublishDecision \\/ C{k}!PublishResume "
-                     f"\\/ C{k}!ControlPlaneTimeout \\/ C{k}!DataPlaneFailure \\/ \\E q \\in crashable : C{k}!Crash(q)")
+                     f"\\/ C{k}!ControlPlaneTimeout \\/ C{k}!DataPlaneFailure \\/ C{k}!ControlGroupFailure "
+                     f"\\/ \\E q \\in crashable : C{k}!Crash(q)")
+        lines.append(f"GroupsOf{k}(r) == C{k}!GroupsOf(r)")
         lines.append("")
     segs = []
     for seg in segments:
@@ -392,10 +427,12 @@ def render_module(segments: Sequence[Segment]) -> str:
     lines.append("Traces == <<\n  " + ",\n  ".join(segs) + ">>")
     k_cases = "\n".join(f"    [] k = {k} -> Act{k}(a, r)" for k in configs.values())
     e_cases = "\n".join(f"    [] k = {k} -> Env{k}(c)" for k in configs.values())
+    g_cases = "\n".join(f"    [] k = {k} -> GroupsOf{k}(r)" for k in configs.values())
     lines += [
         "",
         f"Act(k, a, r) == CASE\n{k_cases[7:]}\n    [] OTHER -> FALSE",
         f"Env(k, c) == CASE\n{e_cases[7:]}\n    [] OTHER -> FALSE",
+        f"GroupsOf(k, r) == CASE\n{g_cases[7:]}\n    [] OTHER -> {{}}",
         "Tr == Traces[t]",
         "Slot == " + _tla_set(SLOTS),
         "(* Ranks that record nothing more: the only ones whose crash can explain the rest. *)",
@@ -409,16 +446,19 @@ def render_module(segments: Sequence[Segment]) -> str:
         '           /\\ phase = [r \\in Rk |-> "Train"]',
         "           /\\ frontier = [r \\in Rk |-> T.f0[r + 1]]",
         "           /\\ gen = [r \\in Rk |-> T.g0[r + 1]]",
-        "           /\\ refs = [r \\in T.R |-> [s \\in Slot |-> T.ref0[r + 1]]]",
+        "           /\\ refs = [r \\in Rk |-> [G \\in GroupsOf(T.cfg, r) |->",
+        "                          [s \\in Slot |-> IF r \\in G /\\ G = T.R THEN T.ref0[r + 1] ELSE 0]]]",
         "           /\\ validated = [r \\in Rk |-> FALSE]",
         '           /\\ obs = [r \\in Rk |-> "none"]',
         '           /\\ reports = [r \\in Rk |-> [f |-> 0, g |-> 0, phi |-> "none", tau |-> 0, copy |-> FALSE]]',
         '           /\\ decision = [kind |-> "none", f |-> 0, g |-> 0]',
         '           /\\ outcome = "none"',
-        "           /\\ live = {T.g0[1]}",
         "           /\\ retired = {}",
         "           /\\ crashed = {}",
         '           /\\ phi = "none"',
+        "           /\\ fr = {}",
+        "           /\\ cut = {}",
+        "           /\\ cpDown = FALSE",
         '           /\\ resumedAt = [r \\in Rk |-> [f |-> -1, g |-> -1, kind |-> "none"]]',
         "           /\\ tau = [r \\in Rk |-> T.f0[r + 1]]",
         "           /\\ copy = [r \\in Rk |-> FALSE]",
@@ -431,7 +471,7 @@ def render_module(segments: Sequence[Segment]) -> str:
         "    /\\ phase'[rec.r] = rec.dst",
         "    /\\ frontier'[rec.r] = rec.F",
         "    /\\ gen'[rec.r] = rec.g",
-        "    /\\ rec.ref >= 0 => refs'[rec.r] = [s \\in Slot |-> rec.ref]",
+        "    /\\ rec.ref >= 0 => \\A G \\in DOMAIN refs'[rec.r] : refs'[rec.r][G] = [s \\in Slot |-> rec.ref]",
         "    /\\ rec.tau >= 0 => tau'[rec.r] = rec.tau",
         "",
         "TraceNext ==",
@@ -566,10 +606,14 @@ def _run_stop(verdict: SegmentVerdict, spec_dir: Path | None, timeout_s: float, 
 class RunCheckResult:
     run_dir: str
     result: BatchResult
+    #: records no run could have written, by their vector clocks (refused before TLC's verdict)
+    causal: list[CausalViolation] = field(default_factory=list)
+    #: False: a trace without vector clocks, merged by seq and stage and not checked for causality
+    clocked: bool = True
 
     @property
     def ok(self) -> bool:
-        return self.result.ok
+        return self.result.ok and not self.causal
 
     @property
     def first_failure(self) -> SegmentVerdict | None:
@@ -579,15 +623,24 @@ class RunCheckResult:
         res = self.result
         records = sum(len(v.segment.records) for v in res.verdicts)
         head = (f"{self.run_dir}: {'PASS' if self.ok else 'FAIL'}: {len(res.verdicts)} segment(s), {records} records, "
-                f"{res.runs} TLC run(s), {res.tlc_s:.1f} s")
+                f"{res.runs} TLC run(s), {res.tlc_s:.1f} s"
+                + ("" if self.clocked else " (no vector clocks: merged by seq and stage, causality unchecked)"))
+        lines = [head] + [f"causality: {v.describe()}" for v in self.causal[:10]]
+        if len(self.causal) > 10:
+            lines.append(f"causality: ... and {len(self.causal) - 10} more")
         bad = self.first_failure
-        return head if bad is None else head + "\n" + bad.describe()
+        return "\n".join(lines + ([bad.describe()] if bad is not None else []))
 
 
 def check_runs(run_dirs: Sequence[str | Path], **kw: Any) -> list[RunCheckResult]:
     """Validate several run directories in one batch of TLC runs."""
     segs: list[tuple[int, Segment]] = []
+    causal: dict[int, list[CausalViolation]] = {}
+    clocked: dict[int, bool] = {}
     for n, d in enumerate(run_dirs):
+        attempts = read_run(d)
+        causal[n] = [v for logs in attempts for v in causal_violations(logs)]
+        clocked[n] = all(has_clocks({r: lg.records for r, lg in logs.items()}) for logs in attempts)
         segs += [(n, s) for s in segments_of_run(d)]
     if not segs:
         raise TraceFormatError(f"no edge records in {', '.join(map(str, run_dirs))}")
@@ -595,7 +648,7 @@ def check_runs(run_dirs: Sequence[str | Path], **kw: Any) -> list[RunCheckResult
     reports = []
     for n, d in enumerate(run_dirs):
         mine = [v for (m, _), v in zip(segs, res.verdicts) if m == n]
-        reports.append(RunCheckResult(str(d), BatchResult(mine, res.tlc_s, res.runs)))
+        reports.append(RunCheckResult(str(d), BatchResult(mine, res.tlc_s, res.runs), causal[n], clocked[n]))
     return reports
 
 
@@ -604,9 +657,12 @@ def check_run(run_dir: str | Path, **kw: Any) -> RunCheckResult:
     return check_runs([run_dir], **kw)[0]
 
 
-def assert_valid_run(run_dir: str | Path, **kw: Any) -> RunCheckResult:
-    """For tests: the run passes trace validation."""
+def assert_valid_run(run_dir: str | Path, require_clocks: bool = True, **kw: Any) -> RunCheckResult:
+    """For tests: the run passes trace validation, causality included (a run recorded now carries
+    vector clocks; `require_clocks=False` for a trace recorded before them)."""
     report = check_run(run_dir, **kw)
     if not report.ok:
         raise AssertionError("trace validation failed:\n" + report.describe())
+    if require_clocks and not report.clocked:
+        raise AssertionError(f"{run_dir}: records without vector clocks: causality was not checked")
     return report

@@ -1,9 +1,11 @@
-"""The spec and the Python transition table are the same machine: same (trigger, from, to) edges.
+"""The spec and the Python transition table are the same machine: same guards, same edges.
 
 The table (accelpact/fsm/table.py) is the source of truth; the spec is what TLC checks. If the
-two drift apart, the model checks prove properties of a protocol nobody runs. So the edges are
-read back out of a TLC dump of every reachable state and compared with `table.edges()` exactly,
-and the comparison is itself tested: a change to either side alone must be reported.
+two drift apart, the model checks prove properties of a protocol nobody runs. Guards: the spec
+does not restate them, it EXTENDS spec/AccelPactTable.tla, generated from the table, so a guard
+removed from the table makes the shipped module stale (reported), and once regenerated TLC checks
+the weakened protocol (and catches it). Edges: read back out of a TLC dump of every reachable
+state and compared with `table.edges()` exactly. Each comparison is itself tested.
 """
 
 from __future__ import annotations
@@ -34,13 +36,30 @@ def found():
     return spec_edges(models.spec_path(), workers=1)
 
 
-def _variant(tmp_path, old: str, new: str):
-    """A copy of the spec with one edit; the edit must apply exactly once."""
-    text = models.spec_path().read_text()
-    assert text.count(old) == 1, f"the spec no longer contains {old!r}: update this test"
-    path = tmp_path / "AccelPact.tla"
-    path.write_text(text.replace(old, new))
-    return path
+def _variant(tmp_path, old: str, new: str, module: str = "AccelPact.tla"):
+    """A copy of spec/ with one edit to `module`; the edit must apply exactly once."""
+    for f in models.spec_dir().glob("*.tla"):
+        (tmp_path / f.name).write_text(f.read_text())
+    text = (models.spec_dir() / module).read_text()
+    assert text.count(old) == 1, f"{module} no longer contains {old!r}: update this test"
+    (tmp_path / module).write_text(text.replace(old, new))
+    return tmp_path / "AccelPact.tla"
+
+
+def _table_without(trigger: str, guard: str):
+    """The table's rows with one condition (or unless entry) dropped from `trigger`'s row."""
+    from dataclasses import replace
+
+    from accelpact.fsm.table import TRANSITIONS
+
+    rows = []
+    for row in TRANSITIONS:
+        if row.trigger == trigger:
+            assert guard in row.conditions + row.unless, f"{trigger} has no guard {guard}"
+            row = replace(row, conditions=tuple(c for c in row.conditions if c != guard),
+                          unless=tuple(u for u in row.unless if u != guard))
+        rows.append(row)
+    return rows
 
 
 @pytest.mark.tlc
@@ -89,7 +108,8 @@ def test_table_with_a_missing_edge_is_reported(found):
 def test_spec_with_an_extra_edge_is_reported(tmp_path):
     # Let `abort` also leave Replace: a plausible edit the runtime does not have (a rank in
     # Replace never waits on the control plane; a failed rebuild goes through replace_failed).
-    path = _variant(tmp_path, 'AbortSources == {"Agree"}', 'AbortSources == {"Agree", "Replace"}')
+    path = _variant(tmp_path, '[] t = "abort" -> {"Agree"}', '[] t = "abort" -> {"Agree", "Replace"}',
+                    module="AccelPactTable.tla")
     diff = compare_edges(spec_edges(path).edges, table_edges())
     assert diff.only_in_spec == {("abort", "Replace", "Reject")}
     assert not diff.only_in_table
@@ -99,10 +119,58 @@ def test_spec_with_an_extra_edge_is_reported(tmp_path):
 @needs_java
 @pytest.mark.timeout(60)
 def test_spec_with_a_renamed_trigger_is_reported(tmp_path):
-    path = _variant(tmp_path, 'Step(r, "release_reject", "Reject")', 'Step(r, "release_abort", "Reject")')
+    path = _variant(tmp_path, "/\\ edge' = <<t, phase[r], Dest(t)>>",
+                    """/\\ edge' = <<IF t = "release_reject" THEN "release_abort" ELSE t, phase[r], Dest(t)>>""")
     diff = compare_edges(spec_edges(path).edges, table_edges())
     assert diff.only_in_spec == {("release_abort", "Validate", "Reject")}
     assert diff.only_in_table == {("release_reject", "Validate", "Reject")}
+
+
+# -- guards ------------------------------------------------------------------------------------------
+def test_shipped_guards_are_generated_from_the_table():
+    from model_checking.guards import table_module_is_current
+
+    ok, message = table_module_is_current(models.spec_dir())
+    assert ok, message
+
+
+@pytest.mark.parametrize(("trigger", "guard"), [("rebind_refs", "proof_passed"), ("decide_preserve", "in_failed_group"),
+                                                 ("stand_by", "in_failed_group"), ("release", "outcome_is_resume")])
+def test_a_guard_removed_from_the_table_is_reported(tmp_path, trigger, guard):
+    from model_checking.guards import render_table_module, table_module_is_current
+
+    (tmp_path / "AccelPactTable.tla").write_text(render_table_module(_table_without(trigger, guard)))
+    ok, message = table_module_is_current(tmp_path)
+    assert not ok and f'[] t = "{trigger}"' in message
+
+
+@pytest.mark.tlc
+@needs_java
+@pytest.mark.timeout(120)
+def test_a_regenerated_weaker_guard_is_caught_by_tlc(tmp_path):
+    """Dropping proof_passed from rebind_refs and regenerating is exactly the skip_rebind bug."""
+    from model_checking.guards import render_table_module
+    from model_checking.tlc import ModelConfig, Status
+
+    for f in models.spec_dir().glob("*.tla"):
+        (tmp_path / f.name).write_text(f.read_text())
+    (tmp_path / "AccelPactTable.tla").write_text(render_table_module(_table_without("rebind_refs", "proof_passed")))
+    cfg = (models.spec_dir() / "mutants" / "skip_rebind.cfg").read_text().replace('"skip_rebind"', '"none"')
+    (tmp_path / "weak.cfg").write_text(cfg)
+    result = models.check_model(ModelConfig.load(tmp_path / "weak.cfg"), directory=tmp_path)
+    assert result.status is Status.INVARIANT and result.violated == "NoStaleReference", result.verdict()
+
+
+def test_every_table_predicate_is_read_by_the_spec():
+    """Holds(r, c, res) interprets each predicate name; one it lacks is a TLC error, one extra is
+    a guard the table no longer has (only a mutant may read it)."""
+    from accelpact.fsm.table import predicates
+
+    text = models.spec_path().read_text()
+    body = text[text.index("Holds(r, c, res) =="):text.index("Conds(t) ==")]
+    holds = set(re.findall(r'c = "(\w+)"', body))
+    assert set(predicates()) <= holds
+    assert holds - set(predicates()) == {"decision_resumes"}  # only the rewind_stand_by mutant's old guard
 
 
 # -- the pieces, without TLC ----------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from accelpact.errors import ConfigError, RecoveryRejected, UnsupportedModelErro
 from accelpact.faults import FaultInjector, InjectedFault
 from accelpact.fsm.phases import FailurePhase, RecoveryAction
 from accelpact.runtime.detect import detect_profile
-from accelpact.runtime.evidence import write_reject_evidence
+from accelpact.runtime.evidence import evidence_of, write_reject_evidence
 from accelpact.runtime.fail_stop import fail_stop
 from accelpact.runtime.history import RecoveryRecord
 
@@ -70,14 +71,16 @@ def test_reject_evidence_names_the_reasons_and_the_original_error(tmp_path):
         raise KeyError("batch")
     except KeyError as exc:
         error = exc
-    record = RecoveryRecord(1, 5, RecoveryAction.REJECT, FailurePhase.BACKWARD, True, "x", 4, 0)
-    path = write_reject_evidence(str(tmp_path), rank=3, attempt=0, frontier=4, generation=0, opt_step=4,
-                                 update=5, reasons=["no pre-step copy"], error=error, record=record)
+    record = RecoveryRecord(1, 5, RecoveryAction.REJECT, FailurePhase.BACKWARD, True, "other: batch", 4, 0,
+                            reasons=["no pre-step copy"])
+    rt = SimpleNamespace(rank=3, attempt=0, opt_step=4)
+    found = evidence_of(rt, record, error)
+    path = write_reject_evidence(str(tmp_path), found)
     body = json.loads(open(path).read())
-    assert body["reasons"] == ["no pre-step copy"] and body["exit_code"] == 75
-    assert "KeyError" in body["traceback"] and body["recovery"]["action"] == "reject"
-    assert write_reject_evidence(None, rank=0, attempt=0, frontier=0, generation=0, opt_step=0, update=0,
-                                 reasons=[], error=None, record=record) is None
+    assert body["reasons"] == ["no pre-step copy"] and body["exit_code"] == 75 and body["frontier"] == 4
+    assert "KeyError" in body["traceback"] and body["incident"]["action"] == "reject"
+    assert body["incident"]["error"]["type"] == "KeyError" and body["incident"]["sentence"].startswith("rank 3 ")
+    assert write_reject_evidence(None, found) is None
 
 
 def test_an_unknown_model_type_is_refused_by_name():

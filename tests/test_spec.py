@@ -1,9 +1,14 @@
-"""The TLA+ spec: the protocol passes every property, every mutant is caught by its property.
+"""The TLA+ spec: the protocol passes every property, every mutant is caught by its property,
+every witness is reached.
 
 Why the mutants: a property that no broken protocol can violate proves nothing. Each mutant in
-spec/mutants/ is the protocol with one safeguard removed, and must be caught by exactly the
-property that safeguard exists for (the first violation TLC reports, with the invariants
-ordered in the cfgs from the release gate outwards).
+spec/mutants/ is the protocol with one safeguard removed (or a plausible bug an audit found
+surviving every property), and must be caught by exactly the property that safeguard exists for
+(the first violation TLC reports, with the invariants ordered in the cfgs from the release gate
+outwards). Why the witnesses: a property can also hold because nothing it talks about is
+reachable; each witness in spec/witnesses/ is an interesting state, stated negated, that TLC
+must reach (violate). ResumePossible is such a possibility: the same_generation mutant, which
+never resumes and breaks no safety property, is caught only by it.
 
 The parser tests run on captured TLC 2.15 `-tool` output so that they need no Java.
 """
@@ -29,7 +34,7 @@ from model_checking.tlc import (
 needs_java = pytest.mark.tlc
 
 SAFETY = ("TypeOK", "ValidatedBeforeRelease", "OutcomeAgreement", "NoSplitFrontier", "NoStaleReference",
-          "ZeroReplay", "RewindNeverAfterStep", "NoReapply")
+          "NoRetiredGeneration", "RewindRebuildsEveryGroup", "ZeroReplay", "NoReapply", "FailedGroupsRebuilt")
 LIVENESS = ("RecoveryEnds",)
 
 #: Each mutant and the one property it must be caught by (also in each cfg's `expect:` header).
@@ -41,8 +46,31 @@ MUTANTS = {
     "blind_outcome": "OutcomeAgreement",
     "no_timeout": "RecoveryEnds",
     "preserve_uncommitted": "ZeroReplay",
-    "rewind_after_step": "RewindNeverAfterStep",
+    "rewind_after_step": "NoReapply",
     "rewind_keeps_step": "NoReapply",
+    # survivors of the audit, and the bugs only the harsher faults expose
+    "same_generation": "ResumePossible",
+    "release_keeps_generation": "NoRetiredGeneration",
+    "rewind_stand_by": "RewindRebuildsEveryGroup",
+    "local_reject": "OutcomeAgreement",  # a rank cut off from the store (MaxCuts)
+    "proof_by_epoch": "NoStaleReference",  # a second fault on another group (R per fault)
+    "one_failed_group": "FailedGroupsRebuilt",  # a second group failing before agreement (LateFault)
+}
+
+#: Each witness and the interesting state it must reach (the invariant TLC must violate).
+WITNESSES = {
+    "resume_possible": "NoResumeEver",
+    "rewind_reached": "NoRewindEver",
+    "two_resume": "NeverTwoResume",
+    "trains_rebuilt": "NeverTrainsRebuilt",
+    "rewind_outside_r": "NeverRewindOutsideR",
+    "rewind_copied_step": "NeverRewindsCopiedStep",
+    "groups_diverge": "NeverGroupsDiverge",
+    "two_crashes": "NeverTwoCrashes",
+    "crash_after_resume": "NeverCrashAfterResume",
+    "halt_while_others_resume": "NeverHaltWhileOthersResume",
+    "control_failure_rejects": "NeverControlFailureReject",
+    "two_groups_repaired": "NeverTwoGroupsRepaired",
 }
 
 
@@ -77,7 +105,29 @@ def test_every_mutant_is_listed_and_names_its_property():
     for name, model in found.items():
         assert model.expect == MUTANTS[name], name
         assert model.constants["Mutant"] == f'"{name}"'
-        assert model.invariants == SAFETY and model.properties == LIVENESS, name
+        extra = (models.POSSIBILITIES[model.expect],) if model.expect in models.POSSIBILITIES else ()
+        assert model.invariants == SAFETY + extra and model.properties == LIVENESS, name
+
+
+def test_every_witness_is_listed_and_checks_only_its_state():
+    found = {m.name: m for m in models.witness_models()}
+    assert set(found) == set(WITNESSES), "a witness cfg was added or removed: update WITNESSES"
+    for name, model in found.items():
+        assert model.expect == WITNESSES[name] and model.invariants == ("TypeOK", WITNESSES[name]), name
+        assert model.constants["Mutant"] == '"none"', "a witness is reached by the real protocol"
+    # the possibility check runs with no crash and no spurious timeout: a protocol that never
+    # resumes cannot blame them
+    possible = found["resume_possible"].constants
+    assert possible["MaxCrashes"] == "0" and possible["Spurious"] == "FALSE" and possible["MaxCuts"] == "0"
+
+
+def test_a_possibility_is_caught_by_a_passing_run():
+    from model_checking.tlc import TlcResult
+
+    mutant = ModelConfig.load(models.spec_dir() / "mutants" / "same_generation.cfg")
+    assert models.expectation_met(mutant, TlcResult(Status.PASS))
+    assert not models.expectation_met(mutant, TlcResult(Status.INVARIANT, violated="NoResumeEver"))
+    assert not models.expectation_met(mutant, TlcResult(Status.INVARIANT, violated="OutcomeAgreement"))
 
 
 @pytest.mark.tlc
@@ -87,12 +137,27 @@ def test_every_mutant_is_listed_and_names_its_property():
 def test_mutant_violates_exactly_its_property(name):
     model = ModelConfig.load(models.spec_dir() / "mutants" / f"{name}.cfg")
     result = models.check_model(model, workers=1)
+    if MUTANTS[name] in models.POSSIBILITIES:  # never resumes: the witness is never reached
+        assert result.status is Status.PASS, _explain(result)
+        assert models.expectation_met(model, result)
+        return
     expected_status = Status.LIVENESS if MUTANTS[name] in LIVENESS else Status.INVARIANT
     assert result.status is expected_status, _explain(result)
     assert result.violated == MUTANTS[name], _explain(result)
     assert models.expectation_met(model, result)
     assert len(result.trace) >= 5, "a violation must come with its counterexample"
     assert result.trace[0].action == "Initial predicate"
+
+
+@pytest.mark.tlc
+@needs_java
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(WITNESSES))
+def test_witness_is_reached(name):
+    model = ModelConfig.load(models.spec_dir() / "witnesses" / f"{name}.cfg")
+    result = models.check_model(model, workers=1)
+    assert result.status is Status.INVARIANT and result.violated == WITNESSES[name], _explain(result)
+    assert models.expectation_met(model, result)
 
 
 @pytest.mark.tlc

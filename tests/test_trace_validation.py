@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from accelpact.control.clock import ticked
 from model_checking import check
 from model_checking.trace_validation import (
+    causal_violations,
     check_runs,
     merge,
     read_run,
@@ -66,6 +68,40 @@ def synthetic_run(observers=(0, 2), failed="replicate[0,2]", updates=5, fault=3)
     return out
 
 
+def clocked(ranks: dict[int, list[dict]], host: str = "") -> dict[int, list[dict]]:
+    """The records' vector clocks and times as the control plane would make them: every change of
+    seq is an exchange every rank takes part in (boundary check, report gather, votes and the
+    outcome register), each record ticks its rank. `t` grows with the exchanges (one host)."""
+    def eff(recs):
+        seq, out = 0, []
+        for rec in recs:
+            seq = rec.get("seq", seq)
+            out.append(seq)
+        return out
+
+    seqs = {r: eff(recs) for r, recs in ranks.items()}
+    vc = {r: [0] * WORLD for r in ranks}
+    pos = dict.fromkeys(ranks, 0)
+
+    def advance(limit, level):
+        for r, recs in ranks.items():
+            while pos[r] < len(recs) and seqs[r][pos[r]] < limit:
+                vc[r][r] += 1
+                recs[pos[r]].update(vc=list(vc[r]), t=100.0 * level + pos[r])
+                if host and recs[pos[r]].get("kind") == "attach":
+                    recs[pos[r]]["host"] = host
+                pos[r] += 1
+
+    levels = sorted({s for ss in seqs.values() for s in ss})
+    for level, s in enumerate(levels):
+        advance(s, level)
+        top = [max(v[q] for v in vc.values()) for q in range(WORLD)]
+        for r in vc:
+            vc[r] = list(top)
+    advance(float("inf"), len(levels))
+    return ranks
+
+
 def write_run(path: Path, ranks: dict[int, list[dict]]) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     for r, recs in ranks.items():
@@ -95,7 +131,45 @@ def doctored(tmp_path: Path) -> dict[str, Path]:
             rec["seq"] = 6
     runs["early_release"] = write_run(tmp_path / "early_release", early)
     runs["skipper_joins"] = write_run(tmp_path / "skipper_joins", synthetic_run(observers=(0,)))
+    runs["good_clocked"] = write_run(tmp_path / "good_clocked", clocked(synthetic_run(), host="h"))
+    runs["same_seq_release"] = write_run(tmp_path / "same_seq_release", release_alongside_rebind())
+    runs["same_seq_release_no_vc"] = write_run(tmp_path / "same_seq_release_no_vc",
+                                               strip_clocks(release_alongside_rebind()))
+    runs["moved_in_time"] = write_run(tmp_path / "moved_in_time", release_moved_in_time())
+    other_hosts = release_moved_in_time()
+    n = _find(other_hosts[0], "release")
+    other_hosts[0][n]["t"] = other_hosts[0][n - 1]["t"] + 0.1  # in order on its own host, and no
+    for r, recs in other_hosts.items():  # host shares its monotonic clock with another
+        recs[0]["host"] = f"node{r}"
+    runs["other_hosts"] = write_run(tmp_path / "other_hosts", other_hosts)
     return runs
+
+
+def release_alongside_rebind() -> dict[int, list[dict]]:
+    """Issue #18's first doctored trace: rank 0 releases with the seq of rank 2's rebind and the
+    clock it had before the votes, i.e. alongside the rebind, without having seen it."""
+    run = clocked(synthetic_run())
+    recs = run[0]
+    n = _find(recs, "release")
+    recs[n]["seq"] = run[2][_find(run[2], "rebind_refs")]["seq"]
+    recs[n]["vc"] = list(recs[n - 1]["vc"])
+    recs[n]["vc"][0] += 1
+    return run
+
+
+def release_moved_in_time() -> dict[int, list[dict]]:
+    """Issue #18's second doctored trace: rank 0's release moved before rank 2's report in
+    wall-clock time only (seq, stage and clock untouched); every rank on one host."""
+    run = clocked(synthetic_run(), host="h")
+    run[0][_find(run[0], "release")]["t"] = run[2][_find(run[2], "submit_report")]["t"] - 0.5
+    return run
+
+
+def strip_clocks(run: dict[int, list[dict]]) -> dict[int, list[dict]]:
+    for recs in run.values():
+        for rec in recs:
+            rec.pop("vc", None)
+    return run
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +219,7 @@ def test_dropped_record_is_rejected_at_the_next_record_of_that_rank(verdicts):
 def test_stale_reference_generation_is_rejected_at_the_rebind(verdicts):
     bad = verdicts[1]["stale"].first_failure
     assert bad is not None and (bad.first_bad.rank, bad.first_bad.action) == (2, "rebind_refs")
-    assert "retired = {0}" in verdicts[1]["stale"].describe()
+    assert "retired = {<<{0, 2}, 0>>}" in verdicts[1]["stale"].describe()  # group {0, 2} at generation 0
 
 
 def test_release_before_every_rank_validated_is_rejected_at_the_release(verdicts):
@@ -172,3 +246,57 @@ def test_cli_names_the_first_unexplained_record(tmp_path, capsys):
 def test_cli_rejects_a_directory_without_traces(tmp_path, capsys):
     assert check.main(["--trace", str(tmp_path)]) == 1
     assert "no trace-rank" in capsys.readouterr().out
+
+
+# -- causality (issue #18) ---------------------------------------------------------------------
+def test_a_clocked_run_passes_and_is_merged_by_happens_before(verdicts):
+    rep = verdicts[1]["good_clocked"]
+    assert rep.ok and rep.clocked and not rep.causal, rep.describe()
+
+
+def test_a_release_given_the_seq_of_a_peers_rebind_is_refused_naming_the_release(verdicts):
+    rep = verdicts[1]["same_seq_release"]
+    assert rep.result.ok, "merged by seq and stage, TLC alone accepts it: the gap of issue #18"
+    assert not rep.ok
+    first = rep.causal[0]
+    assert (first.rank, first.what.split()[0]) == (0, "release"), rep.describe()
+    text = rep.describe()
+    assert "released before every rank validated: it has not seen rank 2's rebind_refs" in text, text
+    assert "trace-rank0.jsonl:" in first.where and "[trace-rank2.jsonl:" in text
+
+
+def test_the_same_trace_without_clocks_is_validated_the_old_way(verdicts):
+    rep = verdicts[1]["same_seq_release_no_vc"]
+    assert rep.ok and not rep.clocked, rep.describe()
+    assert "no vector clocks: merged by seq and stage, causality unchecked" in rep.describe()
+
+
+def test_a_release_moved_before_a_peers_report_in_wall_clock_time_is_refused(verdicts):
+    rep = verdicts[1]["moved_in_time"]
+    assert rep.result.ok and not rep.ok
+    text = rep.describe()
+    assert all(v.rank == 0 and v.what.startswith("release") for v in rep.causal), text
+    # named against the latest record of rank 2 it has seen (its rebind, after its report)
+    assert any("before rank 2's rebind_refs" in v.why and "that it has seen (both on host h" in v.why
+               for v in rep.causal), text
+
+
+def test_wall_clock_times_of_different_hosts_are_not_compared(verdicts):
+    rep = verdicts[1]["other_hosts"]
+    assert rep.ok, rep.describe()
+
+
+def test_a_decision_that_has_not_seen_every_report_is_refused(tmp_path):
+    run = clocked(synthetic_run())
+    n = _find(run[1], "stand_by")  # rank 1 decides with the clock it had before the gather
+    run[1][n]["vc"] = ticked(run[1][n - 1]["vc"], 1)
+    found = [v.describe() for v in causal_violations(read_run(write_run(tmp_path / "r", run))[0])]
+    assert found and found[0].startswith("rank 1 stand_by"), found
+    assert "decided before every rank reported: it has not seen rank 0's submit_report" in found[0]
+
+
+def test_the_cli_names_the_release_that_did_not_see_the_rebind(tmp_path, capsys):
+    run = write_run(tmp_path / "doctored", release_alongside_rebind())
+    assert check.main(["--trace", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "causality: rank 0 release (seq 4" in out and "has not seen rank 2's rebind_refs" in out

@@ -67,13 +67,13 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks) 
         state["causes"] = causes
         return failed, causes
 
-    def timed_boundary_check(flag: int) -> int:
+    def timed_boundary_check(flag: int, update_s: float | None = None) -> int:
         t_in = time.monotonic()
         record = {"kind": "boundary", "attempt": attempt, "update": rt.update_index, "flag": flag, "t_in": t_in,
                   "health_in": state.pop("health_in", None), "health_out": state.pop("health_out", None),
                   "failed": state.pop("failed", []), "causes": state.pop("causes", [])}
         try:
-            result = boundary_check(flag)
+            result = boundary_check(flag, update_s)
         except Exception as exc:
             marks.write({**record, "t_out": time.monotonic(), "error": f"{type(exc).__name__}: {exc}"[:300]})
             raise

@@ -24,6 +24,8 @@ from torch._C._distributed_c10d import (
 from torch.distributed import distributed_c10d as c10d
 
 __all__ = [
+    "abort_together",
+    "backend_config",
     "default_store",
     "group_timeout",
     "is_default_group",
@@ -95,6 +97,39 @@ def destroy(pg: ProcessGroup) -> None:
 
 def abort(pg: ProcessGroup) -> None:
     c10d._abort_process_group(pg)
+
+
+def abort_together(pgs: list[ProcessGroup]) -> None:
+    """Abort several groups inside one ``ncclGroupStart``/``ncclGroupEnd`` window, as c10d does
+    for the world: aborting NCCL communicators one after the other while dependent work is in
+    flight can deadlock (pytorch#119797). Groups without an NCCL backend are aborted plainly."""
+    nccl = [backend for backend in (_nccl_backend(pg) for pg in pgs) if backend is not None]
+    if nccl:
+        nccl[0]._group_start()
+    try:
+        for pg in pgs:
+            c10d._abort_process_group(pg)
+    finally:
+        if nccl:
+            nccl[0]._group_end()
+
+
+def _nccl_backend(pg: ProcessGroup):
+    """`pg`'s NCCL backend object, or None (no cuda backend, or not NCCL)."""
+    if "nccl" not in (backend_config(pg) or ""):
+        return None
+    try:
+        backend = pg._get_backend(torch.device("cuda"))
+    except RuntimeError:
+        return None
+    return backend if hasattr(backend, "_group_start") else None
+
+
+def backend_config(pg: ProcessGroup) -> str | None:
+    """c10d's device->backend string of `pg` ("cpu:gloo,cuda:gloo", "cuda:nccl", ...), or None
+    when c10d no longer knows the group."""
+    config = c10d._world.pg_backend_config.get(pg)
+    return None if config is None else str(config)
 
 
 def is_default_group(pg: ProcessGroup) -> bool:

@@ -54,6 +54,7 @@ _TIMEOUT_PATTERNS = tuple(
         r"timed out",  # gloo: "Timed out waiting 1000ms for recv operation to complete"
         r"timeout caused pair closure",  # gloo: a pair closed by an earlier timeout
         r"watchdog caught collective operation timeout",  # NCCL
+        r"watchdog got stuck",  # NCCL: the heartbeat monitor's verdict on a hung collective
         r"\btimeout\b",
     )
 )
@@ -66,6 +67,10 @@ _CLOSED_PATTERNS = tuple(
         r"socket (is )?closed",
         r"remote (process|peer|worker) (exited|closed|crashed)",
         r"ncclRemoteError",
+        r"closed by remote peer",  # NCCL socket transport
+        r"NCCL communicator (was|has been) aborted",  # the watchdog aborted it (no other reason given)
+        r"unhandled system error",  # ncclSystemError: a socket or IB link failed
+        r"NET/(IB|Socket) ?:",  # NCCL network plugins: a failed link
         r"connection refused",
     )
 )

@@ -37,6 +37,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
 
 from accelpact.comm import _c10d
+from accelpact.comm.backends import BuildRequest, backend_spec, build_backends, parse_backends, uses_nccl
 from accelpact.errors import AccelPactError
 
 __all__ = [
@@ -46,6 +47,7 @@ __all__ = [
     "parse_group_name",
     "replace_group",
     "retire_group",
+    "retire_groups",
     "retired_group_names",
     "store_prefix",
 ]
@@ -126,7 +128,8 @@ def make_group(
 def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
     """Shut ``pg`` down and drop it from c10d (idempotent); returns whether this call retired it.
 
-    ``abort=True`` is the NCCL route (see module docstring). The group's name goes to the
+    ``abort=True`` is the NCCL route (see module docstring); several NCCL groups that failed
+    together are aborted together with `retire_groups`. The group's name goes to the
     ledger that ``classify_failure`` consults; the object itself is not kept, so it is freed as
     soon as the rebind has dropped the framework's last reference to it.
     """
@@ -148,6 +151,25 @@ def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
     return True
 
 
+def retire_groups(pgs: Sequence[ProcessGroup], *, abort: bool) -> list[bool]:
+    """Retire several groups that failed together. With ``abort`` their NCCL communicators are
+    aborted in one window (``_c10d.abort_together``): one after the other, with dependent work in
+    flight, they can deadlock. Returns, per group, whether this call retired it."""
+    fresh = [pg for pg in pgs if not is_retired(pg)]
+    if any(_c10d.is_default_group(pg) for pg in fresh):
+        raise MembershipError("refusing to retire the default process group: destroying it would tear down "
+                              "every group of the job")
+    together = [pg for pg in fresh if _c10d.is_registered(pg)] if abort else []
+    if together:
+        names = [pg.group_name for pg in together]
+        _c10d.abort_together(together)
+        with _ledger_lock:
+            _retired.update(together)
+            _retired_names.extend(names)
+    aborted = {id(pg) for pg in together}
+    return [True if id(pg) in aborted else retire_group(pg, abort=abort) for pg in pgs]
+
+
 def replace_group(
     old: ProcessGroup,
     *,
@@ -156,10 +178,14 @@ def replace_group(
     generation: int,
     timeout: datetime.timedelta | float,
     store: Store | None = None,
-    backend: str = "gloo",
-    abort: bool = False,
+    backend: str | None = None,
+    abort: bool | None = None,
 ) -> ProcessGroup:
     """Retire ``old`` and build its successor with identical membership, at ``generation``.
+
+    The successor gets ``old``'s own backends (``backend=None``: read from c10d's registry, so an
+    NCCL data plane stays NCCL) and ``old`` is aborted rather than destroyed when NCCL serves it
+    (``abort=None``); pass either explicitly to override.
 
     Called only by the members of the failed group, all with the same ``ranks``, ``label`` and
     ``generation``. Discover references to ``old`` (``accelpact.rebind.discover``) *before*
@@ -179,6 +205,13 @@ def replace_group(
     name = group_name(label, generation)
     if _c10d.name_is_taken(name):  # refuse before retiring anything
         raise ValueError(f"replacement name {name!r} is taken: every replacement needs a new generation")
+    if backend is None:
+        backend = backend_spec(old)
+        if backend is None:
+            raise MembershipError(f"the backend of {old.group_name!r} is unknown (c10d no longer knows the group): "
+                                  "pass backend= explicitly")
+    if abort is None:
+        abort = uses_nccl(parse_backends(backend))
     retire_group(old, abort=abort)
     return make_group(members, label=label, generation=generation, timeout=timeout, store=store, backend=backend)
 
@@ -210,33 +243,9 @@ def _build(
     backend: str,
 ) -> ProcessGroup:
     """A ``ProcessGroup`` with one backend per device, as ``_new_process_group_helper`` builds it."""
-    size = len(members)
-    pg = ProcessGroup(prefix, group_rank, size)
-    devices = _c10d.backend_devices(backend)
-    if backend == "gloo":
-        from torch._C._distributed_c10d import ProcessGroupGloo
-
-        pg._set_default_backend(ProcessGroup.BackendType.GLOO)
-        gloo = ProcessGroupGloo(PrefixStore(f"{devices[0].type}/", prefix), group_rank, size, timeout)
-        gloo.options.global_ranks_in_group = members
-        gloo.options.group_name = name
-        gloo._set_sequence_number_for_group()
-        for device in devices:  # one gloo backend serves every device type, as in c10d
-            pg._register_backend(device, ProcessGroup.BackendType.GLOO, gloo)
-    elif backend == "nccl":
-        from torch._C._distributed_c10d import ProcessGroupNCCL
-
-        pg._set_default_backend(ProcessGroup.BackendType.NCCL)
-        options = ProcessGroupNCCL.Options()
-        options.is_high_priority_stream = False
-        options._timeout = timeout
-        options.global_ranks_in_group = members
-        options.group_name = name
-        nccl = ProcessGroupNCCL(PrefixStore("cuda/", prefix), group_rank, size, options)
-        nccl._set_sequence_number_for_group()
-        pg._register_backend(torch.device("cuda"), ProcessGroup.BackendType.NCCL, nccl)
-    else:
-        raise ValueError(f"backend {backend!r} is not supported (gloo, nccl)")
+    pg = ProcessGroup(prefix, group_rank, len(members))
+    request = BuildRequest(prefix, group_rank, len(members), timeout, members, name, torch.device("cpu"))
+    build_backends(pg, parse_backends(backend), request)
     pg._set_group_name(name)
     pg._set_group_desc(name)
     return pg

@@ -7,6 +7,7 @@ wiring and the membership in one collective.
 
 from __future__ import annotations
 
+import datetime
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
 from ..errors import AccelPactError
+from .backends import backends_of, probe_device, wait_for
 
 __all__ = ["GroupValidationError", "ValidationResult", "validate_group"]
 
@@ -33,25 +35,31 @@ class ValidationResult:
     elapsed_us: float
 
 
-def _device_for(pg: ProcessGroup) -> torch.device:
-    """NCCL groups reduce device tensors; every other backend here reduces CPU tensors."""
-    if "nccl" in str(dist.get_backend(pg)):
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+def _backends(pg: ProcessGroup) -> dict[str, str]:
+    """`pg`'s device->backend map (a group c10d does not know is taken for gloo on the CPU)."""
+    return backends_of(pg) or {"cpu": "gloo"}
 
 
-def validate_group(pg: ProcessGroup, ranks: Sequence[int]) -> ValidationResult:
+def validate_group(pg: ProcessGroup, ranks: Sequence[int], *,
+                   timeout: datetime.timedelta | None = None) -> ValidationResult:
     """All-reduce each member's global rank over ``pg``; raise unless the sum is ``sum(ranks)``.
 
     A collective: every member of ``pg`` must call it. Failures of the collective itself (timeout,
-    closed connection) propagate unchanged, for ``classify_failure``.
+    closed connection) propagate unchanged, for ``classify_failure``. The reduction runs on the
+    device the group's traffic uses; with ``timeout`` an NCCL group is waited for at most that
+    long (`backends.wait_for`: a bare wait on NCCL only orders the stream and would never raise).
     """
     members = tuple(int(r) for r in ranks)
     if pg.size() != len(members):
         raise GroupValidationError(f"group {pg.group_name!r} has {pg.size()} members, expected {list(members)}")
-    contribution = torch.tensor([dist.get_rank()], dtype=torch.int64, device=_device_for(pg))
+    backends = _backends(pg)
+    contribution = torch.tensor([dist.get_rank()], dtype=torch.int64, device=probe_device(backends))
     start = time.perf_counter_ns()
-    dist.all_reduce(contribution, group=pg)
+    work = dist.all_reduce(contribution, group=pg, async_op=True)
+    if timeout is None:
+        work.wait()
+    else:
+        wait_for(work, backends, timeout)
     elapsed_us = (time.perf_counter_ns() - start) / 1e3
     result = ValidationResult(pg.group_name, members, sum(members), int(contribution.item()), elapsed_us)
     if result.observed_sum != result.expected_sum:

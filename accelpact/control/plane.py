@@ -11,6 +11,15 @@ by the elastic agent, so it outlives any worker.
 
 The control group must never time out during a healthy recovery (a gloo group that timed out is
 closed for good), hence its timeout is longer than the data-plane timeout by a wide margin.
+
+The boundary check's tensor also carries each rank's update time in a slot of its own (MAX of a
+slot only one rank writes is that rank's value), so every rank learns every rank's pace at no
+extra collective: the straggler signal (`accelpact.stragglers`).
+
+Every exchange also carries this rank's vector clock (`clock.py`): in slots of its own in the
+boundary check's tensor (MAX is the clocks' merge), next to the report in a gather, inside the
+sealed vote and outcome values. So each trace record says what its rank could have seen of the
+others, and trace validation checks the run against happens-before, not wall-clock order.
 """
 
 from __future__ import annotations
@@ -21,13 +30,17 @@ import json
 import logging
 import os
 import secrets
+import time
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 
+from ..comm import _c10d
 from ..errors import ControlPlaneError
 from ..fsm.decisions import ReleaseVote
 from .auth import SECRET_BYTES, ForgedValue, Sealer
+from .clock import VectorClock
 
 log = logging.getLogger("accelpact.control")
 
@@ -42,6 +55,9 @@ ENV_SECRET = "ACCELPACT_SECRET"
 
 
 class ControlPlane:
+    #: this rank's vector clock (None only for a plane built without a group, in unit tests)
+    clock: VectorClock | None = None
+
     def __init__(self, *, timeout_s: float, attempt: int, store: dist.Store | None = None):
         if not dist.is_initialized():
             raise ControlPlaneError("accelpact needs torch.distributed initialised (init_process_group) before attach")
@@ -65,7 +81,12 @@ class ControlPlane:
         self.store = dist.PrefixStore(f"accelpact/{self.namespace}/", base)
         self.forged: dict[str, list[str]] = {}  # epoch -> values that failed authentication
         self.seq = 0  # control-plane sequence number: equal on every rank at the same protocol step
-        self._flag = torch.zeros(1, dtype=torch.int64)
+        self.clock = VectorClock(self.rank, self.world_size)
+        # [flag, update time of rank 0 .. world-1 in microseconds + 1 (0: not reported),
+        #  vector clock of rank 0 .. world-1 (every rank writes its whole clock: MAX merges them)]
+        self._flag = torch.zeros(1 + 2 * self.world_size, dtype=torch.int64)
+        #: every rank's update time (s) carried by the last boundary check; None where not reported
+        self.update_times: tuple[float | None, ...] = (None,) * self.world_size
 
     def _from_rank0(self, n: int) -> bytes:
         """`n` random bytes drawn by rank 0, received by every rank over the control group."""
@@ -89,11 +110,23 @@ class ControlPlane:
         if int(differs.item()):
             raise ControlPlaneError(f"{ENV_SECRET} differs between ranks: every rank must be given the same secret")
 
+    def _stamped(self, value: object) -> object:
+        """`value` with this rank's clock, for the peers that read it (sealed with it)."""
+        return {"m": value, "vc": self.clock.read()} if self.clock is not None else value
+
+    def _unstamped(self, value: object) -> object:
+        """The value a peer stamped, its clock merged into ours; a value without one as it is."""
+        if isinstance(value, dict) and set(value) == {"m", "vc"}:
+            if self.clock is not None:
+                self.clock.merge(value["vc"])
+            return value["m"]
+        return value
+
     def _obey(self, epoch: str, raw: bytes | str) -> str:
         """The register's outcome if its value verifies; otherwise the value is evidence and the
         outcome is reject."""
         try:
-            value = self.sealer.open(raw, epoch, "outcome")
+            value = self._unstamped(self.sealer.open(raw, epoch, "outcome"))
         except ForgedValue as exc:
             self.forged.setdefault(epoch, []).append(str(exc))
             log.error("outcome register: %s", exc, extra={"epoch": epoch})
@@ -101,18 +134,68 @@ class ControlPlane:
         return value if value in ("resume", "reject") else "reject"
 
     # -- collectives ------------------------------------------------------------------------------
-    def boundary_check(self, flag: int) -> int:
+    def boundary_check(self, flag: int, update_s: float | None = None) -> int:
         """All-reduce MAX of a small flag at every boundary: >0 means some rank needs recovery.
 
         This is the only per-update control-plane cost. Every rank reaches it, also a rank whose
-        update failed, so that the control plane's collective sequence never diverges."""
+        update failed, so that the control plane's collective sequence never diverges. The same
+        tensor carries this rank's `update_s` in its own slot: afterwards `update_times` holds
+        every rank's."""
         self.seq += 1
-        self._flag.fill_(flag)
+        self._flag.zero_()
+        self._flag[0] = flag
+        if update_s is not None:
+            self._flag[1 + self.rank] = int(max(0.0, update_s) * 1e6) + 1
+        n = self.world_size
+        if self.clock is not None:
+            self._flag[1 + n:] = torch.tensor(self.clock.read(), dtype=torch.int64)
         try:
             dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group)
         except Exception as exc:
             raise ControlPlaneError(f"boundary check #{self.seq} failed: {exc}") from exc
-        return int(self._flag.item())
+        self.update_times = tuple((int(us) - 1) / 1e6 if us else None for us in self._flag[1:1 + n].tolist())
+        if self.clock is not None:
+            self.clock.merge(self._flag[1 + n:].tolist())
+        return int(self._flag[0].item())
+
+    def round_trips(self, n: int) -> list[float]:
+        """Seconds each of `n` boundary-check-sized all-reduces took (timeout calibration). Not
+        counted in `seq`: no protocol step, and every rank runs the same number."""
+        probe = torch.zeros_like(self._flag)
+        out = []
+        try:
+            for _ in range(n):
+                t = time.perf_counter()
+                dist.all_reduce(probe, op=dist.ReduceOp.MAX, group=self.group)
+                out.append(time.perf_counter() - t)
+        except Exception as exc:
+            raise ControlPlaneError(f"control-plane latency probe failed: {type(exc).__name__}: {exc}") from exc
+        return out
+
+    def gather_floats(self, values: Sequence[float]) -> list[tuple[float, ...]]:
+        """Every rank's `values`, in rank order. Every rank must pass as many values; a mismatch
+        is found first (one MAX all-reduce) and raised on every rank alike, never a hang."""
+        n = len(values)
+        sizes = torch.tensor([n, -n], dtype=torch.int64)
+        try:
+            dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=self.group)
+            if (int(sizes[0]), -int(sizes[1])) != (n, n):
+                raise ControlPlaneError(f"ranks gathered between {-int(sizes[1])} and {int(sizes[0])} values, "
+                                        f"this rank {n}: every rank must measure the same groups")
+            mine = torch.tensor(list(values), dtype=torch.float64)
+            out = [torch.empty_like(mine) for _ in range(self.world_size)]
+            dist.all_gather(out, mine, group=self.group)
+        except ControlPlaneError:
+            raise
+        except Exception as exc:
+            raise ControlPlaneError(f"gathering measurements failed: {type(exc).__name__}: {exc}") from exc
+        return [tuple(t.tolist()) for t in out]
+
+    def set_timeout(self, timeout_s: float) -> None:
+        """Use `timeout_s` from now on (the control group's collectives and the store waits)."""
+        self.timeout_s = timeout_s
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        _c10d.set_group_timeout(self.group, self.timeout)
 
     def gather(self, obj: object) -> list[object]:
         """Every rank's JSON-serialisable object (reports), in rank order. A rank whose object
@@ -121,7 +204,7 @@ class ControlPlane:
         One all-gather of fixed-size byte buffers: `all_gather_object` would cost two collectives
         plus pickling, and the agreement phase sits on the repair path."""
         self.seq += 1
-        payload = self.sealer.seal(obj, "report", self.seq, self.rank).encode()
+        payload = self.sealer.seal(self._stamped(obj), "report", self.seq, self.rank).encode()
         if len(payload) > GATHER_BYTES - 4:
             # never raise before the collective (the peers would wait out the timeout): send a
             # placeholder every rank sees, so that all of them reject together, with the reason
@@ -140,7 +223,8 @@ class ControlPlane:
             raw = t.numpy().tobytes()
             n = int.from_bytes(raw[:4], "little")
             try:
-                result.append(self.sealer.open(raw[4 : 4 + n], "report", self.seq, rank) if n else None)
+                result.append(self._unstamped(self.sealer.open(raw[4 : 4 + n], "report", self.seq, rank))
+                              if n else None)
             except ForgedValue as exc:  # every rank sees the same bytes: all reject together
                 result.append({FORGED: str(exc), "rank": rank})
         return result
@@ -168,17 +252,34 @@ class ControlPlane:
         self.seq += 1
         try:
             self.store.set(f"{epoch}/reject-reason/{self.rank}", reason)
-            value = self.store.compare_set(self._outcome_key(epoch), "", self.sealer.seal("reject", epoch, "outcome"))
+            value = self.store.compare_set(self._outcome_key(epoch), "",
+                                           self.sealer.seal(self._stamped("reject"), epoch, "outcome"))
         except Exception as exc:  # torch raises RuntimeError/DistStoreError/DistNetworkError
             raise ControlPlaneError(f"outcome register unreachable: {type(exc).__name__}: {exc}") from exc
         return self._obey(epoch, value)
+
+    def force_reject_within(self, epoch: str, reason: str, timeout_s: float, pause_s: float = 0.2) -> str:
+        """force_reject, retried while the store is unreachable until `timeout_s` has passed: a rank
+        that cannot read the register must not take that for "reject" (a peer may read "resume").
+        ControlPlaneError if it stays unreachable."""
+        deadline = time.monotonic() + timeout_s
+        seq = self.seq  # one protocol step, however many tries
+        while True:
+            self.seq = seq
+            try:
+                return self.force_reject(epoch, reason)
+            except ControlPlaneError:
+                if time.monotonic() + pause_s > deadline:
+                    raise
+                time.sleep(pause_s)
 
     def post_vote(self, epoch: str, vote: ReleaseVote) -> None:
         """Post this rank's release vote."""
         self.seq += 1
         try:
             self.store.set(f"{epoch}/vote/{vote.rank}",
-                           self.sealer.seal({"ok": vote.ok, "reason": vote.reason}, epoch, "vote", vote.rank))
+                           self.sealer.seal(self._stamped({"ok": vote.ok, "reason": vote.reason}), epoch, "vote",
+                                            vote.rank))
         except Exception as exc:  # torch raises plain RuntimeError/DistStoreError for a lost store
             raise ControlPlaneError(f"posting the release vote failed: {type(exc).__name__}: {exc}") from exc
 
@@ -195,7 +296,7 @@ class ControlPlane:
                 if not self.store.check([key]):
                     votes.append(None)
                     continue
-                body = self.sealer.open(self.store.get(key), epoch, "vote", r)
+                body = self._unstamped(self.sealer.open(self.store.get(key), epoch, "vote", r))
                 votes.append(ReleaseVote(r, bool(body["ok"]), str(body["reason"])))  # type: ignore[index]
             except ForgedValue as exc:  # never counted: a missing vote, and the reason is kept
                 self.forged.setdefault(epoch, []).append(str(exc))
@@ -211,7 +312,7 @@ class ControlPlane:
         if reasons:
             self.store.set(f"{epoch}/release-reasons", json.dumps(list(reasons)))
         return self._obey(epoch, self.store.compare_set(self._outcome_key(epoch), "",
-                                                        self.sealer.seal(value, epoch, "outcome")))
+                                                        self.sealer.seal(self._stamped(value), epoch, "outcome")))
 
     def await_outcome(self, epoch: str, timeout_s: float) -> str:
         """Wait for the register to be written; ControlPlaneError if it is not within `timeout_s`."""

@@ -7,6 +7,10 @@ it was measured on by a fingerprint: a file from another torch, backend, device 
 read exactly as written is *corrupt* and refused as a whole: dropping one bad row would silently
 turn its key into "unknown" (or worse, change which action the runtime prefers).
 
+The file may also carry the timeouts `accelpact qualify` derived from measured collective
+latencies, with their evidence (``timeouts``, `accelpact.timeouts.DerivedTimeouts`); files
+written before it have none and read as before.
+
 Pure: torch is imported only to fingerprint the running platform.
 """
 
@@ -26,6 +30,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..fsm.phases import FailurePhase, RecoveryAction
+from ..timeouts import DerivedTimeouts
 from .model import OBJECTIVE_BITWISE, PROFILES, Envelope, EnvelopeRow, ObservationKey
 
 log = logging.getLogger("accelpact.envelope")
@@ -299,9 +304,10 @@ class EnvelopeFile:
     created_at: str
     rows: tuple[QualifiedRow, ...]
     extra: dict[str, Any] = field(default_factory=dict)
+    timeouts: DerivedTimeouts | None = None
 
     def envelope(self) -> Envelope:
-        return Envelope(row.to_envelope_row() for row in self.rows)
+        return Envelope((row.to_envelope_row() for row in self.rows), timeouts=self.timeouts)
 
 
 def write_envelope(
@@ -310,6 +316,7 @@ def write_envelope(
     fingerprint: Mapping[str, str],
     *,
     created_at: str | None = None,
+    timeouts: DerivedTimeouts | None = None,
     **extra: Any,
 ) -> Path:
     """Write atomically (temp file + rename), so a reader never sees half a file.
@@ -324,6 +331,7 @@ def write_envelope(
         "platform": dict(fingerprint),
         "created_at": created_at or datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "rows": [row.to_json() for row in rows],
+        **({"timeouts": timeouts.to_json()} if timeouts is not None else {}),
         **extra,
     }
     _parse(document, path)  # refuse to write what could not be read back
@@ -426,8 +434,14 @@ def _parse(document: Any, path: Path) -> EnvelopeFile:
                                  f"<{', '.join(key)}>")
         seen[key] = index
         rows.append(row)
-    extra = {k: v for k, v in document.items() if k not in ("format", "platform", "created_at", "rows")}
-    return EnvelopeFile(path, dict(fingerprint), created_at, tuple(rows), extra)
+    timeouts = None
+    if document.get("timeouts") is not None:  # absent in files written before timeouts were measured
+        try:
+            timeouts = DerivedTimeouts.from_json(document["timeouts"])
+        except ValueError as exc:
+            raise _corrupt(path, str(exc)) from None
+    extra = {k: v for k, v in document.items() if k not in ("format", "platform", "created_at", "rows", "timeouts")}
+    return EnvelopeFile(path, dict(fingerprint), created_at, tuple(rows), extra, timeouts)
 
 
 def _parse_row(raw: Any, index: int, path: Path, platform: str) -> QualifiedRow:

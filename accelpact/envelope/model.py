@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import AccelPactError
 from ..fsm.phases import FailurePhase, RecoveryAction
+from ..timeouts import DerivedTimeouts
 
 OBJECTIVE_BITWISE = "bitwise-continuation"
 PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
@@ -41,7 +42,9 @@ class EnvelopeRow:
 
 
 class Envelope:
-    def __init__(self, rows: Iterable[EnvelopeRow]):
+    def __init__(self, rows: Iterable[EnvelopeRow], *, timeouts: DerivedTimeouts | None = None):
+        #: timeouts `accelpact qualify` measured (lower bounds for a runtime's "auto"); None: none
+        self.timeouts = timeouts
         self._rows: dict[ObservationKey, EnvelopeRow] = {}
         for row in rows:
             if row.key in self._rows:

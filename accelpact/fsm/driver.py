@@ -26,6 +26,7 @@ from .effects import (
     ForceReject,
     GatherReports,
     GuardVerdict,
+    OutcomeUnknown,
     Quiesce,
     RebindReferences,
     ReplaceGroups,
@@ -75,6 +76,9 @@ class RecoveryOutcome:
     decision: AgreementDecision | None
     reasons: tuple[str, ...] = ()
     edges: list[tuple[str, str, str]] = field(default_factory=list)
+    #: the outcome register was unreachable: this rank stopped without claiming an outcome (no
+    #: Reject edge); it fail-stops like a Reject, while its peers follow the register
+    halted: bool = False
 
     @property
     def preserved(self) -> bool:
@@ -138,6 +142,7 @@ class _Recovery:
         self.start = len(machine.taken)
         self.steps = _Steps(machine)
         self.abort_reason = ""  # why the control plane failed, when this rank aborted
+        self.unknown = ""  # why the outcome register was unreachable, when this rank halted
 
     def done(self, action: RecoveryAction, frontier: int, generation: int, *reasons: str) -> RecoveryOutcome:
         return RecoveryOutcome(action, frontier, generation, self.ctx.decision, tuple(reasons),
@@ -151,8 +156,8 @@ class _Recovery:
         self.steps.fire("observe_failure" if obs.saw_failure else "join_recovery")
         report = yield from self.guard()
         decision = yield from self.agree(report)
-        if decision is None:  # the control plane failed while gathering: aborted
-            return self.rejected(self.abort_reason)
+        if decision is None:  # the control plane failed while gathering: aborted (or halted)
+            return self.halted() if self.unknown else self.rejected(self.abort_reason)
         if decision.action is RecoveryAction.REJECT:
             self.steps.fire("decide_reject")
             yield self.steps.request(ForceReject("; ".join(decision.reasons)))
@@ -160,11 +165,13 @@ class _Recovery:
         assert decision.frontier is not None and decision.generation is not None
         new_generation = decision.generation + 1
         vote = StepResult(True)
-        if self.ctx.in_failed_group():
+        if decision.action is RecoveryAction.REWIND or self.ctx.in_failed_group():  # Rewind: every rank
             vote = yield from self.repair(decision, new_generation)
         else:
             self.steps.fire("stand_by")
         outcome = yield from self.release(vote)
+        if self.unknown:
+            return self.halted()
         if outcome == "resume":
             self.steps.fire("rewind" if decision.action is RecoveryAction.REWIND else "release")
             self.steps.fire("resume_training")
@@ -176,7 +183,8 @@ class _Recovery:
         """Quiesce (discarding an interrupted update), then the report for agreement."""
         obs = self.obs
         self.steps.fire("enter_guard")
-        verdict = yield self.steps.request(Quiesce(discard=obs.failure_phase is not FailurePhase.COMMITTED))
+        verdict = yield self.steps.request(Quiesce(discard=obs.failure_phase is not FailurePhase.COMMITTED,
+                                                    failed=tuple(obs.failed_groups)))
         if isinstance(verdict, ControlPlaneFailure):  # pragma: no cover - guard is local
             verdict = GuardVerdict(False, verdict.reason)
         assert isinstance(verdict, GuardVerdict)
@@ -194,9 +202,9 @@ class _Recovery:
         self.steps.fire("submit_report")
         reports = yield self.steps.request(GatherReports(report))
         if isinstance(reports, ControlPlaneFailure):
-            yield from self.forced_reject(reports.reason)
-            self.steps.fire("abort")
             self.abort_reason = reports.reason
+            if (yield from self.forced_reject(reports.reason)) is not None:
+                self.steps.fire("abort")
             return None
         self.ctx.decision = decide_agreement(reports, self.obs.world_size)  # type: ignore[arg-type]
         return self.ctx.decision
@@ -236,11 +244,24 @@ class _Recovery:
         outcome = yield self.steps.request(VoteRelease(vote.ok, vote.reason))
         if isinstance(outcome, ControlPlaneFailure):
             outcome = yield from self.forced_reject(outcome.reason)
+            if outcome is None:
+                return "unknown"
         self.ctx.outcome = str(outcome)
         return self.ctx.outcome
 
-    def forced_reject(self, reason: str) -> Generator[Effect, object, str]:
-        """Control-plane failure: set the outcome register, then follow whatever it says."""
+    def forced_reject(self, reason: str) -> Generator[Effect, object, str | None]:
+        """Control-plane failure: set the outcome register, then follow whatever it says; None when
+        it cannot be reached (the rank must not decide alone: it halts)."""
         value = yield self.steps.request(ForceReject(reason))
+        if isinstance(value, OutcomeUnknown):
+            self.unknown = value.reason
+            return None
         self.ctx.outcome = value if isinstance(value, str) else "reject"
         return self.ctx.outcome
+
+    def halted(self) -> RecoveryOutcome:
+        """Fail-stop without an outcome: the machine stays where it is, no Reject edge is taken."""
+        out = self.rejected(f"outcome register unreachable for the control timeout: stopping without "
+                            f"claiming an outcome ({self.unknown})")
+        out.halted = True
+        return out

@@ -46,6 +46,15 @@ class ControlPlaneFailure:
     reason: str
 
 
+@dataclass(frozen=True)
+class OutcomeUnknown:
+    """ForceReject's result when the outcome register stayed unreachable for the whole control
+    timeout. A peer may have read "resume" from it, so this rank must not claim "reject" alone:
+    it fail-stops where it stands, without an outcome (the spec's Halt)."""
+
+    reason: str
+
+
 # ---------------------------------------------------------------------------------- effects ----
 
 
@@ -71,6 +80,8 @@ class Quiesce(Effect):
     handler: ClassVar[str] = "quiesce"
     phase: ClassVar[str] = "guard"
     discard: bool = False
+    #: the groups this rank saw fail: on a GPU they are aborted before anything synchronises
+    failed: tuple[GroupId, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,7 +153,8 @@ class VoteRelease(Effect):
 @dataclass(frozen=True)
 class ForceReject(Effect):
     """Write "reject" into the outcome register if it is still empty. Result: the register's
-    value afterwards ("reject", or "resume" if the release was already decided)."""
+    value afterwards ("reject", or "resume" if the release was already decided), or
+    OutcomeUnknown if the register could not be reached within the control timeout."""
 
     handler: ClassVar[str] = "force_reject"
     phase: ClassVar[str] = "reject"
@@ -185,7 +197,7 @@ class Executor(abc.ABC):
     def vote_release(self, effect: VoteRelease) -> str | ControlPlaneFailure: ...
 
     @abc.abstractmethod
-    def force_reject(self, effect: ForceReject) -> str: ...
+    def force_reject(self, effect: ForceReject) -> str | OutcomeUnknown: ...
 
 
 def perform(executor: Executor, effect: Effect) -> object:

@@ -60,13 +60,14 @@ TRANSITIONS: tuple[Row, ...] = (
     # -- frontier agreement --------------------------------------------------------------------
     _row("decide_preserve", P.AGREE,    P.REPLACE,  conditions=["decision_is_preserve", "in_failed_group"],
          effects=["ReplaceGroups"], why="all committed, F and g agree; this rank owns a failed group"),
-    _row("decide_rewind",   P.AGREE,    P.REPLACE,  conditions=["decision_is_rewind", "in_failed_group"],
+    _row("decide_rewind",   P.AGREE,    P.REPLACE,  conditions=["decision_is_rewind"],
          effects=["RestoreBoundary", "ReplaceGroups"],
-         why="an interrupted update, every rank at tau = F: discard it, restore the boundary snapshot, "
-             "rebuild every group"),
-    _row("stand_by",        P.AGREE,    P.VALIDATE, conditions=["decision_resumes"],
+         why="an interrupted update, every rank at tau = F: every rank discards it, restores the boundary "
+             "snapshot and rebuilds every group it holds (even a rank that holds none must restore)"),
+    _row("stand_by",        P.AGREE,    P.VALIDATE, conditions=["decision_is_preserve"],
          unless=["in_failed_group"], effects=_VOTE,
-         why="preserve or rewind agreed, but no group to rebuild has this rank: wait for release"),
+         why="preserve agreed, but no failed group has this rank: wait for release. Never under Rewind: "
+             "a rank standing by would keep its interrupted step and its old groups"),
     _row("decide_reject",   P.AGREE,    P.REJECT,   conditions=["decision_is_reject"],
          effects=["ForceReject"], why="any mismatch, unqualified action, guard failure or missing report: "
                                       "write reject into the outcome register"),

@@ -11,7 +11,11 @@ is measured, not assumed. Probes:
   faults of that phase, each recovered before the next, then an uninterrupted reference in the
   same processes. The probed action (Preserve at a committed boundary, Rewind in forward,
   backward and — with a pre-step copy — optimizer) qualifies only if every recovery took it on
-  every rank and the end state is bitwise equal to the reference.
+  every rank and the end state is bitwise equal to the reference;
+* timeouts: per framework, a 4-rank world attaches with derived timeouts ("auto", more warm-up
+  rounds than an attach takes) and trains real updates under them; the slowest framework's
+  values, with their evidence, go into the file if every rank derived the same and no update
+  recovered (a spurious timeout means the values are not qualified).
 
 Everything runs on CPU ranks over gloo (the drill harness has no device workloads), so the
 envelope written here is for the ``cpu-gloo`` platform.
@@ -43,6 +47,7 @@ from ..envelope.file import (
 )
 from ..errors import AccelPactError
 from ..fsm.phases import FailurePhase
+from ..timeouts import DerivedTimeouts
 
 __all__ = ["DEFAULT_FRAMEWORKS", "DEFAULT_PHASES", "QualifyError", "QualifyResult", "judge_drill", "qualify"]
 
@@ -54,6 +59,9 @@ BACKEND, DEVICE = "gloo", "cpu"
 SETUP_TIMEOUT_S = 30.0
 #: The drill's Rewind fields; a tree whose drill harness lacks them cannot probe Rewind.
 REWIND_FIELDS = ("rewind", "envelope", "step_copy")
+#: The timeout probe: warm-up rounds per group (an attach takes 20) and real updates per framework.
+TIMEOUT_ROUNDS = 50
+TIMEOUT_UPDATES = 20
 
 
 class QualifyError(AccelPactError, RuntimeError):
@@ -67,6 +75,8 @@ class QualifyResult:
     probes: tuple[ProbeResult, ...]
     rows: tuple[QualifiedRow, ...]
     wall_s: float
+    timeouts: DerivedTimeouts | None = None
+    timeout_findings: tuple[str, ...] = ()
 
     @property
     def platform_ok(self) -> bool:
@@ -77,7 +87,7 @@ class QualifyResult:
     def findings(self) -> list[str]:
         """One line per probe that did not qualify its action, with the first reason."""
         return [f"{describe(p)}: {p.failures[0] if p.failures else 'did not pass'}"
-                for p in self.probes if not p.qualified]
+                for p in self.probes if not p.qualified] + [f"timeouts: {f}" for f in self.timeout_findings]
 
 
 def describe(probe: ProbeResult) -> str:
@@ -140,14 +150,16 @@ def qualify(
                                          trace_dir=traces / f"{framework}-{phase}")
                 results.append(probe)
                 progress(format_probe(probe))
+    timeouts, timeout_findings, timeout_evidence = _probe_timeouts(frameworks, world)
     rows = envelope_from_results(results, platform, torch_version=fingerprint["torch"])
     wall_s = time.perf_counter() - start
     settings = {"frameworks": list(frameworks), "phases": list(phases), "repeats": repeats, "world": world,
                 "data_timeout_s": data_timeout_s, "control_timeout_s": control_timeout_s}
-    path = write_envelope(out, rows, fingerprint, qualify={
-        "settings": settings, "wall_s": round(wall_s, 1),
+    path = write_envelope(out, rows, fingerprint, timeouts=timeouts, qualify={
+        "settings": settings, "wall_s": round(wall_s, 1), "timeouts_probe": timeout_evidence,
         "platform_probe": results[0].evidence(fingerprint["torch"])})
-    return QualifyResult(Path(path), fingerprint, tuple(results), tuple(rows), wall_s)
+    return QualifyResult(Path(path), fingerprint, tuple(results), tuple(rows), wall_s, timeouts,
+                         tuple(timeout_findings))
 
 
 def _check_arguments(frameworks: Sequence[str], phases: Sequence[str], repeats: int, world: int,
@@ -438,3 +450,71 @@ def _drill_world(framework: str, phase: FailurePhase, *, step_copy: bool, repeat
                            failures=(f"the drill world failed: {_world_error_text(exc)}",)), False
     return (judge_drill(results, phase=phase, fault_updates=fault_updates),
             any(r.get("rejected") for r in results))
+
+
+# ------------------------------------------------------------------------------------- timeouts
+
+
+def _timeouts_rank(rank: int, world_size: int, frameworks: Sequence[str], updates: int) -> dict[str, Any]:
+    """Per framework: attach with derived timeouts, train `updates` real updates under them."""
+    import accelpact
+
+    from ..config import AUTO, Config
+    from ..errors import RecoveryRejected
+    from ..runtime import calibrate
+    from ..workloads import build_hsdp_job, stochastic_update
+
+    calibrate.WARMUP_ROUNDS = TIMEOUT_ROUNDS  # this probe process only: more samples than an attach takes
+    out: dict[str, Any] = {"rank": rank, "derived": {}, "recoveries": {}}
+    for framework in frameworks:
+        model, optimizer, data = build_hsdp_job(framework, layers=2, seed=7, seq_len=8, batch_size=2)
+        config = Config(data_timeout_s=AUTO, control_timeout_s=AUTO, on_reject="raise", envelope="builtin")
+        rt = accelpact.attach(model, optimizer, data_state=data, config=config)
+        try:
+            for _ in range(updates):
+                rt.step(lambda m=model, o=optimizer, d=data: stochastic_update(m, o, d))
+        except RecoveryRejected as exc:  # a finding, judged below
+            out.setdefault("rejected", {})[framework] = list(exc.reasons)
+        out["derived"][framework] = rt.timeouts.to_json() if rt.timeouts else None
+        out["recoveries"][framework] = [h.update for h in rt.history]
+        rt.close()
+    return out
+
+
+def judge_timeouts(results: Sequence[Mapping[str, Any]], frameworks: Sequence[str],
+                   ) -> tuple[DerivedTimeouts | None, list[str], dict[str, Any]]:
+    """(the file's timeouts, findings, evidence): the framework with the largest derived data
+    timeout, if every rank derived the same values for every framework and no update recovered."""
+    findings: list[str] = []
+    evidence: dict[str, Any] = {}
+    chosen: DerivedTimeouts | None = None
+    for framework in frameworks:
+        derived = [r["derived"].get(framework) for r in results]
+        recovered = sorted({u for r in results for u in r["recoveries"].get(framework, [])})
+        rejected = [r["rank"] for r in results if framework in r.get("rejected", {})]
+        evidence[framework] = {"recoveries_at": recovered, "rejected_ranks": rejected}
+        if derived[0] is None or any(d != derived[0] for d in derived):
+            findings.append(f"{framework}: ranks derived different timeouts (or none): {derived}")
+            continue
+        value = DerivedTimeouts.from_json(derived[0])
+        evidence[framework].update(data_timeout_s=value.data_timeout_s, control_timeout_s=value.control_timeout_s)
+        if recovered or rejected:
+            findings.append(f"{framework}: a fault-free run under {value.describe()} recovered at updates "
+                            f"{recovered}{f', ranks {rejected} rejected' if rejected else ''}")
+        elif chosen is None or value.data_timeout_s > chosen.data_timeout_s:
+            chosen = value
+    if findings:
+        return None, findings, evidence
+    return chosen, findings, evidence
+
+
+def _probe_timeouts(frameworks: Sequence[str], world: int,
+                    updates: int = TIMEOUT_UPDATES) -> tuple[DerivedTimeouts | None, list[str], dict[str, Any]]:
+    from ..testing.spawn import run_world
+
+    try:
+        results = run_world(_timeouts_rank, world, tuple(frameworks), updates,
+                            timeout_s=120 + 60 * len(frameworks), pg_timeout_s=SETUP_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - a crash or hang is the finding
+        return None, [f"the timeout probe world failed: {_world_error_text(exc)}"], {}
+    return judge_timeouts(results, frameworks)

@@ -8,6 +8,7 @@ This is the entry point, so it is also where the drill's fault injector is insta
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..comm.nccl_env import nccl_version, refuse_unfit
 from ..config import Config
 from ..control import ControlPlane
 from ..envelope import Envelope, choose_envelope
@@ -23,7 +25,9 @@ from ..faults import FaultInjector, FaultPlan
 from ..fsm.decisions import envelope_facts, envelope_warning
 from ..fsm.phases import FailurePhase
 from ..launch import current_attempt
+from ..observe import observers_for
 from ..trace import TraceWriter
+from .calibrate import provisional, settle_timeouts
 from .data_plane import DataPlane
 from .detect import detect_platform, detect_profile
 from .fail_stop import fail_stop
@@ -71,14 +75,16 @@ def attach(
     stateful = _stepped_with_the_update(optimizer, schedulers, scalers)
     config = (config or Config()).with_env().validate()
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
-    injector = _injector(faults, faults_every_attempt, rank, world_size, attempt, config)
     profile = config.profile or detect_profile(model)
-    plane = DataPlane(model, timeout_s=config.data_timeout_s, extra=[optimizer, *meshes])
+    plane = DataPlane(model, timeout_s=provisional(config)[0], extra=[optimizer, *meshes])  # "auto": measured
     plane.refuse_default_group()
+    if plane.uses_nccl():
+        refuse_unfit(os.environ, nccl_version())
     rt: Runtime | None = None
     try:
         rt = _build(model, optimizer, data_state, config, envelope, profile, plane, rank, world_size, attempt,
                     stateful)
+        injector = _injector(faults, faults_every_attempt, rank, world_size, attempt, rt.config)  # measured timeouts
         if injector is not None:
             rt.add_listener(injector)
         _checkpointing(rt, config, rank)
@@ -150,21 +156,32 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     if rank == 0:
         log.info("envelope %s allows for %s on %s: %s", source, profile, platform, facts.describe())
     plane.enforce_timeout()
-    control = ControlPlane(timeout_s=config.control_timeout_s, attempt=attempt)
-    trace = TraceWriter(config.trace_dir, rank, attempt)
+    control = ControlPlane(timeout_s=provisional(config)[1], attempt=attempt)
+    plane.scope = control.namespace.rsplit("/", 1)[-1][:8]  # this attach's replacement names
+    try:  # "auto": measured here, the same on every rank, applied to both planes
+        config, timeouts = settle_timeouts(config, plane, control, model, rank=rank, qualified=envelope.timeouts)
+    except BaseException:
+        control.close()
+        raise
+    trace = TraceWriter(config.trace_dir, rank, attempt, clock=control.clock)
     rewind = RewindState(step_copy=config.step_copy, max_rewinds=config.max_rewinds_per_update, stateful=stateful)
     if FailurePhase.BACKWARD in facts.rewind_phases:
         rewind.unisolated_ddp = _isolate_ddp_buckets(model, rank)
     rt = Runtime(model=model, optimizer=optimizer, data_state=data_state, config=config, rank=rank,
                  world_size=world_size, attempt=attempt, profile=profile, platform=platform, envelope=facts,
                  envelope_source=source, data_plane=plane, control=control, trace=trace, rewind=rewind)
+    rt.timeouts = timeouts
     trace.write({
         "kind": "config", "world_size": world_size, "profile": profile, "platform": platform,
+        "data_timeout_s": config.data_timeout_s, "control_timeout_s": config.control_timeout_s,
+        "timeouts": timeouts.to_json() if timeouts else None,
         "groups": {label: gid.key for label, gid in plane.gids.items()}, "envelope": source,
         "rewind_phases": [str(p) for p in facts.rewind_phases], "preserve": facts.preserve,
         "step_copy": config.step_copy, "ddp_buckets_not_isolated": rewind.unisolated_ddp,
         "rewind_restores": [type(obj).__name__ for obj in stateful],
     })
+    for observer in observers_for(rt):  # incident log, torchelastic events; spans and metrics if asked
+        rt.observers.add(observer)
     return rt
 
 

@@ -16,6 +16,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..comm import _c10d, classify_failure, is_communication_failure, retired_group_names
+from ..comm.backends import backend_spec, parse_backends, probe_device, uses_nccl, wait_for
 from ..errors import ConfigError, UnsupportedModelError
 from ..fsm.decisions import GroupId
 from ..rebind import data_plane_groups, discover
@@ -31,6 +32,12 @@ class DataPlane:
         self.gids = {label: GroupId(label, tuple(sorted(dist.get_process_group_ranks(pg))))
                      for label, pg in self.groups.items()}
         self.timeout_s = timeout_s
+        #: the backends each group was built with: every replacement is built with the same ones
+        self.backend_specs = {label: backend_spec(pg) or "gloo" for label, pg in self.groups.items()}
+        #: agreed by every rank at attach (the control plane's token): replacement groups are
+        #: named and keyed "<label>@<scope>", so that a second runtime in this process (attach after
+        #: close, another model) never reuses a name or a store prefix of the first one's
+        self.scope = ""
         self.extra = list(extra)  # optimizer, meshes: objects that may cache a group too
         self.plans: dict = {}  # label -> RebindPlan, discovered once
         self.ref_generation = {label: 0 for label in self.groups}  # what the references name
@@ -62,6 +69,29 @@ class DataPlane:
                 _c10d.set_group_timeout(self.groups[label], previous)
         self._saved_timeouts.clear()
 
+    def replacement_label(self, label: str) -> str:
+        return f"{label}@{self.scope}" if self.scope else label
+
+    def uses_nccl(self) -> bool:
+        return any(uses_nccl(parse_backends(spec)) for spec in self.backend_specs.values())
+
+    def nccl_groups(self) -> dict[str, dist.ProcessGroup]:
+        """The groups NCCL serves (those a stuck device kernel can hang on: aborted, not waited)."""
+        return {label: pg for label, pg in self.groups.items()
+                if uses_nccl(parse_backends(self.backend_specs[label]))}
+
+    def probe_timeout(self) -> datetime.timedelta:
+        """How long an NCCL probe is waited for: just below the group timeout, so that the bounded
+        wait (which aborts the communicator and raises) answers before c10d's watchdog does."""
+        return datetime.timedelta(seconds=0.9 * self.timeout_s)
+
+    def _probe(self, label: str) -> torch.Tensor:
+        device = probe_device(parse_backends(self.backend_specs[label]))
+        probe = self._probes.get(label)
+        if probe is None or probe.device != device:
+            probe = self._probes[label] = torch.ones(1, dtype=torch.int64, device=device)
+        return probe.fill_(1)
+
     def held(self) -> tuple[GroupId, ...]:
         return tuple(sorted(self.gids.values()))
 
@@ -73,8 +103,11 @@ class DataPlane:
         return {label: len(plan) for label, plan in self.plans.items()}, time.perf_counter() - t
 
     def health_check(self, listeners: Sequence[UpdateListener] = ()) -> tuple[list[GroupId], list[str]]:
-        """A tiny all-reduce on every data-plane group, all in flight at once. Returns the groups
-        that failed and the classified cause of each."""
+        """A tiny all-reduce on every data-plane group, all in flight at once, on the device each
+        group serves; an NCCL probe is waited for at most `probe_timeout` (a bare ``wait()`` on NCCL
+        only orders the stream: it would never notice a peer that skipped the probe; see
+        `comm.backends.wait_for`). Returns the
+        groups that failed and the classified cause of each."""
         labels = sorted(self.groups)
         for listener in listeners:
             labels = listener.probe_order(labels)
@@ -82,18 +115,18 @@ class DataPlane:
         for label in labels:
             if not all(listener.before_probe(label) for listener in listeners):
                 continue
-            probe = self._probes.setdefault(label, torch.ones(1, dtype=torch.int64)).fill_(1)
             try:
-                works.append((label, dist.all_reduce(probe, group=self.groups[label], async_op=True)))
+                works.append((label, dist.all_reduce(self._probe(label), group=self.groups[label], async_op=True)))
             except Exception as exc:  # evidence, not an error: classified below with the others
                 works.append((label, exc))
         failed: list[GroupId] = []
         causes: list[str] = []
+        bound = self.probe_timeout()
         for label, work in works:
             try:
                 if isinstance(work, Exception):
                     raise work
-                work.wait()
+                wait_for(work, parse_backends(self.backend_specs[label]), bound)
             except Exception as exc:  # any probe error marks the group failed; its cause is kept
                 failed.append(self.gids[label])
                 causes.append(f"{self.gids[label].key}: {self.diagnose(exc)[0]}")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 
+from ..comm.backends import backends_of
 from ..errors import UnsupportedModelError
 
 
@@ -30,10 +31,12 @@ def detect_profile(model: nn.Module) -> str:
 
 
 def detect_platform(groups: dict[str, dist.ProcessGroup]) -> str:
-    """cpu-gloo, cuda-nccl, or the backends joined by '+' (a key no envelope has rows for)."""
-    backends = {dist.get_backend(pg) for pg in groups.values()}
-    if backends <= {"gloo"}:
+    """cpu-gloo when gloo serves every group everywhere; cuda-nccl when NCCL carries every group's
+    GPU traffic (a "cpu:gloo,cuda:nccl" group, as a default group for DCP often is, counts: the
+    model's collectives run on NCCL); else the backends joined by '+' (a key no envelope has)."""
+    maps = {label: backends_of(pg) or {"?": str(dist.get_backend(pg))} for label, pg in groups.items()}
+    if all(set(m.values()) == {"gloo"} for m in maps.values()):
         return "cpu-gloo"
-    if backends <= {"nccl"}:
+    if all(m.get("cuda") == "nccl" for m in maps.values()):
         return "cuda-nccl"
-    return "+".join(sorted(backends))
+    return "+".join(sorted({",".join(f"{d}:{b}" for d, b in m.items()) for m in maps.values()}))

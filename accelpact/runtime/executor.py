@@ -20,6 +20,7 @@ from ..fsm.effects import (
     ForceReject,
     GatherReports,
     GuardVerdict,
+    OutcomeUnknown,
     Quiesce,
     RebindReferences,
     ReplaceGroups,
@@ -44,13 +45,17 @@ class RecoveryExecutor(Executor):
         self.pending: replace.Pending = {}
         self.rebound: dict[str, int] = {}  # references rebound per site kind
         self.discarded: dict = {}  # what the discard of an interrupted update found
+        self.reports: list[dict] = []  # what every rank reported to agreement (the evidence)
 
     def quiesce(self, effect: Quiesce) -> GuardVerdict:
-        verdict, self.discarded = guard.guard(self.model, self.optimizer, effect)
+        verdict, self.discarded = guard.guard(self.model, self.optimizer, effect, self.plane)
         return verdict
 
     def gather_reports(self, effect: GatherReports) -> list[RankReport | None] | ControlPlaneFailure:
-        return agree.gather_reports(self.control, effect)
+        got = agree.gather_reports(self.control, effect)
+        if isinstance(got, list):
+            self.reports = [report.to_dict() for report in got if report is not None]
+        return got
 
     def restore_boundary(self, effect: RestoreBoundary) -> StepResult:
         result, again = restore.restore_boundary(self.model, self.optimizer, self.data_state, self.rewind, effect)
@@ -72,5 +77,5 @@ class RecoveryExecutor(Executor):
     def vote_release(self, effect: VoteRelease) -> str | ControlPlaneFailure:
         return release.vote_release(self.control, self.epoch, effect)
 
-    def force_reject(self, effect: ForceReject) -> str:
+    def force_reject(self, effect: ForceReject) -> str | OutcomeUnknown:
         return release.force_reject(self.control, self.epoch, effect)

@@ -1,9 +1,12 @@
-"""Guard phase: quiesce the device and check every FSDP unit is idle.
+"""Guard phase: settle the device, then check every FSDP unit is idle.
 
 A committed boundary is only safe to preserve if no collective is in flight and no gradient is
 half-reduced: the weights and moments in memory must be exactly those after optimizer.step().
-This module reads framework state and reports; it decides nothing (the verdict goes into the
-rank's report and frontier agreement decides).
+On a GPU the device is settled first, in the one safe order: the NCCL groups known broken are
+aborted, *then* the device is synchronised, with a bound (`comm.device.settle_device`); the discard
+of an interrupted update waits on CUDA events, so it comes after. This module reads framework
+state and reports; it decides nothing (the verdict goes into the rank's report and frontier
+agreement decides).
 """
 
 from __future__ import annotations
@@ -11,7 +14,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..comm.device import settle_device
+from ..comm.lifecycle import retire_groups
 from ..fsm.effects import GuardVerdict, Quiesce
+from .data_plane import DataPlane
 
 
 def _fsdp1_busy(model: nn.Module) -> list[str]:
@@ -60,9 +66,40 @@ def quiesce(model: nn.Module) -> GuardVerdict:
     return GuardVerdict(True)
 
 
-def guard(model: nn.Module, optimizer: torch.optim.Optimizer, effect: Quiesce) -> tuple[GuardVerdict, dict]:
-    """The Quiesce handler. With `effect.discard` the interrupted update is thrown away first
-    (see `discard`); returns the verdict and what the discard found."""
+def settle(plane: DataPlane, effect: Quiesce, synchronize=None) -> GuardVerdict | None:
+    """Abort before anything synchronises (module docstring). An interrupted update's groups are
+    all aborted (a Rewind rebuilds every group; a fail-stop needs none); at a committed boundary
+    only the failed ones, unless the device stays busy, in which case a group not known broken
+    had to be aborted and the boundary cannot be preserved. None: settled, nothing to report."""
+    nccl = plane.nccl_groups()
+    cuda_live = torch.cuda.is_available() and torch.cuda.is_initialized()
+    if not nccl and not cuda_live and synchronize is None:
+        return None
+    failed = {gid.label for gid in effect.failed}
+    broken = dict(nccl) if effect.discard else {label: pg for label, pg in nccl.items() if label in failed}
+    others = {label: pg for label, pg in nccl.items() if label not in broken}
+    settled = settle_device(broken=broken, others=others, timeout_s=plane.timeout_s,
+                            synchronize=synchronize or (torch.cuda.synchronize if cuda_live else _nothing),
+                            abort=lambda groups: retire_groups(groups, abort=True))
+    if not settled.drained:
+        return GuardVerdict(False, settled.reason)
+    if settled.escalated and not effect.discard:
+        return GuardVerdict(False, f"device work stayed stuck until {list(settled.escalated)} were aborted: they are "
+                                   "not among the failed groups, so this boundary cannot be preserved")
+    return None
+
+
+def _nothing() -> None:
+    return None
+
+
+def guard(model: nn.Module, optimizer: torch.optim.Optimizer, effect: Quiesce,
+          plane: DataPlane | None = None) -> tuple[GuardVerdict, dict]:
+    """The Quiesce handler: settle the device (`settle`), then, with `effect.discard`, throw the
+    interrupted update away (see `discard`); returns the verdict and what the discard found."""
+    unsettled = settle(plane, effect) if plane is not None else None
+    if unsettled is not None:
+        return unsettled, {}
     if not effect.discard:
         return quiesce(model), {}
     from .discard import discard_partial_update, partial_state

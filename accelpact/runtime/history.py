@@ -31,6 +31,11 @@ class RecoveryRecord:
     rebound: dict[str, int] = field(default_factory=dict)  # references rebound per site kind
     edges: list[tuple[str, str, str]] = field(default_factory=list)
     discarded: dict = field(default_factory=dict)  # what a discarded (rewound) update left behind
+    #: evidence only, not in `to_dict` (the trace holds one rank's view; every rank's reports
+    #: would make each rank's trace grow with the world): what every rank reported to
+    #: agreement, and the decision taken on them
+    reports: list[dict] = field(default_factory=list, repr=False)
+    decision: dict | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, index: int, update: int, obs: Observation, detect_s: float, driven: Driven,
@@ -43,7 +48,17 @@ class RecoveryRecord:
             failed_groups=[g.key for g in (outcome.decision.failed_groups if outcome.decision else ())],
             reasons=list(outcome.reasons), detect_s=detect_s, timings_s=driven.timings_s, repair_s=driven.repair_s,
             rebound=dict(executor.rebound), edges=list(outcome.edges), discarded=executor.discarded,
+            reports=list(getattr(executor, "reports", [])),
+            decision=outcome.decision.to_dict() if outcome.decision else None,
         )
+
+    @classmethod
+    def control_plane_reject(cls, index: int, update: int, phase: FailurePhase | None, reason: str, frontier: int,
+                             generation: int, register: str) -> RecoveryRecord:
+        """The record of a reject without the protocol: the control plane itself failed."""
+        return cls(index=index, update=update, action=RecoveryAction.REJECT, failure_phase=phase or FailurePhase.COMMITTED,
+                   saw_failure=True, cause=reason, frontier=frontier, generation=generation,
+                   reasons=[reason, f"register={register}"])
 
     @property
     def preserved(self) -> bool:
@@ -51,6 +66,7 @@ class RecoveryRecord:
 
     def to_dict(self) -> dict:
         d = asdict(self)
+        del d["reports"], d["decision"]
         d["action"] = str(self.action)
         d["failure_phase"] = str(self.failure_phase)
         return d

@@ -1,15 +1,27 @@
-"""The runtime's one extension point for code that must see inside an update.
+"""The runtime's extension points: listeners see inside an update, observers see its outcome.
 
 A listener learns which phase the update in flight is in and may order, or hold back, the
 boundary's health probes. The drills' fault injector (`accelpact.faults.FaultInjector`) is one;
 a tracer or a profiler could be another. The runtime calls listeners and never knows what they
-do, so drill code stays out of the production path."""
+do, so drill code stays out of the production path.
+
+An observer learns what the boundary decided: a commit, a recovery that resumed, a reject, with
+the evidence of each (`evidence.Evidence`). The exporters of `accelpact.observe` (Prometheus,
+OpenTelemetry, torchelastic events, the incident log) are observers; `attach` installs them.
+An observer that fails is logged with its traceback and training goes on: telemetry must not
+turn a recovered failure into a lost job."""
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+import logging
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..fsm.phases import FailurePhase
+
+if TYPE_CHECKING:
+    from .evidence import Evidence
+
+log = logging.getLogger("accelpact.runtime")
 
 
 @runtime_checkable
@@ -22,3 +34,49 @@ class UpdateListener(Protocol):
 
     def before_probe(self, label: str) -> bool:
         """Called right before probing group `label`; False holds the probe back."""
+
+
+@runtime_checkable
+class RecoveryObserver(Protocol):
+    def on_commit(self, frontier: int, generation: int) -> None:
+        """Every rank committed update `frontier` (F is now `frontier`)."""
+
+    def on_recovery(self, evidence: Evidence) -> None:
+        """A recovery ended in Preserve or Rewind: training goes on."""
+
+    def on_reject(self, evidence: Evidence) -> None:
+        """A recovery (or the control plane) rejected; `RecoveryRejected` is raised next."""
+
+    def close(self) -> None:
+        """The runtime closes: flush what is buffered."""
+
+
+class Observers:
+    """The installed observers, notified in order; one that raises is logged and skipped."""
+
+    def __init__(self) -> None:
+        self.items: list[RecoveryObserver] = []
+
+    def add(self, observer: RecoveryObserver) -> None:
+        if not isinstance(observer, RecoveryObserver):
+            raise TypeError(f"{type(observer).__name__} is not a RecoveryObserver")
+        self.items.append(observer)
+
+    def commit(self, frontier: int, generation: int) -> None:
+        self._each("on_commit", frontier, generation)
+
+    def recovered(self, evidence: Evidence) -> None:
+        self._each("on_recovery", evidence)
+
+    def rejected(self, evidence: Evidence) -> None:
+        self._each("on_reject", evidence)
+
+    def close(self) -> None:
+        self._each("close")
+
+    def _each(self, method: str, *args: object) -> None:
+        for observer in self.items:
+            try:
+                getattr(observer, method)(*args)
+            except Exception:  # telemetry never fails training; the traceback is kept in the log
+                log.warning("observer %s.%s failed", type(observer).__name__, method, exc_info=True)

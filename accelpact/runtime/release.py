@@ -12,7 +12,7 @@ import time
 from ..control import ControlPlane
 from ..errors import ControlPlaneError
 from ..fsm.decisions import ReleaseVote, decide_release
-from ..fsm.effects import ControlPlaneFailure, ForceReject, VoteRelease
+from ..fsm.effects import ControlPlaneFailure, ForceReject, OutcomeUnknown, VoteRelease
 
 log = logging.getLogger("accelpact.runtime")
 
@@ -29,11 +29,13 @@ def vote_release(control: ControlPlane, epoch: str, effect: VoteRelease) -> str 
         return ControlPlaneFailure(str(exc))
 
 
-def force_reject(control: ControlPlane, epoch: str, effect: ForceReject) -> str:
-    """The register's value after trying to set it to reject. If the store itself is gone, no
-    rank can read "resume" from it either, so this rank's outcome is reject."""
+def force_reject(control: ControlPlane, epoch: str, effect: ForceReject) -> str | OutcomeUnknown:
+    """The register's value after trying to set it to reject, retried for the control timeout.
+    A store this rank cannot reach may still be reachable by its peers, who may read "resume"
+    from it: so an unreachable register is no "reject" (TLC's local_reject mutant), the outcome
+    is unknown and the rank stops without one."""
     try:
-        return control.force_reject(epoch, effect.reason)
+        return control.force_reject_within(epoch, effect.reason, control.timeout_s)
     except ControlPlaneError as exc:
         log.error("outcome register unreachable: %s", exc, extra={"epoch": epoch})
-        return "reject"
+        return OutcomeUnknown(str(exc))

@@ -1,5 +1,10 @@
-"""ReplaceGroups handler: retire each failed group this rank holds and build one with identical
-membership, a fresh store prefix and the data-plane timeout, at the agreed generation."""
+"""ReplaceGroups handler: retire the failed groups this rank holds and build, for each, one with
+identical membership and the same backends (an NCCL data plane stays NCCL), on a fresh store
+prefix, with the data-plane timeout, at the agreed generation.
+
+The failed groups are retired together before anything is built: NCCL communicators are aborted
+in one window (one after the other they can deadlock on dependent work in flight), and no
+replacement's init has to wait behind a communicator that still holds the device."""
 
 from __future__ import annotations
 
@@ -8,6 +13,8 @@ import datetime
 import torch.distributed as dist
 
 from ..comm import replace_group
+from ..comm.backends import backend_spec, parse_backends, uses_nccl
+from ..comm.lifecycle import retire_groups
 from ..fsm.effects import ReplaceGroups, StepResult
 from .data_plane import DataPlane
 
@@ -17,13 +24,21 @@ Pending = dict[str, tuple[dist.ProcessGroup, dist.ProcessGroup]]
 
 def replace_groups(plane: DataPlane, rank: int, effect: ReplaceGroups, pending: Pending) -> StepResult:
     timeout = datetime.timedelta(seconds=plane.timeout_s)
+    for gid in effect.groups:
+        if plane.gids.get(gid.label) != gid:
+            return StepResult(False, f"rank {rank} holds no group {gid.key}")
+    olds = {gid.label: plane.groups[gid.label] for gid in effect.groups}
     try:
+        specs = {label: plane.backend_specs.get(label) or backend_spec(old) for label, old in olds.items()}
+        missing = sorted(label for label, spec in specs.items() if spec is None)
+        if missing:
+            return StepResult(False, f"rank {rank} cannot tell the backend of {missing}")
+        nccl = [old for label, old in olds.items() if uses_nccl(parse_backends(specs[label]))]
+        retire_groups(nccl, abort=True)
         for gid in effect.groups:
-            if plane.gids.get(gid.label) != gid:
-                return StepResult(False, f"rank {rank} holds no group {gid.key}")
-            old = plane.groups[gid.label]
-            new = replace_group(old, ranks=gid.ranks, label=gid.label, generation=effect.generation, timeout=timeout)
-            pending[gid.label] = (old, new)
-    except Exception as exc:  # c10d/gloo raise many types here; the cause goes into the vote
+            new = replace_group(olds[gid.label], ranks=gid.ranks, label=plane.replacement_label(gid.label),
+                                generation=effect.generation, timeout=timeout, backend=specs[gid.label])
+            pending[gid.label] = (olds[gid.label], new)
+    except Exception as exc:  # c10d/gloo/NCCL raise many types here; the cause goes into the vote
         return StepResult(False, f"{type(exc).__name__}: {exc}")
     return StepResult(True)

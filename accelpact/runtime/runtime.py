@@ -31,14 +31,15 @@ from ..rebind import NotReadyError
 from ..trace import TraceWriter
 from .data_plane import DataPlane
 from .ddp_buckets import release_buckets as release_ddp_buckets
-from .evidence import write_reject_evidence
+from .evidence import evidence_of, write_reject_evidence
 from .executor import RecoveryExecutor
 from .fail_stop import fail_stop
 from .history import RecoveryRecord
 from .hooks import PhaseTracker
-from .listeners import UpdateListener
+from .listeners import Observers, UpdateListener
 from .recovery import drive
 from .rewind import RewindState
+from .stragglers import StragglerWatch
 
 T = TypeVar("T")
 
@@ -69,9 +70,10 @@ class Runtime:
         self.history: list[RecoveryRecord] = []
         self.checkpointer = None  # set by attach when Config.checkpoint_dir is given
         self.listeners: list[UpdateListener] = []
-        self._recoveries = 0
-        self._rewound = False
-        self._plans_deferred = False
+        self.observers = Observers()  # exporters of commits, recoveries, rejects (accelpact.observe)
+        self.stragglers = StragglerWatch(control, config, rank=rank, world_size=world_size)  # .report(): p50/p90
+        self.timeouts = None  # accelpact.timeouts.DerivedTimeouts when attach measured the timeouts ("auto")
+        self._recoveries, self._rewound, self._plans_deferred = 0, False, False
         self._tracker = PhaseTracker(model, optimizer, on_phase=self._notify, before_step=self._before_step,
                                      after_step=self._after_step)
         setattr(model, ATTACHED, True)
@@ -149,6 +151,7 @@ class Runtime:
 
     def close(self) -> None:
         """Remove every hook, close trace and control plane; the model may be attached again."""
+        self.observers.close()
         self._tracker.remove()
         release_ddp_buckets(self.model)
         if getattr(self.model, ATTACHED, False):
@@ -185,7 +188,7 @@ class Runtime:
             phase, failed, saw = phase_at_error or FailurePhase.FORWARD, [], True
             cause, fault = self.data_plane.diagnose(error)
         try:
-            flag = self.control.boundary_check(1 if saw else 0)
+            flag = self.stragglers.check(1 if saw else 0, t_detect)  # carries this rank's update time
         except ControlPlaneError as exc:
             self._reject_without_protocol(f"control plane failed at the boundary: {exc}", error or exc)
         if flag == 0:
@@ -212,6 +215,7 @@ class Runtime:
     def _commit(self) -> None:
         self.frontier += 1
         self.machine.fire("commit_update")
+        self.observers.commit(self.frontier, self.generation)
         if self.checkpointer is not None:
             try:
                 self.checkpointer.after_commit(self)
@@ -260,6 +264,7 @@ class Runtime:
             self._rewound = True
             self.rewind.rewinds += 1
         log.info(record.summary())
+        self.observers.recovered(evidence_of(self, record, error))
 
     def _reject_without_protocol(self, reason: str, error: BaseException) -> NoReturn:
         """The control plane itself failed: set the outcome register and reject."""
@@ -269,21 +274,17 @@ class Runtime:
             value = self.control.force_reject(epoch, reason)
         except ControlPlaneError as exc:
             value = f"unreachable ({exc})"
-        record = RecoveryRecord(
-            index=self._recoveries, update=self.update_index, action=RecoveryAction.REJECT,
-            failure_phase=self._tracker.phase or FailurePhase.COMMITTED, saw_failure=True, cause=reason,
-            frontier=self.frontier, generation=self.generation, reasons=[reason, f"register={value}"],
-        )
+        record = RecoveryRecord.control_plane_reject(self._recoveries, self.update_index, self._tracker.phase,
+                                                     reason, self.frontier, self.generation, value)
         self.history.append(record)
         self._reject([reason], error, record)
 
     def _reject(self, reasons: list[str], error: BaseException | None, record: RecoveryRecord,
                 original: BaseException | None = None) -> NoReturn:
         """Leave the evidence, record the fail-stop, raise (the edge decides about exiting)."""
-        evidence = write_reject_evidence(
-            self.config.trace_dir, rank=self.rank, attempt=self.attempt, frontier=self.frontier,
-            generation=self.generation, opt_step=self.opt_step, update=self.update_index, reasons=reasons,
-            error=error, record=record)
+        found = evidence_of(self, record, error)
+        evidence = write_reject_evidence(self.config.trace_dir, found)
+        self.observers.rejected(found)
         if self.checkpointer is not None:
             self.checkpointer.record_fail_stop(self.frontier, reasons)
         log.error("recovery rejected on rank %d: %s", self.rank, "; ".join(reasons))

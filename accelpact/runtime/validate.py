@@ -11,7 +11,7 @@ from .replace import Pending
 def validate_groups(plane: DataPlane, effect: ValidateGroups, pending: Pending) -> StepResult:
     try:
         for label, (_, new) in pending.items():
-            validate_group(new, plane.gids[label].ranks)
+            validate_group(new, plane.gids[label].ranks, timeout=plane.probe_timeout())
     except Exception as exc:  # a failed collective raises whatever gloo raises; the cause is the vote
         return StepResult(False, f"{type(exc).__name__}: {exc}")
     return StepResult(True)

@@ -1,0 +1,98 @@
+"""The NCCL environment an in-memory recovery needs, checked and (before init) set.
+
+ProcessGroupNCCL reads these variables when a communicator is created, and its defaults end
+the process on the first failure, before any recovery can run:
+
+* ``TORCH_NCCL_ASYNC_ERROR_HANDLING``: 1 (TearDown) and 3 (SkipCleanUp, c10d's default) kill
+  the process when the watchdog sees an error or a timeout; 0 leaves a timed-out kernel spinning,
+  so a host sync behind it never returns. 2 (CleanUpOnly) aborts the communicator and keeps the
+  process: the stuck kernel exits, the next call on the group raises, the recovery takes over.
+* ``TORCH_NCCL_DUMP_ON_TIMEOUT``: the timeout dump (flight recorder) signals every rank through the
+  store and ends in a process teardown; a recovered job must not be torn down afterwards.
+* ``TORCH_NCCL_ENABLE_MONITORING``: the heartbeat monitor kills every rank once the watchdog has
+  been quiet for ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` (480 s) or another rank signalled a dump, which
+  after a recovery it would do. AccelPact bounds its own aborts instead (`comm.device`).
+* NCCL itself: ``ncclCommAbort`` hangs on 2.25.1 (pytorch#149153), fixed in 2.26.2.
+
+Pure functions of an environment mapping and a version tuple; `accelpact.init_process_group`
+applies `required_settings`, and `attach` refuses an environment that `problems` objects to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
+
+__all__ = ["MIN_NCCL", "REQUIRED", "Requirement", "apply_required", "nccl_version", "problems", "refuse_unfit"]
+
+#: the first NCCL release whose ncclCommAbort does not hang (pytorch#149153)
+MIN_NCCL = (2, 26, 2)
+
+
+@dataclass(frozen=True)
+class Requirement:
+    variable: str
+    value: str
+    why: str
+
+
+REQUIRED = (
+    Requirement("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2",
+                "abort a failed communicator but keep the process (1 and 3 kill it; 0 leaves kernels stuck)"),
+    Requirement("TORCH_NCCL_DUMP_ON_TIMEOUT", "0",
+                "a timeout dump ends in a process teardown after the recovery"),
+    Requirement("TORCH_NCCL_ENABLE_MONITORING", "0",
+                "the heartbeat monitor kills every rank after TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC once a "
+                "communicator was aborted"),
+)
+
+def problems(env: Mapping[str, str], nccl_version: tuple[int, ...] | None) -> list[str]:
+    """One line per setting that would end the process or hang a recovery, naming the variable,
+    the value in effect and the value required; [] when the environment is fit."""
+    found = []
+    for req in REQUIRED:
+        value = env.get(req.variable)
+        if value is None or value.strip() != req.value:
+            shown = f"{value!r}" if value is not None else "unset (c10d's default applies)"
+            found.append(f"{req.variable} is {shown}, must be {req.value!r}: {req.why}")
+    if nccl_version is not None and tuple(nccl_version) < MIN_NCCL:
+        have, need = ".".join(map(str, nccl_version)), ".".join(map(str, MIN_NCCL))
+        found.append(f"NCCL {have} is older than {need}: its ncclCommAbort can hang (pytorch#149153)")
+    return found
+
+
+def apply_required(env: MutableMapping[str, str]) -> list[str]:
+    """Set every required variable in `env` (before the first communicator reads it); returns one
+    line per change, naming the old value, so that an override of a launcher's default (torchrun
+    sets TORCH_NCCL_ASYNC_ERROR_HANDLING=1) is visible."""
+    changes = []
+    for req in REQUIRED:
+        old = env.get(req.variable)
+        if old is None or old.strip() != req.value:
+            env[req.variable] = req.value
+            changes.append(f"{req.variable}: {old!r} -> {req.value!r} ({req.why})")
+    return changes
+
+
+def nccl_version() -> tuple[int, ...] | None:
+    """The NCCL version torch was built with, or None (a CPU build, or no NCCL in it)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        return tuple(int(part) for part in torch.cuda.nccl.version())
+    except (ImportError, RuntimeError, AttributeError):
+        return None
+
+
+def refuse_unfit(env: Mapping[str, str], version: tuple[int, ...] | None) -> None:
+    """Raise `ConfigError` naming every variable (and the NCCL version) an in-memory recovery
+    cannot live with; `accelpact.init_process_group` sets them all before init."""
+    from ..errors import ConfigError
+
+    found = problems(env, version)
+    if found:
+        raise ConfigError("the NCCL environment would end the process on the first failure or hang its "
+                          "recovery; use accelpact.init_process_group (it sets these before init) or set them "
+                          "before torch.distributed.init_process_group:\n  " + "\n  ".join(found))

@@ -1,0 +1,94 @@
+"""The straggler signal: which rank stays slower than its peers. Pure: no torch, no clock.
+
+In synchronous training the slowest rank sets everybody's pace, and a rank that is slow for a
+reason of its own (a throttled device, a noisy neighbour, a failing disk under its data loader)
+looks, from the outside, like nothing more than a slow job. Every rank's update time reaches
+every rank with the boundary check (`ControlPlane.boundary_check`), so each rank can keep the
+same window and come to the same verdict.
+
+A rank is a straggler when the window is full and its median update time exceeds `factor` times
+the median of its peers' medians: medians, so that one hiccup (a GC pause, a page fault) is not a
+straggler, and a full window, so that only a rank that *stays* slower is named.
+
+What the times can show: collectives inside the update tie the ranks together (a fast rank waits
+in the next all-gather for the slow one), so the signal sees the part of a rank's slowness after
+its last collective of the update (the optimizer step, the data loader, the trainer's own code
+between updates), not slowness that its peers wait out inside the update.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .stats import quantile
+
+__all__ = ["StragglerReport", "StragglerWindow", "find_stragglers"]
+
+
+def find_stragglers(medians: Sequence[float], factor: float) -> tuple[int, ...]:
+    """The ranks whose median update time exceeds `factor` times their peers' median median."""
+    if not factor > 1:
+        raise ValueError(f"a straggler factor must be > 1, got {factor!r}")
+    if len(medians) < 2:
+        return ()
+    out = []
+    for rank, mine in enumerate(medians):
+        peers = statistics.median([m for r, m in enumerate(medians) if r != rank])
+        if peers > 0 and mine > factor * peers:
+            out.append(rank)
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class StragglerReport:
+    """Per-rank update-time percentiles (seconds) over the window and the ranks named stragglers
+    (empty until the window is full). ``samples``: clean boundaries in the window."""
+
+    samples: int
+    window: int
+    factor: float
+    p50: tuple[float, ...]
+    p90: tuple[float, ...]
+    stragglers: tuple[int, ...]
+
+    def per_rank(self) -> dict[int, dict[str, float]]:
+        return {r: {"p50_s": self.p50[r], "p90_s": self.p90[r]} for r in range(len(self.p50))}
+
+    def describe(self, rank: int) -> str:
+        peers = statistics.median([m for r, m in enumerate(self.p50) if r != rank])
+        return (f"rank {rank} is a straggler: median update {self.p50[rank]:.3f} s over the last {self.samples} "
+                f"updates, {self.p50[rank] / peers:.1f}x its peers' median {peers:.3f} s (factor {self.factor:g})")
+
+
+class StragglerWindow:
+    """The last `window` boundaries' update times of every rank, and the verdict on them."""
+
+    def __init__(self, world_size: int, *, window: int, factor: float):
+        if world_size < 1 or window < 1:
+            raise ValueError(f"need world_size >= 1 and window >= 1, got {world_size} and {window}")
+        if not factor > 1:
+            raise ValueError(f"a straggler factor must be > 1, got {factor!r}")
+        self.world_size, self.window, self.factor = world_size, window, factor
+        self._times: deque[tuple[float, ...]] = deque(maxlen=window)
+        self._flagged: tuple[int, ...] = ()
+
+    def add(self, times: Sequence[float]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """Record one boundary's update times (one per rank); returns (ranks newly named
+        stragglers, ranks no longer stragglers), so that each change is said once."""
+        if len(times) != self.world_size:
+            raise ValueError(f"expected {self.world_size} update times, got {len(times)}")
+        self._times.append(tuple(float(t) for t in times))
+        before, self._flagged = self._flagged, self.report().stragglers
+        return (tuple(r for r in self._flagged if r not in before),
+                tuple(r for r in before if r not in self._flagged))
+
+    def report(self) -> StragglerReport:
+        columns = list(zip(*self._times)) if self._times else [() for _ in range(self.world_size)]
+        p50 = tuple(quantile(c, 0.5) if c else 0.0 for c in columns)
+        p90 = tuple(quantile(c, 0.9) if c else 0.0 for c in columns)
+        full = len(self._times) == self.window
+        return StragglerReport(len(self._times), self.window, self.factor, p50, p90,
+                               find_stragglers(p50, self.factor) if full else ())

@@ -1,0 +1,134 @@
+"""A rank that cannot reach the outcome register must not decide alone.
+
+TLC's local_reject mutant (spec/mutants/local_reject.cfg) is what the runtime used to do: when the
+store was unreachable, `force_reject` returned "reject", so under a partial partition one rank
+rejected while its peers read "resume" from the register (an OutcomeAgreement violation). The spec
+now proves the fix, Halt: retry within the control timeout, and if the register stays out of
+reach, stop without claiming an outcome (no Reject edge, no "reject" answer)."""
+
+from __future__ import annotations
+
+import time
+
+from accelpact.control.auth import Sealer
+from accelpact.control.plane import ControlPlane
+from accelpact.fsm.decisions import AgreementDecision, GroupId
+from accelpact.fsm.driver import Observation, run_recovery
+from accelpact.fsm.effects import (
+    ControlPlaneFailure,
+    ForceReject,
+    GatherReports,
+    GuardVerdict,
+    OutcomeUnknown,
+    Quiesce,
+    RebindReferences,
+    ReplaceGroups,
+    StepResult,
+    ValidateGroups,
+    VoteRelease,
+)
+from accelpact.fsm.machine import RecoveryContext, RecoveryMachine
+from accelpact.fsm.phases import FailurePhase, Phase, RecoveryAction
+from accelpact.runtime import release
+
+
+class FlakyStore:
+    """A store that is unreachable for its first `down` operations, then holds `register`."""
+
+    def __init__(self, down: int, register: str | None):
+        self.down, self.register, self.calls = down, register, 0
+
+    def _op(self):
+        self.calls += 1
+        if self.calls <= self.down:
+            raise RuntimeError("Connection reset by peer")
+
+    def set(self, key, value):
+        self._op()
+
+    def compare_set(self, key, expected, desired):
+        self._op()
+        return self.register if self.register is not None else desired
+
+
+def _plane(store, timeout_s: float) -> ControlPlane:
+    plane = ControlPlane.__new__(ControlPlane)  # no process group: only the register is used here
+    plane.rank, plane.seq, plane.forged, plane.timeout_s = 1, 7, {}, timeout_s
+    plane.sealer = Sealer(b"k" * 32, "ns")
+    plane.store = store
+    return plane
+
+
+def test_an_unreachable_register_is_no_reject():
+    plane = _plane(FlakyStore(down=10**9, register=None), timeout_s=0.5)
+    t0 = time.monotonic()
+    got = release.force_reject(plane, "r1", ForceReject("vote could not be posted"))
+    assert isinstance(got, OutcomeUnknown), got  # the old code returned "reject" here
+    assert "unreachable" in got.reason
+    assert 0.3 <= time.monotonic() - t0 < 2.0, "it retries for the control timeout, then gives up"
+    assert plane.store.calls > 1
+    assert plane.seq == 8, "the retries are one protocol step"
+
+
+def test_a_register_back_within_the_timeout_is_obeyed_even_if_it_says_resume():
+    sealer = Sealer(b"k" * 32, "ns")
+    store = FlakyStore(down=2, register=sealer.seal("resume", "r1", "outcome"))
+    plane = _plane(store, timeout_s=5.0)
+    assert release.force_reject(plane, "r1", ForceReject("slow store")) == "resume"
+
+
+class _Exec:
+    """A member of the failed group whose repair succeeds, then loses the store before the outcome."""
+
+    def __init__(self, gather_fails: bool = False):
+        self.gather_fails = gather_fails
+
+    def __call__(self, effect):
+        if isinstance(effect, Quiesce):
+            return GuardVerdict(True)
+        if isinstance(effect, GatherReports):
+            return ControlPlaneFailure("gather timed out") if self.gather_fails else [effect.report, _peer()]
+        if isinstance(effect, (ReplaceGroups, RebindReferences, ValidateGroups)):
+            return StepResult(True)
+        if isinstance(effect, VoteRelease):
+            return ControlPlaneFailure("store unreachable while awaiting the outcome")
+        if isinstance(effect, ForceReject):
+            return OutcomeUnknown("store unreachable for 5.0 s")
+        raise AssertionError(effect)
+
+
+def _peer():
+    from accelpact.fsm.decisions import RankReport
+
+    return RankReport(rank=0, frontier=3, generation=0, opt_step=3, failure_phase=FailurePhase.COMMITTED,
+                      failed_groups=(GroupId("replicate", (0, 1)),), guard_ok=True)
+
+
+def _run(executor) -> tuple[object, RecoveryMachine]:
+    machine = RecoveryMachine(RecoveryContext(rank=1))
+    obs = Observation(rank=1, world_size=2, frontier=3, generation=0, opt_step=3,
+                      failure_phase=FailurePhase.COMMITTED, saw_failure=True,
+                      failed_groups=(GroupId("replicate", (0, 1)),))
+    gen = run_recovery(machine, obs)
+    result = None
+    while True:
+        try:
+            effect = gen.send(result)
+        except StopIteration as stop:
+            return stop.value, machine
+        result = executor(effect)
+
+
+def test_a_rank_that_cannot_read_the_outcome_halts_in_validate_without_a_reject_edge():
+    outcome, machine = _run(_Exec())
+    assert isinstance(machine.ctx.decision, AgreementDecision)
+    assert outcome.halted and outcome.action is RecoveryAction.REJECT  # fail-stop, nothing resumed
+    assert machine.phase is Phase.VALIDATE
+    assert not any(dst == "Reject" for _, _, dst in machine.taken)
+    assert "without claiming an outcome" in outcome.reasons[0]
+
+
+def test_a_rank_that_cannot_read_the_outcome_while_agreeing_does_not_abort():
+    outcome, machine = _run(_Exec(gather_fails=True))
+    assert outcome.halted and machine.phase is Phase.AGREE
+    assert "abort" not in [t for t, _, _ in machine.taken]
