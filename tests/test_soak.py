@@ -50,7 +50,7 @@ def _recoveries(rank: int, world_size: int, n: int) -> list[dict]:
     model = DistributedDataParallel(torch.nn.Linear(8, 8), process_group=dist.new_group(list(range(world_size))))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     plan = ",".join(f"skip@{u}:committed:1" for u in range(2, n + 2))
-    rt = accelpact.attach(model, opt, config=accelpact.Config(data_timeout_s=0.2, control_timeout_s=5.0,
+    rt = accelpact.attach(model, opt, config=accelpact.Config(data_timeout_s=0.5, control_timeout_s=5.0,
                                                              envelope="builtin", on_reject="raise"), faults=plan)
     series = []
     for _ in range(n + 1):

@@ -82,20 +82,16 @@ def _explain(result) -> str:
 
 
 # -- TLC runs -------------------------------------------------------------------------------------
-@pytest.mark.tlc
-@needs_java
-@pytest.mark.timeout(240)
-@pytest.mark.parametrize("ranks", [2])  # 3 ranks (118k states) runs in `make modelcheck`, not twice per CI
-def test_protocol_satisfies_every_property(ranks):
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_protocol_models_check_every_property_and_deadlock(ranks):
+    """The models TLC checks: every safety property, liveness and deadlock. TLC runs them in
+    `make modelcheck` (2 and 3 ranks, part of `make test`) and `make check` (4): not here as well,
+    where MC2 alone took a minute of every CI run twice."""
     model = models.rank_model(ranks)
     assert model.expect == "pass"
     assert model.constants["N"] == str(ranks)
     assert model.invariants == SAFETY and model.properties == LIVENESS
     assert model.check_deadlock, "the protocol models must also prove that no recovery gets stuck"
-    result = models.check_model(model, workers=1)
-    assert result.status is Status.PASS, _explain(result)
-    assert result.distinct_states and result.distinct_states > 1000
-    assert result.depth and result.depth > 15
 
 
 def test_every_mutant_is_listed_and_names_its_property():
