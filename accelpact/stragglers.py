@@ -81,14 +81,19 @@ class StragglerWindow:
         if len(times) != self.world_size:
             raise ValueError(f"expected {self.world_size} update times, got {len(times)}")
         self._times.append(tuple(float(t) for t in times))
-        before, self._flagged = self._flagged, self.report().stragglers
+        # every clean boundary passes here: the verdict needs the medians only, and only once the
+        # window is full (the p90s of `report` are for whoever asks)
+        full = len(self._times) == self.window
+        before, self._flagged = self._flagged, find_stragglers(self._quantiles(0.5), self.factor) if full else ()
         return (tuple(r for r in self._flagged if r not in before),
                 tuple(r for r in before if r not in self._flagged))
 
-    def report(self) -> StragglerReport:
+    def _quantiles(self, q: float) -> tuple[float, ...]:
         columns = list(zip(*self._times)) if self._times else [() for _ in range(self.world_size)]
-        p50 = tuple(quantile(c, 0.5) if c else 0.0 for c in columns)
-        p90 = tuple(quantile(c, 0.9) if c else 0.0 for c in columns)
+        return tuple(quantile(c, q) if c else 0.0 for c in columns)
+
+    def report(self) -> StragglerReport:
+        p50, p90 = self._quantiles(0.5), self._quantiles(0.9)
         full = len(self._times) == self.window
         return StragglerReport(len(self._times), self.window, self.factor, p50, p90,
                                find_stragglers(p50, self.factor) if full else ())
