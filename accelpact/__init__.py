@@ -10,14 +10,17 @@
 from .config import Config
 from .errors import (
     EXIT_BUDGET_EXCEEDED,
+    EXIT_FENCED,
     EXIT_REJECTED,
     AccelPactError,
     CheckpointError,
     ConfigError,
     ControlPlaneError,
+    RankFenced,
     RebindError,
     RecoveryRejected,
     RestartBudgetExceeded,
+    SpareReleased,
     UnsupportedModelError,
 )
 
@@ -25,16 +28,19 @@ __version__ = "0.1.0"
 
 __all__ = [
     "EXIT_BUDGET_EXCEEDED",
+    "EXIT_FENCED",
     "EXIT_REJECTED",
     "AccelPactError",
     "CheckpointError",
     "Config",
     "ConfigError",
     "ControlPlaneError",
+    "RankFenced",
     "RebindError",
     "RecoveryRejected",
     "RestartBudgetExceeded",
     "Runtime",
+    "SpareReleased",
     "UnsupportedModelError",
     "__version__",
     "attach",

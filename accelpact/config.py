@@ -75,6 +75,14 @@ class Config:
     step_copy: bool = False
     #: How often one update may be rewound before the recovery rejects (fail-stop).
     max_rewinds_per_update: int = 3
+    #: Hot spares launched beside the W active ranks (the launch's last S processes). Read by
+    #: `accelpact.init_process_group` from ACCELPACT_SPARES (it must know before any group
+    #: exists); here it is checked against the launch. With spares, `step_copy` is on: a rank lost
+    #: after its peers' optimizer step is replaced by re-running that update from F.
+    spares: int = 0
+    #: How often each active rank's heartbeat reaches the store (a dead rank is known after about
+    #: 2.5 beats, also one whose sockets never reset).
+    heartbeat_s: float = 0.5
     #: Platform and resource profile of the recovery envelope key (None: detected).
     platform: str | None = None
     profile: str | None = None
@@ -95,6 +103,10 @@ class Config:
         self.validate()
 
     def validate(self) -> Config:
+        if self.spares < 0:
+            raise ConfigError(f"spares must be >= 0, got {self.spares}")
+        if not 0.01 <= self.heartbeat_s <= 60:
+            raise ConfigError(f"heartbeat_s must be in [0.01, 60] seconds, got {self.heartbeat_s!r}")
         for name in ("data_timeout_s", "control_timeout_s"):
             value = getattr(self, name)
             if value != AUTO and not (isinstance(value, (int, float)) and not isinstance(value, bool)

@@ -151,7 +151,8 @@ def report(args, verdicts) -> int:
     h0 = verdicts[0]["history"]
     print(f"\n\nrecoveries: {len(h0)}")
     for i, rec in enumerate(h0):
-        per_rank = [v["history"][i] for v in verdicts]
+        # a spare that took over a rank joined later: its history starts at its own arrival
+        per_rank = [v["history"][i] for v in verdicts if len(v["history"]) == len(h0)] or [rec]
         repair_ms = max(r["repair_s"] for r in per_rank) * 1e3
         detect_s = max(r["detect_s"] for r in per_rank)
         member = next((r for r in per_rank if r["rebound"]), per_rank[0])
@@ -159,6 +160,11 @@ def report(args, verdicts) -> int:
         print(f"  #{rec['index']} update {rec['update']:3d}  {rec['action']:8s} groups {','.join(rec['failed_groups'])}"
               f"  detect {detect_s:.2f}s  repair {repair_ms:.1f}ms  refs rebound {sum(member['rebound'].values())}")
         print(f"       phases (a rank in R): {phases}")
+        if rec.get("replacement"):
+            r = rec["replacement"]
+            moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', '?')}: {t['bytes']} B" for t in r["transfers"])
+            print(f"       lost {r['lost']}, spares {r['spares']} took over, state from {r['sources']}"
+                  f"{' (' + moved + ')' if moved else ''}")
     ok = True
     if "mismatches" in verdicts[0]:
         print("\nbitwise verdict vs uninterrupted reference (params, optimizer state, step, RNG, data cursor):")
@@ -167,7 +173,7 @@ def report(args, verdicts) -> int:
             status = "IDENTICAL" if not mism else f"DIFFERENT ({app_state.categories(mism)})"
             ok &= not mism
             print(f"  rank {v['rank']}: {v['compared']} entries {status}")
-    in_memory = all(r["action"] in ("preserve", "rewind") for r in h0)
+    in_memory = all(r["action"] in ("preserve", "rewind", "replace") for r in h0)
     if args.result:
         with open(args.result, "w") as fh:
             json.dump({"verdicts": verdicts, "bitwise_ok": ok, "all_in_memory": in_memory}, fh, default=str)

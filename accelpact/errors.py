@@ -12,7 +12,9 @@ have always caught (``ConfigError`` is still a ``ValueError``, ``CheckpointError
     ├── RebindError                          reference discovery / rebinding (accelpact.rebind)
     ├── CheckpointError (RuntimeError)       the checkpoint layer (accelpact.checkpoint)
     ├── RestartBudgetExceeded (RuntimeError) the run used up its restarts: exit EXIT_BUDGET_EXCEEDED
-    └── RecoveryRejected                     a recovery ended in Reject: exit EXIT_REJECTED
+    ├── RecoveryRejected                     a recovery ended in Reject: exit EXIT_REJECTED
+    ├── RankFenced                           this rank was replaced while cut off: exit EXIT_FENCED
+    └── SpareReleased (SystemExit)           a spare that was never needed: exit with the job's code
 """
 
 from __future__ import annotations
@@ -21,13 +23,16 @@ from typing import Any
 
 __all__ = [
     "EXIT_BUDGET_EXCEEDED",
+    "EXIT_FENCED",
     "EXIT_REJECTED",
     "AccelPactError",
     "CheckpointError",
     "ConfigError",
     "ControlPlaneError",
     "RebindError",
+    "RankFenced",
     "RecoveryRejected",
+    "SpareReleased",
     "RestartBudgetExceeded",
     "UnsupportedModelError",
 ]
@@ -38,6 +43,11 @@ EXIT_REJECTED = 75
 
 #: Exit code of a rank that finds the run's restart budget used up: stop and alert, do not retry.
 EXIT_BUDGET_EXCEEDED = 76
+
+#: Exit code of a rank that learns a spare took its place (it was cut off, not dead): 0, because a
+#: non-zero exit would make its torchrun agent restart it, and the rendezvous that follows would
+#: restart every survivor. The process did nothing wrong; its position lives on elsewhere.
+EXIT_FENCED = 0
 
 
 class AccelPactError(Exception):
@@ -114,3 +124,21 @@ class RecoveryRejected(AccelPactError):
 
     def __str__(self) -> str:
         return "recovery rejected: " + "; ".join(self.reasons)
+
+
+class RankFenced(AccelPactError):
+    """This rank was declared lost and a spare took over its position (it was cut off, not dead):
+    it must never train again under its old identity. `fail_stop` ends it with EXIT_FENCED."""
+
+    exit_code = EXIT_FENCED
+
+
+class SpareReleased(AccelPactError, SystemExit):
+    """Raised by `accelpact.init_process_group` on a spare that was never needed once the job
+    ends (code 0), or when the job was rejected (its code). Uncaught, it ends the script with that
+    code and without a traceback, like any SystemExit; a script may catch it to clean up."""
+
+    def __init__(self, code: int, why: str = "") -> None:
+        super().__init__(code, why=why)
+        self.code = code  # what the interpreter exits with (SystemExit's own init is not reached)
+        self.why = why

@@ -14,18 +14,57 @@ of one attempt start before any worker of the next, so attempt = (count - 1) // 
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
+from dataclasses import dataclass
 
 import torch.distributed as dist
 
 from .comm.backends import parse_backends, uses_nccl
 from .comm.nccl_env import apply_required
+from .errors import ConfigError
 
 log = logging.getLogger("accelpact.launch")
 
 _attempt: int | None = None
+
+#: ACCELPACT_SPARES=S: the launch's last S processes are hot spares (see `Membership`).
+ENV_SPARES = "ACCELPACT_SPARES"
+
+
+@dataclass
+class Membership:
+    """This process's place in a job launched with spares.
+
+    The launch starts W + S processes (torchrun's WORLD_SIZE); the first W hold the positions
+    (ranks) 0..W-1 of a training world of size W, the last S wait as spares. `world` counts the
+    worlds built so far: a Replace builds the next one, on a fresh store prefix."""
+
+    store: dist.Store  # the job's store, outliving every world (spares, presence, registers)
+    spares: int
+    world_size: int  # W: the training world
+    launch_rank: int
+    backend: str
+    timeout: datetime.timedelta
+    position: int = -1  # the rank held, -1 while a spare waits
+    world: int = 0
+    #: set on a spare by its activation: `attach` then joins the running job instead of starting
+    activation: object | None = None
+    finished: bool = False
+
+    @property
+    def is_spare(self) -> bool:
+        return self.launch_rank >= self.world_size
+
+
+_membership: Membership | None = None
+
+
+def membership() -> Membership | None:
+    """The job's membership when it was launched with spares (`ACCELPACT_SPARES`), else None."""
+    return _membership
 
 
 def current_attempt() -> int:
@@ -47,18 +86,79 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     if uses_nccl(parse_backends(backend)):
         for change in apply_required(env):
             log.warning("accelpact set %s", change)
-    if "TORCHELASTIC_RESTART_COUNT" not in env or "store" in kwargs or "init_method" in kwargs:
+    spares = _spares(env)
+    if spares and ("store" in kwargs or "init_method" in kwargs):
+        raise ConfigError(f"{ENV_SPARES}={spares} needs the launcher's environment (MASTER_ADDR, MASTER_PORT, RANK, "
+                          "WORLD_SIZE as torchrun sets them), not store= or init_method=")
+    if not spares and ("TORCHELASTIC_RESTART_COUNT" not in env or "store" in kwargs or "init_method" in kwargs):
         dist.init_process_group(backend, timeout=timeout, **kwargs)
         return
     rank = int(env["RANK"])
-    world_size = int(env["WORLD_SIZE"])
+    launched = int(env["WORLD_SIZE"])
     store_timeout = timeout or datetime.timedelta(minutes=5)
+    # under torchrun the agent hosts the store (it outlives every worker); launched without an
+    # agent, rank 0 hosts it, and rank 0 then cannot be lost
     client = dist.TCPStore(
-        env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size, is_master=False, timeout=store_timeout,
-        use_libuv=True,
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), launched,
+        is_master="TORCHELASTIC_RUN_ID" not in env and rank == 0, timeout=store_timeout, use_libuv=True,
     )
     run = env.get("TORCHELASTIC_RUN_ID", "run")
     starts = client.add(f"accelpact/{run}/worker-starts", 1)
-    _attempt = (starts - 1) // world_size
+    _attempt = (starts - 1) // launched
     store = dist.PrefixStore(f"accelpact/{run}/attempt{_attempt}/", client)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout, **kwargs)
+    if spares:
+        _start_with_spares(backend, store, rank, launched, spares, store_timeout, timeout, kwargs)
+        return
+    dist.init_process_group(backend, store=store, rank=rank, world_size=launched, timeout=timeout, **kwargs)
+
+
+def _spares(env) -> int:
+    raw = env.get(ENV_SPARES, "0") or "0"
+    try:
+        spares = int(raw)
+    except ValueError:
+        raise ConfigError(f"{ENV_SPARES}={raw!r} is not a whole number of spare processes") from None
+    if spares < 0:
+        raise ConfigError(f"{ENV_SPARES}={spares}: the number of spares cannot be negative")
+    if spares and not all(k in env for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
+        raise ConfigError(f"{ENV_SPARES}={spares} needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (torchrun sets "
+                          "them)")
+    if spares and spares >= int(env["WORLD_SIZE"]):
+        raise ConfigError(f"{ENV_SPARES}={spares} leaves no active rank in a launch of WORLD_SIZE={env['WORLD_SIZE']}")
+    return spares
+
+
+def _start_with_spares(backend, store, rank, launched, spares, store_timeout, timeout, kwargs) -> None:
+    """An active rank joins world 0 at once; a spare waits (heartbeating) until it is claimed
+    for a lost position, then joins the world that replaces it, under that position's rank."""
+    from .membership import pool, world
+
+    global _membership
+    m = Membership(store=store, spares=spares, world_size=launched - spares, launch_rank=rank, backend=backend,
+                   timeout=timeout or datetime.timedelta(minutes=30))
+    _membership = m
+    if m.is_spare:
+        pool.register(store, rank)
+        log.info("rank %d waits as a spare", rank)
+        activation = pool.wait_for_claim(store, rank)  # SpareReleased when the job ends first
+        m.position, m.world, m.activation = activation.position, activation.world, activation
+        log.warning("spare %d takes over rank %d in world %d", rank, m.position, m.world)
+    else:
+        m.position = rank
+    world.init_world(store, m.world, position=m.position, world_size=m.world_size, backend=backend,
+                     timeout=m.timeout)
+    atexit.register(_position_done)
+
+
+def _position_done() -> None:
+    """At a normal exit of a position's holder: the last one releases the spares still waiting."""
+    from .membership import pool
+
+    m = _membership
+    if m is None or m.finished or m.position < 0:
+        return
+    m.finished = True
+    try:
+        pool.position_done(m.store, m.world_size)
+    except Exception as exc:  # the store may be gone at the very end of the job; say so
+        log.warning("could not report this rank's end to the spares: %s: %s", type(exc).__name__, exc)

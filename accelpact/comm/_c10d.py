@@ -28,12 +28,15 @@ __all__ = [
     "backend_config",
     "default_store",
     "group_timeout",
+    "group_count",
     "is_default_group",
     "is_registered",
     "name_is_taken",
     "register_group",
     "registered_ranks",
     "resolve_name",
+    "member_groups",
+    "set_group_count",
     "set_group_timeout",
 ]
 
@@ -149,3 +152,30 @@ def group_timeout(pg: ProcessGroup):
 
 def set_group_timeout(pg: ProcessGroup, timeout) -> None:
     c10d._set_pg_timeout(timeout, pg)
+
+
+def group_count() -> int:
+    """c10d's counter of groups made by ``new_group`` in this world (it names them "1", "2", ...;
+    every rank counts every call, members or not)."""
+    return int(c10d._world.group_count)
+
+
+def set_group_count(value: int) -> None:
+    """Set the counter so that the next ``new_group`` takes the name ``str(value)``: a rebuilt
+    world re-creates the job's groups under the names the job's script gives them, so a spare
+    running that script meets the survivors on the same store keys."""
+    c10d._world.group_count = int(value)
+
+
+def member_groups() -> list[tuple[str, list[int], str]]:
+    """(name, global ranks in group order, backend config) of every group this rank is a member
+    of, the default group excluded, in c10d's registration order."""
+    default = c10d._get_default_group() if dist.is_initialized() else None
+    out = []
+    for pg, name in c10d._world.pg_names.items():
+        if pg is default:
+            continue
+        ranks = registered_ranks(pg)
+        if ranks is not None:
+            out.append((str(name), ranks, backend_config(pg) or ""))
+    return out

@@ -90,6 +90,13 @@ def retired_group_names() -> tuple[str, ...]:
         return tuple(_retired_names)
 
 
+def forget_retired(names: Sequence[str]) -> None:
+    """A rebuilt world made groups under these names again (`membership.world`): an error that
+    names them is about the new group, not a retired one."""
+    with _ledger_lock:
+        _retired_names[:] = [n for n in _retired_names if n not in set(names)]
+
+
 def is_retired(pg: ProcessGroup) -> bool:
     with _ledger_lock:
         return pg in _retired

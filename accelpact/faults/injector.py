@@ -33,6 +33,9 @@ class FaultInjector:
         self.data_timeout_s = data_timeout_s
         self._fired: set[tuple[int, FailurePhase]] = set()
         self._boundary: Fault | None = None  # the committed-phase fault of the boundary at hand
+        #: a spare that took over this rank: the faults of updates up to here already fired in
+        #: the process it replaced (the re-run of the interrupted update included)
+        self.fired_through = 0
 
     @classmethod
     def from_env(cls, *, rank: int, world_size: int, attempt: int, data_timeout_s: float,
@@ -58,7 +61,7 @@ class FaultInjector:
         return cls(plan, rank=rank, data_timeout_s=data_timeout_s)
 
     def _take(self, update: int, phase: FailurePhase) -> Fault | None:
-        if (update, phase) in self._fired:
+        if (update, phase) in self._fired or update <= self.fired_through:
             return None
         fault = self.plan.at(update, phase, self.rank)
         if fault is not None:

@@ -46,6 +46,7 @@ class RecoveryAction(StrEnum):
     PRESERVE = "preserve"  # L1: keep S_app, rebuild communicators, rebind, resume at F
     REJECT = "reject"  # L2: fail-stop; the supervisor restores the last verified checkpoint
     REWIND = "rewind"  # L1': discard the interrupted update, rebuild every group, re-run it from F
+    REPLACE = "replace"  # a lost rank's position taken by a spare: rebuild the world, re-run F+1
 
     @classmethod
     def _missing_(cls, value: object) -> RecoveryAction | None:

@@ -224,12 +224,17 @@ class RebindPlan:
         return ProofResult(name, len(self.sites), elapsed_us)
 
     def _stale_in_tables(self, old: Any, old_name: str) -> list[str]:
-        """Whole mesh tables, not only the recorded entries: no other entry may name the old group."""
+        """Whole mesh tables, not only the recorded entries: no other entry may name the old group.
+
+        A rebuilt world re-creates a group under the name the script gave it (`membership.world`):
+        the name then resolves to the new group (checked in `prove`), so only the old *object*
+        is stale there."""
+        renamed = old_name != self._name
         stale = [f"{path} (a mesh name table) still names {old_name!r}"
-                 for table, path in self._name_tables if old_name in table]
+                 for table, path in self._name_tables if renamed and old_name in table]
         stale += [f"{path} (a mesh registry) still holds {old_name!r}"
                   for registry, path in self._registries
-                  if old_name in registry or any(group is old for group in registry.values())]
+                  if (renamed and old_name in registry) or any(group is old for group in registry.values())]
         return stale
 
     # ---------------------------------------------------------------------------- slow checks

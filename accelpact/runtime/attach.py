@@ -24,8 +24,9 @@ from ..errors import ConfigError, RestartBudgetExceeded, UnsupportedModelError
 from ..faults import FaultInjector, FaultPlan
 from ..fsm.decisions import envelope_facts, envelope_warning
 from ..fsm.phases import FailurePhase
-from ..launch import current_attempt
+from ..launch import current_attempt, membership
 from ..observe import observers_for
+from ..rebind import NotReadyError
 from ..trace import TraceWriter
 from .calibrate import provisional, settle_timeouts
 from .data_plane import DataPlane
@@ -69,11 +70,11 @@ def attach(
         raise ConfigError("call torch.distributed.init_process_group (or accelpact.init_process_group) "
                           "before accelpact.attach")
     if getattr(model, ATTACHED, False):
-        raise ConfigError("this model is already attached to an AccelPact runtime: a second attach would "
-                          "hook every update twice; call rt.close() first")
+        raise ConfigError("this model is already attached to an AccelPact runtime: a second attach would hook "
+                          "every update twice; call rt.close() first")
     _check_data_state(data_state)
     stateful = _stepped_with_the_update(optimizer, schedulers, scalers)
-    config = (config or Config()).with_env().validate()
+    config = _with_spares((config or Config()).with_env().validate())
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
     profile = config.profile or detect_profile(model)
     plane = DataPlane(model, timeout_s=provisional(config)[0], extra=[optimizer, *meshes])  # "auto": measured
@@ -88,7 +89,7 @@ def attach(
         if injector is not None:
             rt.add_listener(injector)
         _checkpointing(rt, config, rank)
-        rt.line_up()
+        _join(rt, injector) if rt.membership and rt.membership.activation else rt.line_up()  # a spare: receive
     except BaseException:
         # a failed attach leaves the user's objects as it found them: hooks, timeouts, the mark
         if rt is not None:
@@ -97,6 +98,73 @@ def attach(
         raise
     log.info("attached", extra={"rank": rank, "profile": rt.profile, "groups": sorted(rt.data_plane.gids)})
     return rt
+
+
+def _with_spares(config: Config) -> Config:
+    """The launch says how many spares there are; a config that says otherwise is a mistake."""
+    m = membership()
+    if m is None:
+        if config.spares:
+            raise ConfigError(f"Config.spares={config.spares}, but the job was not launched with spares: set "
+                              "ACCELPACT_SPARES and start the processes with accelpact.init_process_group")
+        return config
+    if config.spares not in (0, m.spares):
+        raise ConfigError(f"Config.spares={config.spares}, but the launch has {m.spares} (ACCELPACT_SPARES)")
+    import dataclasses
+
+    return dataclasses.replace(config, spares=m.spares, step_copy=True)
+
+
+def _join(rt: Runtime, injector: FaultInjector | None) -> None:
+    from .member_change import describe, join
+
+    m = rt.membership
+    activation, m.activation = m.activation, None
+    try:
+        rt.prepare()
+    except NotReadyError:  # FSDP1 before its first forward: discovered at the first boundary
+        rt._plans_deferred = "alone"  # the survivors discovered theirs long ago: no line-up after it
+    change = join(rt, m, activation)
+    if change.outcome != "resume":
+        from ..errors import RecoveryRejected
+
+        fail_stop(RecoveryRejected(tuple(change.reasons), rank=rt.rank), on_reject=rt.config.on_reject, rank=rt.rank)
+    if injector is not None:
+        injector.fired_through = rt.frontier + 1  # the lost process fired these
+    rt.trace.write({"kind": "joined", **describe(change, rt.rank), "timings_s": change.timings_s})
+    log.warning("spare %d took over rank %d at F=%d", activation.spare, rt.rank, rt.frontier)
+
+
+def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, config: Config) -> None:
+    """Under spares: what a rebuilt world replays, the heartbeat, the small-state replicator."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from ..comm import _c10d
+    from ..membership import world
+    from ..membership.register import Heartbeat
+    from ..membership.small_state import Replicator
+
+    m = membership()
+    if m is None:
+        return
+    if any(isinstance(module, DistributedDataParallel) for module in rt.model.modules()):
+        # its constructor runs collectives (parameter shapes, a broadcast) that a spare's script
+        # would run alone: the survivors do not mirror them yet
+        raise ConfigError("spares (ACCELPACT_SPARES) do not cover DDP yet: use FSDP2 or FSDP1 HYBRID_SHARD, or "
+                          "launch without spares")
+    names = {label: pg.group_name for label, pg in plane.groups.items()}
+    data = set(names.values())
+
+    def timeout_of(name: str) -> float:
+        if name in data:
+            return float(config.data_timeout_s)
+        found = _c10d.group_timeout(_c10d.resolve_name(name))
+        return found.total_seconds() if found is not None else float(config.control_timeout_s)
+
+    rt.membership, rt.origin_names = m, names
+    rt.recipe = world.record(control.group, timeout_of)
+    rt.heartbeat = Heartbeat(m.store, rt.rank, config.heartbeat_s)
+    rt.replicator = Replicator(m.store, rt.rank)
 
 
 def _stepped_with_the_update(optimizer, schedulers, scalers) -> tuple[Any, ...]:
@@ -158,8 +226,10 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     plane.enforce_timeout()
     control = ControlPlane(timeout_s=provisional(config)[1], attempt=attempt)
     plane.scope = control.namespace.rsplit("/", 1)[-1][:8]  # this attach's replacement names
-    try:  # "auto": measured here, the same on every rank, applied to both planes
-        config, timeouts = settle_timeouts(config, plane, control, model, rank=rank, qualified=envelope.timeouts)
+    joining = membership() is not None and membership().activation is not None
+    try:  # "auto": measured here, the same on every rank, applied to both planes (a spare: not again)
+        config, timeouts = (config, None) if joining else settle_timeouts(config, plane, control, model, rank=rank,
+                                                                          qualified=envelope.timeouts)
     except BaseException:
         control.close()
         raise
@@ -171,6 +241,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
                  world_size=world_size, attempt=attempt, profile=profile, platform=platform, envelope=facts,
                  envelope_source=source, data_plane=plane, control=control, trace=trace, rewind=rewind)
     rt.timeouts = timeouts
+    _membership_workers(rt, plane, control, config)
     trace.write({
         "kind": "config", "world_size": world_size, "profile": profile, "platform": platform,
         "data_timeout_s": config.data_timeout_s, "control_timeout_s": config.control_timeout_s,

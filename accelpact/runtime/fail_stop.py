@@ -14,10 +14,10 @@ import sys
 import traceback
 from typing import NoReturn
 
-from ..errors import RecoveryRejected, RestartBudgetExceeded
+from ..errors import RankFenced, RecoveryRejected, RestartBudgetExceeded
 
 
-def fail_stop(exc: RecoveryRejected | RestartBudgetExceeded, *, on_reject: str, rank: int) -> NoReturn:
+def fail_stop(exc: RecoveryRejected | RestartBudgetExceeded | RankFenced, *, on_reject: str, rank: int) -> NoReturn:
     """A rank whose update raised a bug (`RecoveryRejected.original`) sees that exception itself,
     type, message and traceback, with a note that every rank rejected."""
     original = getattr(exc, "original", None)
@@ -29,7 +29,9 @@ def fail_stop(exc: RecoveryRejected | RestartBudgetExceeded, *, on_reject: str, 
         raise exc
     if original is not None:
         traceback.print_exception(original, file=sys.stderr)
-    if isinstance(exc, RestartBudgetExceeded):
+    if isinstance(exc, RankFenced):
+        print(f"[accelpact] rank {rank}: {exc}; this process stops (exit {exc.exit_code})", file=sys.stderr, flush=True)
+    elif isinstance(exc, RestartBudgetExceeded):
         print(f"[accelpact] rank {rank}: {exc}", file=sys.stderr, flush=True)
         if rank == 0 and os.environ.get("TORCHELASTIC_RUN_ID"):
             # torchrun restarts any failed worker until its own --max-restarts; stopping the agent

@@ -36,6 +36,9 @@ class RecoveryRecord:
     #: agreement, and the decision taken on them
     reports: list[dict] = field(default_factory=list, repr=False)
     decision: dict | None = field(default=None, repr=False)
+    #: a Replace: the lost ranks, the spares that took over, the peers the state came from, the
+    #: bytes moved (`member_change.describe`)
+    replacement: dict | None = None
 
     @classmethod
     def of(cls, index: int, update: int, obs: Observation, detect_s: float, driven: Driven,

@@ -8,9 +8,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..fsm.decisions import GroupId, applied_steps, may_rerun
 from ..fsm.driver import Observation, RecoveryOutcome, run_recovery
 from ..fsm.effects import Executor, perform
 from ..fsm.machine import RecoveryMachine
+from ..fsm.phases import FailurePhase
 
 
 @dataclass
@@ -33,3 +35,20 @@ def drive(machine: RecoveryMachine, obs: Observation, executor: Executor) -> Dri
         t = time.perf_counter()
         result = perform(executor, effect)
         timings[effect.phase] = timings.get(effect.phase, 0.0) + time.perf_counter() - t
+
+
+def observe(rt, phase: FailurePhase, saw: bool, failed: list[GroupId], cause: str,
+            bug: BaseException | None) -> Observation:
+    """What this rank saw, for agreement (`Runtime._recover`)."""
+    rt.opt_step = applied_steps(rt.opt_step, rt.frontier, phase)
+    facts = rt.rewind.facts(frontier=rt.frontier, update=rt.update_index, phase=phase,
+                            has_data_cursor=rt.data_state is not None)
+    rerun_ok, rerun_reason = may_rerun(facts)
+    return Observation(
+        rank=rt.rank, world_size=rt.world_size, frontier=rt.frontier, generation=rt.generation,
+        opt_step=rt.opt_step, failure_phase=phase, saw_failure=saw, failed_groups=tuple(failed),
+        cause=cause, preserve_qualified=rt.envelope.preserve, rewind_phases=rt.envelope.rewind_phases,
+        rerun_ok=rerun_ok, rerun_reason=rerun_reason, step_copy=rt.rewind.has_step_copy(rt.frontier),
+        bug=f"{type(bug).__name__}: {bug}" if bug is not None else "",
+        held_groups=rt.data_plane.held(),
+    )

@@ -22,9 +22,8 @@ from torch import nn
 
 from ..config import Config
 from ..control import ControlPlane
-from ..errors import ConfigError, ControlPlaneError, RecoveryRejected
-from ..fsm.decisions import EnvelopeFacts, GroupId, applied_steps, may_rerun
-from ..fsm.driver import Observation
+from ..errors import ConfigError, ControlPlaneError, RankFenced, RecoveryRejected
+from ..fsm.decisions import EnvelopeFacts
 from ..fsm.machine import RecoveryContext, RecoveryMachine
 from ..fsm.phases import FailurePhase, RecoveryAction
 from ..rebind import NotReadyError
@@ -37,7 +36,8 @@ from .fail_stop import fail_stop
 from .history import RecoveryRecord
 from .hooks import PhaseTracker
 from .listeners import Observers, UpdateListener
-from .recovery import drive
+from .member_change import changing, on_lost_member, release_spares, stop_workers
+from .recovery import drive, observe
 from .rewind import RewindState
 from .stragglers import StragglerWatch
 
@@ -74,6 +74,8 @@ class Runtime:
         self.stragglers = StragglerWatch(control, config, rank=rank, world_size=world_size)  # .report(): p50/p90
         self.timeouts = None  # accelpact.timeouts.DerivedTimeouts when attach measured the timeouts ("auto")
         self._recoveries, self._rewound, self._plans_deferred = 0, False, False
+        self.membership = self.heartbeat = self.replicator = None  # set by attach under ACCELPACT_SPARES
+        self.recipe, self.origin_names = None, {}  # what a rebuilt world replays (membership.world)
         self._tracker = PhaseTracker(model, optimizer, on_phase=self._notify, before_step=self._before_step,
                                      after_step=self._after_step)
         setattr(model, ATTACHED, True)
@@ -81,8 +83,7 @@ class Runtime:
     # ---------------------------------------------------------------- public API -----------
     def prepare(self) -> dict[str, int]:
         """Discover the rebind plans now (idempotent); returns references found per group label."""
-        fresh = not self.data_plane.plans
-        counts, seconds = self.data_plane.prepare()
+        fresh, (counts, seconds) = not self.data_plane.plans, self.data_plane.prepare()
         if fresh:
             self.trace.write({"kind": "plans", "references": counts, "discover_ms": seconds * 1e3})
         return counts
@@ -98,12 +99,10 @@ class Runtime:
         self.control.boundary_check(0)
 
     @property
-    def groups(self) -> dict[str, dist.ProcessGroup]:
-        """The current data-plane groups by label (replacements included)."""
+    def groups(self) -> dict[str, dist.ProcessGroup]:  # by label, replacements included
         return dict(self.data_plane.groups)
 
-    def add_listener(self, listener: UpdateListener) -> None:
-        """See `listeners.UpdateListener` (the drills' fault injector is one)."""
+    def add_listener(self, listener: UpdateListener) -> None:  # see listeners.UpdateListener
         self.listeners.append(listener)
 
     @contextlib.contextmanager
@@ -122,7 +121,7 @@ class Runtime:
             phase_at_error = self._tracker.leave()
         try:
             self._boundary(error, phase_at_error)
-        except RecoveryRejected as rejected:
+        except (RecoveryRejected, RankFenced) as rejected:
             fail_stop(rejected, on_reject=self.config.on_reject, rank=self.rank)
 
     def step(self, fn: Callable[[], T]) -> T:
@@ -132,6 +131,8 @@ class Runtime:
         every rank agrees to Rewind, the partial update is discarded, RNG and data cursor go back
         to this boundary's snapshot, every group is rebuilt, and `fn()` runs once more."""
         self.rewind.begin_step(self.data_state, self.frontier, self.model, self.optimizer)
+        if self.replicator is not None and self.rewind.snapshot is not None:  # off the critical path
+            self.replicator.offer(self.rewind.snapshot, self.frontier)
         while True:
             self._rewound = False
             self.rewind.in_step = True
@@ -152,6 +153,7 @@ class Runtime:
     def close(self) -> None:
         """Remove every hook, close trace and control plane; the model may be attached again."""
         self.observers.close()
+        stop_workers(self)
         self._tracker.remove()
         release_ddp_buckets(self.model)
         if getattr(self.model, ATTACHED, False):
@@ -170,15 +172,15 @@ class Runtime:
     def _after_step(self) -> None:
         self.opt_step += 1
 
-    def _step_undone(self, frontier: int) -> None:
+    def _step_undone(self, frontier: int) -> None:  # a restored pre-step copy: tau is F again
         self.opt_step = frontier
 
     # ---------------------------------------------------------------- boundary ----------------
     def _boundary(self, error: BaseException | None, phase_at_error: FailurePhase | None) -> None:
         t_detect = time.perf_counter()
         if self._plans_deferred:  # first boundary of a lazily initialised wrapper (FSDP1)
-            self._plans_deferred = False
-            error, phase_at_error = self._discover_late(error, phase_at_error)
+            alone, self._plans_deferred = self._plans_deferred == "alone", False  # "alone": a spare that joined
+            error, phase_at_error = self._discover_late(error, phase_at_error, line_up=not alone)
         if error is None:
             phase = FailurePhase.COMMITTED
             self._notify(phase)
@@ -188,8 +190,12 @@ class Runtime:
             phase, failed, saw = phase_at_error or FailurePhase.FORWARD, [], True
             cause, fault = self.data_plane.diagnose(error)
         try:
+            if self.membership is not None and error is not None and changing(self):
+                raise ControlPlaneError("a membership change is under way")  # peers left the control plane
             flag = self.stragglers.check(1 if saw else 0, t_detect)  # carries this rank's update time
         except ControlPlaneError as exc:
+            if self.membership is not None:  # a member may be lost: a spare can take its place
+                return on_lost_member(self, error or exc, phase, time.perf_counter() - t_detect)
             self._reject_without_protocol(f"control plane failed at the boundary: {exc}", error or exc)
         if flag == 0:
             self._commit()
@@ -197,7 +203,7 @@ class Runtime:
         bug = error if error is not None and not fault else None
         self._recover(error, phase, saw, failed, cause, time.perf_counter() - t_detect, bug)
 
-    def _discover_late(self, error, phase):
+    def _discover_late(self, error, phase, line_up: bool = True):
         """Discover, then line the ranks up again before the health check (every rank defers
         alike: the same wrapper type). A discovery failure becomes this boundary's failure."""
         try:
@@ -207,7 +213,8 @@ class Runtime:
             if error is None:
                 error, phase = exc, FailurePhase.COMMITTED
         try:
-            self.control.boundary_check(0)
+            if line_up:
+                self.control.boundary_check(0)
         except ControlPlaneError as exc:
             self._reject_without_protocol(f"control plane failed after discovery: {exc}", error or exc)
         return error, phase
@@ -224,25 +231,10 @@ class Runtime:
                                               f"{type(exc).__name__}: {exc}", exc)
 
     # ---------------------------------------------------------------- recovery ----------------
-    def _observe(self, phase: FailurePhase, saw: bool, failed: list[GroupId], cause: str,
-                 bug: BaseException | None) -> Observation:
-        self.opt_step = applied_steps(self.opt_step, self.frontier, phase)
-        facts = self.rewind.facts(frontier=self.frontier, update=self.update_index, phase=phase,
-                                  has_data_cursor=self.data_state is not None)
-        rerun_ok, rerun_reason = may_rerun(facts)
-        return Observation(
-            rank=self.rank, world_size=self.world_size, frontier=self.frontier, generation=self.generation,
-            opt_step=self.opt_step, failure_phase=phase, saw_failure=saw, failed_groups=tuple(failed),
-            cause=cause, preserve_qualified=self.envelope.preserve, rewind_phases=self.envelope.rewind_phases,
-            rerun_ok=rerun_ok, rerun_reason=rerun_reason, step_copy=self.rewind.has_step_copy(self.frontier),
-            bug=f"{type(bug).__name__}: {bug}" if bug is not None else "",
-            held_groups=self.data_plane.held(),
-        )
-
     def _recover(self, error, phase, saw, failed, cause, detect_s, bug: BaseException | None) -> None:
         """`bug`: the update raised it and it is no communication failure (every rank rejects)."""
         self._recoveries += 1
-        obs = self._observe(phase, saw, failed, cause, bug)
+        obs = observe(self, phase, saw, failed, cause, bug)
         self.trace.write({"kind": "observe", "seq": self.control.seq, "update": self.update_index,
                           "phase_failed": str(phase), "saw": saw, "cause": cause,
                           "failed_groups": [g.key for g in failed]})
@@ -283,6 +275,7 @@ class Runtime:
                 original: BaseException | None = None) -> NoReturn:
         """Leave the evidence, record the fail-stop, raise (the edge decides about exiting)."""
         found = evidence_of(self, record, error)
+        release_spares(self, reasons)
         evidence = write_reject_evidence(self.config.trace_dir, found)
         self.observers.rejected(found)
         if self.checkpointer is not None:

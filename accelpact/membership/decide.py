@@ -1,0 +1,131 @@
+"""Who is lost, who takes over, where its state comes from: a pure function of what the
+survivors reported, so that it can be unit-tested and model-checked (spec/Membership.tla).
+
+A lost position can be taken over only when
+- a spare is free for it (spares are matched to lost positions in order, one each);
+- a live replica peer holds its shard: a survivor whose replicate group contains the lost
+  position (HSDP/HYBRID_SHARD: the rank with the same shard coordinate in another replica group;
+  DDP: any rank) — sources are chosen round-robin over the live holders so that two lost
+  positions of one shard do not load one peer twice;
+- every survivor stands at the same committed frontier F and can re-run update F+1: the lost
+  rank's own small state (RNG, data cursor, schedulers) is replicated at the boundary of F, so the
+  whole new world re-runs F+1 from F (a Replace always rewinds the update in flight);
+- the lost rank's small state of F reached the store before it died.
+Anything else rejects, with every reason, so the fail-stop evidence says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Presence:
+    """What one survivor posts when it finds a member missing."""
+
+    position: int
+    frontier: int
+    generation: int
+    #: this rank can re-run update F+1 (inside rt.step, snapshot of F, an applied step undoable)
+    rerun_ok: bool
+    rerun_reason: str = ""
+    #: the members of this rank's replicate group (its replica peers hold the same state)
+    replicas: tuple[int, ...] = ()
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> Presence:
+        return cls(position=int(d["position"]), frontier=int(d["frontier"]), generation=int(d["generation"]),
+                   rerun_ok=bool(d["rerun_ok"]), rerun_reason=str(d.get("rerun_reason", "")),
+                   replicas=tuple(int(r) for r in d.get("replicas", ())))
+
+
+@dataclass(frozen=True)
+class MembershipDecision:
+    """The one value of a world's membership register."""
+
+    world: int  # the world that failed; a Replace builds world + 1
+    outcome: str  # "replace" | "reject"
+    present: tuple[int, ...] = ()
+    lost: tuple[int, ...] = ()
+    #: lost position -> the spare (launch id) that takes it over
+    assign: dict[int, int] = field(default_factory=dict)
+    #: lost position -> the live replica peer that sends its state
+    source: dict[int, int] = field(default_factory=dict)
+    #: lost position -> every live holder of its shard (each posts the digest it would send)
+    holders: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    frontier: int = 0
+    generation: int = 0
+    reasons: tuple[str, ...] = ()
+
+    @property
+    def replace(self) -> bool:
+        return self.outcome == "replace"
+
+    def fenced(self, position: int) -> bool:
+        """`position`'s old holder was replaced: it must never train again."""
+        return position in self.lost
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for key in ("assign", "source", "holders"):
+            d[key] = {str(k): v for k, v in d[key].items()}
+        return d
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> MembershipDecision:
+        return cls(world=int(d["world"]), outcome=str(d["outcome"]), present=tuple(d["present"]),
+                   lost=tuple(d["lost"]), assign={int(k): int(v) for k, v in d["assign"].items()},
+                   source={int(k): int(v) for k, v in d["source"].items()},
+                   holders={int(k): tuple(v) for k, v in d["holders"].items()},
+                   frontier=int(d["frontier"]), generation=int(d["generation"]), reasons=tuple(d["reasons"]))
+
+
+def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence], free_spares: Sequence[int],
+                      small_state_at: Mapping[int, int | None]) -> MembershipDecision:
+    """The membership decision of `world` from the survivors' `reports`.
+
+    `free_spares`: launch ids of the spares alive and not yet claimed, in the order to use them.
+    `small_state_at`: lost position -> the frontier of its newest replicated small state (None:
+    none reached the store)."""
+    present = tuple(sorted({r.position for r in reports}))
+    lost = tuple(p for p in range(world_size) if p not in present)
+    base = {"world": world, "present": present, "lost": lost}
+    reasons: list[str] = []
+    if not lost:
+        return MembershipDecision(outcome="reject", reasons=(
+            "the control plane failed but every rank is present: no rank was lost (not a membership change)",),
+            **base)
+    frontiers = sorted({r.frontier for r in reports})
+    generations = sorted({r.generation for r in reports})
+    if len(frontiers) > 1:
+        reasons.append(f"survivors stand at different frontiers {frontiers}")
+    if len(generations) > 1:
+        reasons.append(f"survivors stand at different generations {generations}")
+    for r in reports:
+        if not r.rerun_ok:
+            reasons.append(f"rank {r.position} cannot re-run the update in flight: {r.rerun_reason or 'unknown'}")
+    frontier = frontiers[0] if frontiers else 0
+    if len(free_spares) < len(lost):
+        reasons.append(f"{len(lost)} rank(s) lost ({list(lost)}) but {len(free_spares)} spare(s) free")
+    assign = dict(zip(lost, free_spares))
+    holders: dict[int, tuple[int, ...]] = {}
+    source: dict[int, int] = {}
+    for i, p in enumerate(lost):
+        holders[p] = tuple(sorted({r.position for r in reports if p in r.replicas and r.position != p}))
+        if not holders[p]:
+            reasons.append(f"no live replica peer holds the shard of lost rank {p} (its replicas are lost too, "
+                           "or the model keeps a single copy of it)")
+            continue
+        source[p] = holders[p][i % len(holders[p])]
+        at = small_state_at.get(p)
+        if at != frontier:
+            reasons.append(f"the small state (RNG, data cursor) of lost rank {p} was not replicated at F={frontier}"
+                           f" (newest: {'none' if at is None else f'F={at}'})")
+    if reasons:
+        return MembershipDecision(outcome="reject", frontier=frontier, reasons=tuple(reasons), **base)
+    return MembershipDecision(outcome="replace", assign=assign, source=source, holders=holders, frontier=frontier,
+                              generation=generations[0] + 1, **base)

@@ -1,0 +1,63 @@
+"""The store keys of membership change, in one place (every writer and reader uses these).
+
+All live under the job's own prefix (`launch.job_store`): they outlive every world, which the
+default group's store, re-prefixed at each rebuild, does not."""
+
+from __future__ import annotations
+
+
+def spare_alive(spare: int) -> str:
+    return f"membership/spare/{spare}/alive"
+
+
+def spare_claim(spare: int) -> str:
+    return f"membership/spare/{spare}/claim"
+
+
+def spares_registered() -> str:
+    return "membership/spares"
+
+
+def job_end() -> str:
+    return "membership/end"
+
+
+def positions_done() -> str:
+    return "membership/done"
+
+
+def heartbeat(position: int) -> str:
+    return f"membership/heartbeat/{position}"
+
+
+def changing(world: int) -> str:
+    return f"membership/world{world}/changing"
+
+
+def present(world: int, position: int) -> str:
+    return f"membership/world{world}/present/{position}"
+
+
+def decision(world: int) -> str:
+    return f"membership/world{world}/decision"
+
+
+def digest(world: int, lost: int, holder: int) -> str:
+    return f"membership/world{world}/digest/{lost}/{holder}"
+
+
+def vote(world: int, position: int) -> str:
+    return f"membership/world{world}/vote/{position}"
+
+
+def release(world: int) -> str:
+    return f"membership/world{world}/release"
+
+
+def small_state(position: int) -> str:
+    return f"membership/small/{position}"
+
+
+def world_prefix(world: int) -> str:
+    """The default group of world `world` keys its rendezvous under this prefix."""
+    return f"world{world}/"

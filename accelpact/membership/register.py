@@ -1,0 +1,142 @@
+"""Presence and the one membership decision of a world, in the job's store.
+
+Every survivor posts its `Presence`, then waits until every position has posted or is gone (its
+heartbeat stopped: a dead process, detected in about two heartbeats) or the grace period ends (a
+process that still heartbeats but never posts is cut off from its peers). The first survivor
+whose wait ends computes the decision (`decide.decide_membership`, pure) from the presences it
+read and writes it by compare-and-set: every rank follows that one value, so no two survivors
+can act on two different decisions, and a late rank learns from it that it was replaced."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+import time
+
+import torch.distributed as dist
+
+from ..errors import ControlPlaneError
+from . import keys, pool
+from .decide import MembershipDecision, Presence, decide_membership
+
+log = logging.getLogger("accelpact.membership")
+
+
+class Heartbeat:
+    """This position's pulse in the store, from a thread of its own (a store client of its own,
+    so it never queues behind the training thread's store calls)."""
+
+    def __init__(self, store: dist.Store, position: int, interval_s: float):
+        self.store, self.position, self.interval_s = store, position, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="accelpact-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        beat = 0
+        while not self._stop.is_set():
+            beat += 1
+            try:
+                self.store.set(keys.heartbeat(self.position), str(beat))
+            except Exception as exc:  # the store is briefly unreachable: peers may count us gone
+                log.warning("heartbeat failed: %s: %s", type(exc).__name__, exc)
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+def _beats(store: dist.Store, positions) -> dict[int, bytes | None]:
+    out = {}
+    for p in positions:
+        key = keys.heartbeat(p)
+        out[p] = store.get(key) if store.check([key]) else None
+    return out
+
+
+def post_presence(store: dist.Store, world: int, presence: Presence) -> None:
+    try:
+        store.set(keys.changing(world), "1")
+        store.set(keys.present(world, presence.position), json.dumps(presence.to_json()))
+    except Exception as exc:
+        raise ControlPlaneError(f"posting presence in world {world} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def read_decision(store: dist.Store, world: int) -> MembershipDecision | None:
+    key = keys.decision(world)
+    if not store.check([key]):
+        return None
+    return MembershipDecision.from_json(json.loads(store.get(key)))
+
+
+def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: float, heartbeat_s: float,
+                   small_state_at) -> MembershipDecision:
+    """Wait for every position (present or gone) or the grace period, then decide — unless a
+    peer decided first, whose value is then this rank's too. `small_state_at(position)` reads the
+    newest replicated small state's frontier."""
+    deadline = time.monotonic() + grace_s
+    dead_after = 2.5 * heartbeat_s
+    last_beat: dict[int, tuple[bytes | None, float]] = {}
+    while True:
+        decided = read_decision(store, world)
+        if decided is not None:
+            return decided
+        present = [p for p in range(world_size) if store.check([keys.present(world, p)])]
+        now = time.monotonic()
+        missing = [p for p in range(world_size) if p not in present]
+        for p, beat in _beats(store, missing).items():
+            if p not in last_beat or last_beat[p][0] != beat:
+                last_beat[p] = (beat, now)
+        gone = [p for p in missing if now - last_beat[p][1] >= dead_after]
+        if len(present) + len(gone) == world_size or now >= deadline:
+            return _decide(store, world, world_size, present, small_state_at)
+        time.sleep(0.02)
+
+
+def _decide(store, world, world_size, present, small_state_at) -> MembershipDecision:
+    reports = [Presence.from_json(json.loads(store.get(keys.present(world, p)))) for p in present]
+    lost = [p for p in range(world_size) if p not in present]
+    decision = decide_membership(world=world, world_size=world_size, reports=reports,
+                                 free_spares=pool.free_spares(store),
+                                 small_state_at={p: small_state_at(p) for p in lost})
+    value = json.dumps(decision.to_json())
+    got = store.compare_set(keys.decision(world), "", value)
+    got = got.decode() if isinstance(got, bytes) else got
+    if got != value:  # a peer decided first: its value is the decision
+        return MembershipDecision.from_json(json.loads(got))
+    if decision.replace:
+        for position, spare in decision.assign.items():
+            activation = pool.Activation(spare=spare, world=world + 1, position=position, world_size=world_size)
+            if not pool.claim(store, activation):  # only the register's winner claims: cannot happen
+                raise ControlPlaneError(f"spare {spare} was claimed twice")
+    log.warning("membership of world %d: %s", world, decision.outcome,
+                extra={"lost": decision.lost, "assign": decision.assign, "reasons": decision.reasons})
+    return decision
+
+
+def post_vote(store: dist.Store, world: int, position: int, ok: bool, reason: str) -> None:
+    store.set(keys.vote(world, position), json.dumps({"ok": ok, "reason": reason}))
+
+
+def release(store: dist.Store, world: int, world_size: int, timeout_s: float) -> tuple[str, list[str]]:
+    """Every member of the new world waits for every vote (or the timeout); the first to finish
+    writes the one release value by compare-and-set; all follow it."""
+    vote_keys = [keys.vote(world, p) for p in range(world_size)]
+    reasons: list[str] = []
+    try:
+        store.wait(vote_keys, datetime.timedelta(seconds=timeout_s))
+    except Exception as exc:  # a missing vote is a reason to reject, not an error here
+        reasons.append(f"votes incomplete after {timeout_s:.1f}s: {type(exc).__name__}")
+    for p, key in enumerate(vote_keys):
+        if not store.check([key]):
+            reasons.append(f"rank {p} did not vote")
+            continue
+        vote = json.loads(store.get(key))
+        if not vote["ok"]:
+            reasons.append(f"rank {p}: {vote['reason']}")
+    value = json.dumps({"outcome": "reject" if reasons else "resume", "reasons": reasons})
+    got = store.compare_set(keys.release(world), "", value)
+    decided = json.loads(got.decode() if isinstance(got, bytes) else got)
+    return decided["outcome"], list(decided["reasons"])

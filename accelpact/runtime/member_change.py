@@ -1,0 +1,269 @@
+"""Replace: the effect layer of a membership change (a lost rank's position taken by a spare).
+
+`survive` runs on every rank that is still alive when a member is lost; `join` runs inside the
+spare's `attach`. Both end in the same steps, in the same order, because each is a collective on
+the new world: build the control plane, move the lost shards' state (digest-verified), probe every
+data-plane group, vote, follow the one release value. What to do is decided elsewhere: who is
+lost and who takes over by `membership.decide` (pure, read from the one register), resume or
+reject by the release register. Nothing here chooses."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..comm import validate_group
+from ..control import ControlPlane
+from ..errors import EXIT_REJECTED, ControlPlaneError, RankFenced
+from ..fsm.decisions import applied_steps, may_rerun, must_undo_step
+from ..fsm.effects import RestoreBoundary
+from ..fsm.phases import FailurePhase, RecoveryAction
+from ..launch import Membership
+from ..membership import keys, pool, register, small_state, transfer, world
+from ..membership.decide import MembershipDecision, Presence
+from ..membership.pool import Activation
+from .history import RecoveryRecord
+from .restore import restore_boundary
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
+
+log = logging.getLogger("accelpact.runtime")
+
+
+@dataclass
+class MemberChange:
+    """What one membership change did on this rank (`rt.history` keeps it as a RecoveryRecord)."""
+
+    world: int  # the world that failed
+    decision: MembershipDecision
+    outcome: str = "reject"  # resume | reject
+    reasons: list[str] = field(default_factory=list)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    transfers: list[dict] = field(default_factory=list)
+    rebound: dict[str, int] = field(default_factory=dict)
+
+
+class _Clock:
+    def __init__(self, into: dict[str, float]):
+        self.into, self.t = into, time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.into[name] = self.into.get(name, 0.0) + now - self.t
+        self.t = now
+
+
+def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
+    """This survivor's report, and whether it holds an applied step it must put back."""
+    rt.opt_step = applied_steps(rt.opt_step, rt.frontier, phase)
+    facts = rt.rewind.facts(frontier=rt.frontier, update=rt.update_index, phase=phase,
+                            has_data_cursor=rt.data_state is not None)
+    ok, why = may_rerun(facts)
+    undo = must_undo_step(rt.opt_step, rt.frontier)
+    if ok and undo and not rt.rewind.has_step_copy(rt.frontier):
+        ok, why = False, f"its step of update {rt.frontier + 1} is applied and there is no pre-step copy"
+    gid = rt.data_plane.gids.get("replicate")
+    replicas = gid.ranks if gid is not None else ()
+    return Presence(position=rt.rank, frontier=rt.frontier, generation=rt.generation, rerun_ok=ok,
+                    rerun_reason=why, replicas=tuple(replicas)), undo
+
+
+def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
+    """A member was lost (the control plane failed at the boundary): agree on who, and either
+    rebuild the world around the spares or return the reject. RankFenced if this rank itself was
+    declared lost (it was cut off, not dead)."""
+    timings: dict[str, float] = {}
+    clock = _Clock(timings)
+    failed_world = m.world
+    presence, undo = presence_of(rt, phase)
+    rt.trace.write({"kind": "membership", "event": "present", "world": failed_world, "position": rt.rank,
+                    "frontier": rt.frontier, "applied": undo, "rerun_ok": presence.rerun_ok})
+    register.post_presence(m.store, failed_world, presence)
+    decision = register.await_decision(
+        m.store, failed_world, m.world_size, grace_s=rt.config.control_timeout_s + 1.0,
+        heartbeat_s=rt.heartbeat.interval_s,
+        small_state_at=lambda p: small_state.newest_frontier(m.store, p))
+    clock.lap("agree")
+    change = MemberChange(world=failed_world, decision=decision, timings_s=timings)
+    rt.trace.write({"kind": "membership", "event": "decided", **decision.to_json()})
+    if decision.fenced(rt.rank):
+        rt.trace.write({"kind": "membership", "event": "fenced", "world": failed_world, "position": rt.rank})
+        raise RankFenced(f"rank {rt.rank} was declared lost in world {failed_world} and a spare took its place",
+                         rank=rt.rank, world=failed_world)
+    if not decision.replace:
+        change.reasons = list(decision.reasons)
+        return change
+    result, _ = restore_boundary(rt.model, rt.optimizer, rt.data_state, rt.rewind,
+                                 RestoreBoundary(frontier=decision.frontier, undo_step=undo))
+    if not result.ok:  # cannot happen when its presence said rerun_ok; vote against, with why
+        change.reasons.append(f"rank {rt.rank}: {result.reason}")
+    rt.opt_step = decision.frontier
+    clock.lap("restore")
+    old_groups = dict(rt.data_plane.groups)
+    m.world = failed_world + 1
+    world.init_world(m.store, m.world, position=rt.rank, world_size=m.world_size, backend=m.backend,
+                     timeout=m.timeout)
+    built = world.replay(rt.recipe, build_timeout_s=rt.config.control_timeout_s)
+    clock.lap("rebuild")
+    control = _control_plane(rt)
+    world.finish(rt.recipe)
+    clock.lap("control")
+    for label, old in old_groups.items():
+        new = built[rt.origin_names[label]]
+        report = rt.data_plane.plans[label].rebind(new)
+        rt.data_plane.plans[label].prove(old)
+        rt.data_plane.install(label, new, decision.generation, rebound=True)
+        for kind, n in report.counts.items():
+            change.rebound[kind] = change.rebound.get(kind, 0) + n
+    clock.lap("rebind")
+    for lost in decision.lost:
+        if rt.rank in decision.holders.get(lost, ()):
+            buf, digest = transfer.post_digest(m.store, m.world, lost, rt.rank, rt.model, rt.optimizer)
+            if decision.source[lost] == rt.rank:
+                seconds = transfer.send(buf, to=lost, group=control.group)
+                change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
+                                         "digest": digest, "send_s": seconds})
+                rt.trace.write({"kind": "membership", "event": "transfer_sent", "world": m.world,
+                                "position": rt.rank, "to": lost, "bytes": int(buf.numel()), "digest": digest})
+    clock.lap("transfer")
+    _finish(rt, m, control, change, clock)
+    return change
+
+
+def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
+    """Inside a claimed spare's attach: receive the lost rank's state and small state, then the
+    same validate/vote/release as the survivors. The world and the control plane are already
+    built (init_process_group, the script's groups, attach's control plane)."""
+    timings: dict[str, float] = {}
+    clock = _Clock(timings)
+    decision = register.read_decision(m.store, activation.world - 1)
+    if decision is None or decision.assign.get(activation.position) != activation.spare:
+        raise ControlPlaneError(f"spare {activation.spare} was claimed for rank {activation.position} but the "
+                                f"membership register of world {activation.world - 1} does not say so")
+    change = MemberChange(world=activation.world - 1, decision=decision, timings_s=timings)
+    rt.trace.write({"kind": "membership", "event": "activated", "world": activation.world,
+                    "position": activation.position, "spare": activation.spare})
+    lost = activation.position
+    got = transfer.receive(m.store, m.world, lost, decision.source[lost], decision.holders[lost], model=rt.model,
+                           optimizer=rt.optimizer, group=rt.control.group, timeout_s=rt.config.control_timeout_s)
+    change.transfers.append({"lost": lost, "from": decision.source[lost], **got.to_dict()})
+    rt.trace.write({"kind": "membership", "event": "transfer_verified", "world": m.world, "position": lost,
+                    "digest": got.digest, "ok": True, "bytes": got.nbytes, "holders": got.holders_agreeing})
+    clock.lap("transfer")
+    state = small_state.decode(m.store.get(small_state.keys.small_state(lost)))
+    if state["frontier"] != decision.frontier:
+        raise ControlPlaneError(f"the small state of rank {lost} is of F={state['frontier']}, the decision's "
+                                f"F={decision.frontier}")
+    small_state.apply(state, data_state=rt.data_state, stateful=rt.rewind.stateful, optimizer=rt.optimizer)
+    rt.frontier = rt.opt_step = rt.update_index = decision.frontier
+    clock.lap("small_state")
+    _finish(rt, m, rt.control, change, clock)
+    return change
+
+
+def _control_plane(rt: Runtime) -> ControlPlane:
+    """The same construction as attach's, so that the spare's attach meets it collective for
+    collective."""
+    control = ControlPlane(timeout_s=rt.config.control_timeout_s, attempt=rt.attempt)
+    rt.data_plane.scope = control.namespace.rsplit("/", 1)[-1][:8]
+    rt.control = rt.stragglers.control = control
+    rt.trace.clock = control.clock
+    return control
+
+
+def _finish(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange, clock: _Clock) -> None:
+    """Probe every data-plane group, vote, follow the release register."""
+    ok, reasons = not change.reasons, list(change.reasons)
+    if ok:
+        try:
+            for label in sorted(rt.data_plane.groups):
+                validate_group(rt.data_plane.groups[label], rt.data_plane.gids[label].ranks,
+                               timeout=rt.data_plane.probe_timeout())
+        except Exception as exc:  # a failed probe is the vote's reason, kept whole
+            ok, reasons = False, [f"rank {rt.rank}: validating the rebuilt groups: {type(exc).__name__}: {exc}"]
+    clock.lap("validate")
+    register.post_vote(m.store, m.world, rt.rank, ok, "; ".join(reasons))
+    rt.trace.write({"kind": "membership", "event": "vote", "world": m.world, "position": rt.rank, "ok": ok})
+    outcome, why = register.release(m.store, m.world, m.world_size, rt.config.control_timeout_s)
+    clock.lap("release")
+    change.outcome, change.reasons = outcome, why
+    rt.trace.write({"kind": "membership", "event": "release", "world": m.world, "outcome": outcome})
+    rt.generation = change.decision.generation
+
+
+def describe(change: MemberChange, rank: int) -> dict[str, Any]:
+    """The trace/history fields that name who was lost, who took over, where the state came from."""
+    d = change.decision
+    return {"lost": list(d.lost), "spares": {str(k): v for k, v in d.assign.items()},
+            "sources": {str(k): v for k, v in d.source.items()}, "world": change.world + 1,
+            "transfers": change.transfers, "rank": rank}
+
+
+def changing(rt: Runtime) -> bool:
+    """A membership change of this world is under way (a peer posted its presence): a rank whose
+    update failed joins it at once instead of waiting out the control plane's timeout."""
+    m = rt.membership
+    try:
+        return bool(m.store.check([keys.changing(m.world)]))
+    except Exception:  # an unreachable store: let the boundary check find out  # noqa: BLE001
+        return False
+
+
+def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detect_s: float) -> None:
+    """The runtime's side of a membership change: run it, record it, and resume (re-running the
+    update in flight) or reject with the agreed reasons."""
+    m = rt.membership
+    rt._recoveries += 1
+    t0 = time.perf_counter()
+    try:
+        change = survive(rt, m, phase)
+    except RankFenced:
+        raise
+    except Exception as exc:  # the cause is the reject's reason; peers reject on the release register
+        try:
+            register.post_vote(m.store, m.world, rt.rank, False, f"rank {rt.rank}: {type(exc).__name__}: {exc}")
+        except Exception as vote_error:  # noqa: BLE001 - the store itself failed: keep both causes
+            exc.add_note(f"accelpact: posting the vote failed too: {vote_error!r}")
+        record = RecoveryRecord.control_plane_reject(rt._recoveries, rt.update_index, phase,
+                                                     f"membership change failed: {type(exc).__name__}: {exc}",
+                                                     rt.frontier, rt.generation, "not reached")
+        rt.history.append(record)
+        rt._reject(record.reasons, exc, record)
+    resumed = change.outcome == "resume"
+    d = change.decision
+    record = RecoveryRecord(
+        index=rt._recoveries, update=rt.update_index, action=RecoveryAction.REPLACE if resumed else RecoveryAction.REJECT,
+        failure_phase=phase, saw_failure=True, cause=f"lost rank(s) {list(d.lost)}: {error}",
+        frontier=d.frontier if resumed else rt.frontier, generation=rt.generation, reasons=list(change.reasons),
+        detect_s=detect_s, timings_s=dict(change.timings_s), repair_s=time.perf_counter() - t0,
+        rebound=dict(change.rebound))
+    record.replacement = describe(change, rt.rank)
+    rt.history.append(record)
+    rt.trace.write({"kind": "recovery", **record.to_dict()})
+    if not resumed:
+        rt._reject(record.reasons or ["the membership change was rejected"], error, record)
+    rt.frontier = d.frontier
+    rt.update_index -= 1  # every member re-runs update F+1
+    rt._rewound = True
+    rt.rewind.rewinds += 1
+    log.warning(record.summary())
+
+
+def release_spares(rt: Runtime, reasons: list[str]) -> None:
+    """Before a reject: the spares still waiting end too (with the reject's code, so that the
+    supervisor restarts the whole job)."""
+    if rt.membership is None:
+        return
+    try:
+        pool.end_job(rt.membership.store, EXIT_REJECTED, "; ".join(reasons)[:500])
+    except ControlPlaneError as exc:
+        log.error("%s", exc)
+
+
+def stop_workers(rt: Runtime) -> None:
+    for worker in (rt.heartbeat, rt.replicator):
+        if worker is not None:
+            worker.stop()

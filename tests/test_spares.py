@@ -1,0 +1,50 @@
+"""Lose a rank, keep the job: a spare takes over with its state from a replica peer, and the
+job ends bitwise equal to an uninterrupted run (demo trainer, 4 active ranks HSDP 2x2 + spares,
+each a process of its own; the test process hosts the store as torchrun's agent would)."""
+
+import pytest
+
+from accelpact.testing.spares import run_spare_job
+
+pytestmark = pytest.mark.timeout(200)
+
+
+def _explain(job) -> str:
+    return "\n".join(f"--- launch rank {r} exit {c}\n" + "\n".join(o.splitlines()[-15:])
+                     for r, (c, o) in enumerate(zip(job.codes, job.output)))
+
+
+def _replaced(job, lost: int):
+    assert job.result is not None, _explain(job)
+    assert job.result["bitwise_ok"] and job.result["all_in_memory"], _explain(job)
+    history = job.result["verdicts"][0]["history"]
+    replaces = [h for h in history if h["action"] == "replace"]
+    assert replaces and replaces[0]["replacement"]["lost"] == [lost], history
+    return replaces
+
+
+def test_fsdp2_hsdp_rank_killed_in_forward_is_replaced_bitwise():
+    job = run_spare_job(framework="fsdp2", faults="kill@4:forward:3", updates=7, spares=1)
+    rec = _replaced(job, 3)[0]
+    assert rec["replacement"]["spares"] == {"3": 4} and rec["replacement"]["sources"] == {"3": 1}
+    assert job.codes[3] == -9 and job.codes[4] == 0 and job.codes[:3] == [0, 0, 0], _explain(job)
+    assert "took over rank 3" in job.output[4]
+
+
+def test_fsdp1_hybrid_shard_rank_killed_after_its_step_is_replaced_bitwise():
+    """Killed at the committed boundary: the survivors had applied their step and put it back
+    from the pre-step copy before the whole new world re-ran the update."""
+    job = run_spare_job(framework="fsdp1", faults="kill@4:committed:1", updates=6, spares=1)
+    _replaced(job, 1)
+
+
+def test_an_unneeded_spare_returns_cleanly_and_a_second_loss_without_spare_rejects():
+    clean = run_spare_job(framework="fsdp2", faults="none", updates=3, spares=1)
+    assert clean.codes == [0, 0, 0, 0, 0], _explain(clean)
+    assert clean.result["bitwise_ok"]
+    job = run_spare_job(framework="fsdp2", faults="kill@3:forward:2,kill@5:forward:0", updates=7, spares=1)
+    assert job.codes[2] == -9 and job.codes[0] == -9, _explain(job)
+    survivors = [job.codes[1], job.codes[3], job.codes[4]]
+    assert survivors == [75, 75, 75], _explain(job)
+    text = "\n".join(job.output)
+    assert "spare 4 takes over rank 2" in text and "1 rank(s) lost ([0]) but 0 spare(s) free" in text
