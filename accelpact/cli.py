@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -12,6 +13,8 @@ import time
 
 def _demo(args: argparse.Namespace) -> int:
     trace_dir = args.trace_dir or os.path.join(tempfile.gettempdir(), f"accelpact-demo-{int(time.time())}")
+    if args.spares:
+        return _demo_with_spares(args, trace_dir)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
         "--max-restarts=0", "-m", "accelpact.demo_worker", f"--framework={args.framework}",
@@ -29,6 +32,74 @@ def _demo(args: argparse.Namespace) -> int:
     _print_incidents(trace_dir)
     print(f"traces: {trace_dir}  (accelpact report {trace_dir})")
     return code
+
+
+def _worker_args(args: argparse.Namespace, trace_dir: str) -> list[str]:
+    out = ["-m", "accelpact.demo_worker", f"--framework={args.framework}", f"--updates={args.updates}",
+           f"--trace-dir={trace_dir}"]
+    if args.faults is not None:
+        out.append(f"--faults={args.faults}")
+    if args.envelope is not None:
+        out.append(f"--envelope={args.envelope}")
+    return out
+
+
+def _demo_with_spares(args: argparse.Namespace, trace_dir: str) -> int:
+    """The production recipe on one machine: one torchrun agent per rank (a lost worker takes
+    only its own agent down), spares in the first rendezvous, `--max-restarts=0` (a restarted
+    agent would re-rendezvous and restart every survivor; a Reject exits 75 for the scheduler
+    to restart the job). The first agent hosts the c10d endpoint, the job's store: it is started
+    first and its rank (0) cannot be lost."""
+    import socket
+
+    from .faults import FaultPlan
+
+    plan = FaultPlan.parse(args.faults or "")
+    if any(f.rank == 0 and f.kind.value == "kill" for f in plan.faults):
+        print("rank 0 runs on the agent that hosts the job's store, which cannot be lost: kill another rank",
+              file=sys.stderr)
+        return 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agents = args.nproc + args.spares
+    os.makedirs(trace_dir, exist_ok=True)
+    result = os.path.join(trace_dir, "result.json")
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={agents}", "--nproc-per-node=1",
+           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=accelpact-demo-{os.getpid()}",
+           "--max-restarts=0", "--monitor-interval=0.5", *_worker_args(args, trace_dir), f"--result={result}"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ACCELPACT_SPARES=str(args.spares),
+               ACCELPACT_RDZV_ENDPOINT=f"127.0.0.1:{port}")
+    print(f"$ ACCELPACT_SPARES={args.spares} ACCELPACT_RDZV_ENDPOINT=127.0.0.1:{port} {' '.join(cmd)}"
+          f"   # x{agents}, one agent per rank", flush=True)
+    procs = []
+    for i in range(agents):
+        log = open(os.path.join(trace_dir, f"agent{i}.log"), "w")  # noqa: SIM115 - closed below
+        procs.append((subprocess.Popen(cmd, env=env, stderr=log), log))
+        if i == 0:
+            _wait_for_port(port)
+    for proc, log in procs:
+        proc.wait()
+        log.close()
+    _print_incidents(trace_dir)
+    print(f"traces and agent logs: {trace_dir}  (accelpact report {trace_dir})")
+    try:
+        with open(result) as fh:
+            got = json.load(fh)
+    except (OSError, ValueError):
+        return 1
+    return 0 if got.get("bitwise_ok") and got.get("all_in_memory") else 1
+
+
+def _wait_for_port(port: int, timeout_s: float = 30.0) -> None:
+    import socket
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
 
 
 def _print_incidents(trace_dir: str) -> None:
@@ -115,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(framework="fsdp2", func=_demo)
     demo.add_argument("--updates", type=int, default=40)
     demo.add_argument("--nproc", type=int, default=4)
+    demo.add_argument("--spares", type=int, default=0,
+                      help="hot spares beside the --nproc ranks: one torchrun agent per rank (e.g. --spares 2 "
+                           "--faults kill@12:forward:3,kill@25:committed:1)")
     demo.add_argument("--faults", default=None, help="fault plan, e.g. skip@8:committed:2 ('none' for none)")
     demo.add_argument("--trace-dir", default=None)
     demo.add_argument("--no-rebind", action="store_true", help="ablation: replace groups without rebinding")

@@ -107,7 +107,7 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     _attempt = (starts - 1) // launched
     store = dist.PrefixStore(f"accelpact/{run}/attempt{_attempt}/", client)
     if spares:
-        _start_with_spares(backend, store, rank, launched, spares, store_timeout, timeout, kwargs)
+        _start_with_spares(backend, store, rank, launched, spares, timeout)
         return
     dist.init_process_group(backend, store=store, rank=rank, world_size=launched, timeout=timeout, **kwargs)
 
@@ -128,7 +128,7 @@ def _spares(env) -> int:
     return spares
 
 
-def _start_with_spares(backend, store, rank, launched, spares, store_timeout, timeout, kwargs) -> None:
+def _start_with_spares(backend, store, rank, launched, spares, timeout) -> None:
     """An active rank joins world 0 at once; a spare waits (heartbeating) until it is claimed
     for a lost position, then joins the world that replaces it, under that position's rank."""
     from .membership import pool, world
@@ -159,6 +159,9 @@ def _position_done() -> None:
         return
     m.finished = True
     try:
-        pool.position_done(m.store, m.world_size)
+        if pool.position_done(m.store, m.world_size):  # the last one: no agent waits for the lost
+            from .launch_elastic import check_in_for_lost_agents
+
+            check_in_for_lost_agents(pool.agents_lost(m.store), m.world_size + m.spares)
     except Exception as exc:  # the store may be gone at the very end of the job; say so
         log.warning("could not report this rank's end to the spares: %s: %s", type(exc).__name__, exc)

@@ -290,7 +290,7 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
 def _resolve_outcome(rec: Recovery, per_rank: Mapping[int, list[tuple[int, list[dict[str, Any]]]]]) -> None:
     """Fill when training was back at F_fail, the first commit past it, and the updates lost."""
     f_fail = rec.frontier_before
-    if rec.action == "preserve":
+    if rec.action in ("preserve", "replace"):  # in memory, in this attempt
         rec.t_resumed = rec.t_decided
         rec.updates_lost = max(0, f_fail - rec.frontier_after)
         # every rank commits the same update together: the frontier moves when the last one does

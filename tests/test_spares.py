@@ -23,12 +23,16 @@ def _replaced(job, lost: int):
     return replaces
 
 
-def test_fsdp2_hsdp_rank_killed_in_forward_is_replaced_bitwise():
-    job = run_spare_job(framework="fsdp2", faults="kill@4:forward:3", updates=7, spares=1)
-    rec = _replaced(job, 3)[0]
-    assert rec["replacement"]["spares"] == {"3": 4} and rec["replacement"]["sources"] == {"3": 1}
-    assert job.codes[3] == -9 and job.codes[4] == 0 and job.codes[:3] == [0, 0, 0], _explain(job)
-    assert "took over rank 3" in job.output[4]
+def test_fsdp2_hsdp_two_successive_losses_are_replaced_by_two_spares_bitwise():
+    """Rank 3 killed in forward, then rank 1 killed after its step: the second loss's state comes
+    from rank 3's position, now held by the first spare."""
+    job = run_spare_job(framework="fsdp2", faults="kill@3:forward:3,kill@5:committed:1", updates=7, spares=2)
+    first, second = _replaced(job, 3)
+    assert first["replacement"]["spares"] == {"3": 4} and first["replacement"]["sources"] == {"3": 1}
+    assert second["replacement"]["lost"] == [1] and second["replacement"]["spares"] == {"1": 5}
+    assert second["replacement"]["sources"] == {"1": 3} and second["frontier"] == 4
+    assert [job.codes[i] for i in (0, 2, 4, 5)] == [0, 0, 0, 0] and job.codes[1] == job.codes[3] == -9, _explain(job)
+    assert "took over rank 3" in job.output[4] and "took over rank 1" in job.output[5]
 
 
 def test_fsdp1_hybrid_shard_rank_killed_after_its_step_is_replaced_bitwise():
@@ -48,3 +52,13 @@ def test_an_unneeded_spare_returns_cleanly_and_a_second_loss_without_spare_rejec
     assert survivors == [75, 75, 75], _explain(job)
     text = "\n".join(job.output)
     assert "spare 4 takes over rank 2" in text and "1 rank(s) lost ([0]) but 0 spare(s) free" in text
+
+
+def test_a_rank_cut_off_but_alive_is_fenced_when_it_wakes_and_a_spare_holds_its_place():
+    """A `stall` freezes rank 2 (alive, heartbeating) past detection and agreement: the survivors
+    declare it lost, a spare takes over; when it wakes it reads the register, learns that it was
+    replaced and exits 0 without training again, and the job ends bitwise equal."""
+    job = run_spare_job(framework="fsdp2", faults="stall@3:forward:2", updates=6, spares=1, timeout_s=190)
+    _replaced(job, 2)
+    assert job.codes == [0, 0, 0, 0, 0], _explain(job)
+    assert "declared lost in world 0 and a spare took its place" in job.output[2], _explain(job)

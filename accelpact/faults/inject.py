@@ -18,6 +18,8 @@ log = logging.getLogger("accelpact.faults")
 
 #: How far past the data-plane timeout a `late` rank arrives.
 LATE_MARGIN_S = 0.5
+#: A `stall` lasts this many data timeouts (past the survivors' detection and agreement).
+STALL_FACTOR = 12
 
 
 class InjectedFault(AccelPactError, RuntimeError):
@@ -42,6 +44,8 @@ def perform(fault: Fault, *, data_timeout_s: float) -> None:
         time.sleep(data_timeout_s + LATE_MARGIN_S)
     elif fault.kind is FaultKind.SKIP:
         raise InjectedFault(fault)
+    elif fault.kind is FaultKind.STALL:
+        time.sleep(STALL_FACTOR * data_timeout_s)
 
 
 def kill_self() -> None:

@@ -81,6 +81,8 @@ class FaultInjector:
         if fault is not None and fault.kind is FaultKind.KILL:
             log.info("injecting %s", fault, extra={"fault": str(fault)})
             kill_self()
+        if fault is not None and fault.kind is FaultKind.STALL:
+            perform(fault, data_timeout_s=self.data_timeout_s)
 
     def probe_order(self, labels: list[str]) -> list[str]:
         """The group a boundary fault targets goes last, so a late rank does not stall the others."""

@@ -18,6 +18,9 @@ class FaultKind(StrEnum):
     SKIP = "skip"  # the rank skips a collective, so its peers hit the group timeout
     LATE = "late"  # the rank arrives after the group timeout, then finds the connection closed
     KILL = "kill"  # SIGKILL: permanent loss of the rank
+    #: the rank freezes, alive (heartbeating), for STALL_FACTOR x the data timeout: cut off from
+    #: its peers long enough to be declared lost; when it wakes it must learn that it was replaced
+    STALL = "stall"
 
 
 @dataclass(frozen=True, order=True)

@@ -26,6 +26,16 @@ def positions_done() -> str:
     return "membership/done"
 
 
+def lost_total() -> str:
+    """How many positions were declared lost over the job (each decision adds its own)."""
+    return "membership/lost-total"
+
+
+def fenced_total() -> str:
+    """How many of those were alive and exited on learning it (their agents finish normally)."""
+    return "membership/fenced-total"
+
+
 def heartbeat(position: int) -> str:
     return f"membership/heartbeat/{position}"
 

@@ -103,7 +103,14 @@ def end_job(store: dist.Store, code: int, why: str) -> None:
         raise ControlPlaneError(f"could not release the spares: {type(exc).__name__}: {exc}") from exc
 
 
-def position_done(store: dist.Store, world_size: int) -> None:
-    """This position's holder has finished; the last one ends the job for the spares."""
+def position_done(store: dist.Store, world_size: int) -> bool:
+    """This position's holder has finished; the last one ends the job for the spares (True)."""
     if store.add(keys.positions_done(), 1) >= world_size:
         end_job(store, 0, "every position finished")
+        return True
+    return False
+
+
+def agents_lost(store: dist.Store) -> int:
+    """Processes declared lost that did not exit by themselves (dead, not fenced)."""
+    return store.add(keys.lost_total(), 0) - store.add(keys.fenced_total(), 0)

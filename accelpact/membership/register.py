@@ -107,6 +107,7 @@ def _decide(store, world, world_size, present, small_state_at) -> MembershipDeci
     if got != value:  # a peer decided first: its value is the decision
         return MembershipDecision.from_json(json.loads(got))
     if decision.replace:
+        store.add(keys.lost_total(), len(decision.lost))
         for position, spare in decision.assign.items():
             activation = pool.Activation(spare=spare, world=world + 1, position=position, world_size=world_size)
             if not pool.claim(store, activation):  # only the register's winner claims: cannot happen

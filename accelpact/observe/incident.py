@@ -37,6 +37,7 @@ _VERBS_NO_GROUP = {
 _OUTCOMES = {
     "preserve": "every rank preserved its state",
     "rewind": "every rank rewound",
+    "replace": "a spare took the lost rank's place and every rank re-ran the update",
     "reject": "every rank rejected",
 }
 

@@ -32,6 +32,14 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("accelpact.runtime")
 
+#: How long the survivors wait for a spare to reach each group its script makes (the spare runs
+#: the user's script from its start: imports, model build, wrapping), at least.
+JOIN_TIMEOUT_FLOOR_S = 60.0
+
+
+def join_timeout_s(rt: Runtime) -> float:
+    return max(JOIN_TIMEOUT_FLOOR_S, 3 * float(rt.config.control_timeout_s))
+
 
 @dataclass
 class MemberChange:
@@ -79,6 +87,9 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     clock = _Clock(timings)
     failed_world = m.world
     presence, undo = presence_of(rt, phase)
+    rt.trace.write({"kind": "observe", "seq": rt.control.seq, "update": rt.update_index, "phase_failed": str(phase),
+                    "saw": True, "cause": "a member is missing: the control plane failed at the boundary",
+                    "failed_groups": []})
     rt.trace.write({"kind": "membership", "event": "present", "world": failed_world, "position": rt.rank,
                     "frontier": rt.frontier, "applied": undo, "rerun_ok": presence.rerun_ok})
     register.post_presence(m.store, failed_world, presence)
@@ -91,6 +102,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     rt.trace.write({"kind": "membership", "event": "decided", **decision.to_json()})
     if decision.fenced(rt.rank):
         rt.trace.write({"kind": "membership", "event": "fenced", "world": failed_world, "position": rt.rank})
+        m.store.add(keys.fenced_total(), 1)  # its agent will finish normally: no check-in for it
         raise RankFenced(f"rank {rt.rank} was declared lost in world {failed_world} and a spare took its place",
                          rank=rt.rank, world=failed_world)
     if not decision.replace:
@@ -106,7 +118,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     m.world = failed_world + 1
     world.init_world(m.store, m.world, position=rt.rank, world_size=m.world_size, backend=m.backend,
                      timeout=m.timeout)
-    built = world.replay(rt.recipe, build_timeout_s=rt.config.control_timeout_s)
+    built = world.replay(rt.recipe, build_timeout_s=join_timeout_s(rt))
     clock.lap("rebuild")
     control = _control_plane(rt)
     world.finish(rt.recipe)
@@ -167,7 +179,8 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
 def _control_plane(rt: Runtime) -> ControlPlane:
     """The same construction as attach's, so that the spare's attach meets it collective for
     collective."""
-    control = ControlPlane(timeout_s=rt.config.control_timeout_s, attempt=rt.attempt)
+    control = ControlPlane(timeout_s=join_timeout_s(rt), attempt=rt.attempt)  # the spare may still build
+    control.set_timeout(rt.config.control_timeout_s)
     rt.data_plane.scope = control.namespace.rsplit("/", 1)[-1][:8]
     rt.control = rt.stragglers.control = control
     rt.trace.clock = control.clock
