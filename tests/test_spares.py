@@ -62,3 +62,9 @@ def test_a_rank_cut_off_but_alive_is_fenced_when_it_wakes_and_a_spare_holds_its_
     _replaced(job, 2)
     assert job.codes == [0, 0, 0, 0, 0], _explain(job)
     assert "declared lost in world 0 and a spare took its place" in job.output[2], _explain(job)
+
+
+def test_ddp_with_spares_is_refused_with_the_reason():
+    job = run_spare_job(framework="ddp", faults="none", updates=2, spares=1, timeout_s=90)
+    assert 0 not in job.codes[:4], _explain(job)
+    assert "spares (ACCELPACT_SPARES) do not cover DDP yet" in "\n".join(job.output), _explain(job)

@@ -5,7 +5,13 @@ taking over a lost position continues the lost rank's exact stream.
 Why at the boundary snapshot: `rt.step` captures exactly this at F before update F+1 starts, and
 a Replace always re-runs F+1 from F. The write goes to the job store from a background thread
 (latest value wins; a value still queued when the next one arrives is dropped), so training never
-waits for it; `decide` refuses a Replace whose lost rank's state of F never arrived."""
+waits for it; `decide` refuses a Replace whose lost rank's state of F never arrived.
+
+The write of F is started when update F+1 begins and joined when its forward begins (the
+replicator is an update listener, ahead of every other): it overlaps the user's data loading,
+and no rank enters a collective of F+1 — where a peer could see it lost — before its state of F
+is in the store. A rank lost before its first forward hook (its data loader, say) leaves F-1
+behind, and that loss is rejected with this reason."""
 
 from __future__ import annotations
 
@@ -80,6 +86,11 @@ class Replicator:
     def __init__(self, store: dist.Store, position: int):
         self.store, self.position = store, position
         self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue(maxsize=1)
+        self._done = threading.Condition()
+        self.newest = None  # frontier of the newest value in the store
+        self.offered = None  # frontier of the newest value offered
+        self.join_wait_s = 0.0  # time the training thread waited for a write (the critical-path cost)
+        self.joins = 0
         self.written = 0
         self.seconds = 0.0  # time spent serialising and writing (off the critical path)
         self.bytes = 0
@@ -91,6 +102,7 @@ class Replicator:
         """Replicate `snapshot` (taken at `frontier`); never blocks. The snapshot's copies are its
         own (it is rebuilt at every boundary), so the thread may read them later."""
         item = (frontier, snapshot)
+        self.offered = frontier
         try:
             self._queue.put_nowait(item)
         except queue.Full:
@@ -103,12 +115,28 @@ class Replicator:
             except queue.Full:
                 pass
 
-    def flush(self, timeout_s: float = 5.0) -> None:
-        """Wait until the newest offered value is written (tests, and before a planned exit)."""
-        deadline = time.monotonic() + timeout_s
-        while not self._queue.empty() and time.monotonic() < deadline:
-            time.sleep(0.005)
-        time.sleep(0.01)
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait until the newest offered value is in the store; False on timeout or error."""
+        t = time.perf_counter()
+        with self._done:
+            ok = self._done.wait_for(lambda: self.offered is None or self.newest == self.offered or self.error,
+                                     timeout=timeout_s)
+        self.join_wait_s += time.perf_counter() - t
+        self.joins += 1
+        return bool(ok) and not self.error
+
+    # -- UpdateListener: join the write before the update's first forward ----------------------
+    def on_phase(self, update: int, phase: Any) -> None:
+        if str(phase) == "forward" and self.offered is not None and self.newest != self.offered:
+            if not self.flush():
+                log.warning("small state of F=%s not replicated before the forward: %s", self.offered,
+                            self.error or "timed out", extra={"position": self.position})
+
+    def probe_order(self, labels: list[str]) -> list[str]:
+        return labels
+
+    def before_probe(self, label: str) -> bool:
+        return True
 
     def stop(self) -> None:
         try:
@@ -127,9 +155,14 @@ class Replicator:
                 raw = encode(snapshot, frontier)
                 self.store.set(keys.small_state(self.position), raw)
             except Exception as exc:  # the decision refuses a Replace without it; keep the cause
-                self.error = f"{type(exc).__name__}: {exc}"
+                with self._done:
+                    self.error = f"{type(exc).__name__}: {exc}"
+                    self._done.notify_all()
                 log.warning("small-state replication failed: %s", self.error, extra={"position": self.position})
                 continue
             self.written += 1
             self.bytes = len(raw)
             self.seconds += time.perf_counter() - t
+            with self._done:
+                self.newest, self.error = frontier, ""
+                self._done.notify_all()

@@ -74,7 +74,7 @@ def attach(
                           "every update twice; call rt.close() first")
     _check_data_state(data_state)
     stateful = _stepped_with_the_update(optimizer, schedulers, scalers)
-    config = _with_spares((config or Config()).with_env().validate())
+    config = _with_spares((config or Config()).with_env().validate(), model)
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
     profile = config.profile or detect_profile(model)
     plane = DataPlane(model, timeout_s=provisional(config)[0], extra=[optimizer, *meshes])  # "auto": measured
@@ -100,8 +100,11 @@ def attach(
     return rt
 
 
-def _with_spares(config: Config) -> Config:
-    """The launch says how many spares there are; a config that says otherwise is a mistake."""
+def _with_spares(config: Config, model: nn.Module) -> Config:
+    """The launch says how many spares there are; a config that says otherwise is a mistake.
+    Checked before any collective, so a refusal ends every rank at once."""
+    from torch.nn.parallel import DistributedDataParallel
+
     m = membership()
     if m is None:
         if config.spares:
@@ -110,6 +113,11 @@ def _with_spares(config: Config) -> Config:
         return config
     if config.spares not in (0, m.spares):
         raise ConfigError(f"Config.spares={config.spares}, but the launch has {m.spares} (ACCELPACT_SPARES)")
+    if any(isinstance(module, DistributedDataParallel) for module in model.modules()):
+        # measured: with DDP's constructor collectives mirrored by the survivors the job resumes,
+        # but the replaced rank's replica pair ends up not bitwise equal (see the README)
+        raise ConfigError("spares (ACCELPACT_SPARES) do not cover DDP yet: use FSDP2 or FSDP1 HYBRID_SHARD, or "
+                          "launch without spares")
     import dataclasses
 
     return dataclasses.replace(config, spares=m.spares, step_copy=True)
@@ -148,8 +156,8 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     if m is None:
         return
     if any(isinstance(module, DistributedDataParallel) for module in rt.model.modules()):
-        # its constructor runs collectives (parameter shapes, a broadcast) that a spare's script
-        # would run alone: the survivors do not mirror them yet
+        # measured: with DDP's constructor collectives mirrored by the survivors the job resumes,
+        # but the replaced rank's replica pair ends up not bitwise equal (see the README)
         raise ConfigError("spares (ACCELPACT_SPARES) do not cover DDP yet: use FSDP2 or FSDP1 HYBRID_SHARD, or "
                           "launch without spares")
     names = {label: pg.group_name for label, pg in plane.groups.items()}
@@ -165,6 +173,7 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     rt.recipe = world.record(control.group, timeout_of)
     rt.heartbeat = Heartbeat(m.store, rt.rank, config.heartbeat_s)
     rt.replicator = Replicator(m.store, rt.rank)
+    rt.listeners.insert(0, rt.replicator)  # joins its write before any other listener sees the forward
 
 
 def _stepped_with_the_update(optimizer, schedulers, scalers) -> tuple[Any, ...]:

@@ -131,18 +131,25 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
         for kind, n in report.counts.items():
             change.rebound[kind] = change.rebound.get(kind, 0) + n
     clock.lap("rebind")
-    for lost in decision.lost:
-        if rt.rank in decision.holders.get(lost, ()):
-            buf, digest = transfer.post_digest(m.store, m.world, lost, rt.rank, rt.model, rt.optimizer)
-            if decision.source[lost] == rt.rank:
-                seconds = transfer.send(buf, to=lost, group=control.group)
-                change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
-                                         "digest": digest, "send_s": seconds})
-                rt.trace.write({"kind": "membership", "event": "transfer_sent", "world": m.world,
-                                "position": rt.rank, "to": lost, "bytes": int(buf.numel()), "digest": digest})
+    _send_lost_shards(rt, m, control, change)
     clock.lap("transfer")
     _finish(rt, m, control, change, clock)
     return change
+
+
+def _send_lost_shards(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange) -> None:
+    """As a holder of a lost shard: post the digest of this copy; as its source: send it."""
+    decision = change.decision
+    for lost in decision.lost:
+        if rt.rank not in decision.holders.get(lost, ()):
+            continue
+        buf, digest = transfer.post_digest(m.store, m.world, lost, rt.rank, rt.model, rt.optimizer)
+        if decision.source[lost] == rt.rank:
+            seconds = transfer.send(buf, to=lost, group=control.group)
+            change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
+                                     "digest": digest, "send_s": seconds})
+            rt.trace.write({"kind": "membership", "event": "transfer_sent", "world": m.world, "position": rt.rank,
+                            "to": lost, "bytes": int(buf.numel()), "digest": digest})
 
 
 def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
