@@ -152,7 +152,7 @@ def _qualify(args: argparse.Namespace) -> int:
     try:
         result = probes.qualify(out, frameworks=frameworks, repeats=repeats, phases=phases,
                                 data_timeout_s=args.data_timeout, trace_dir=args.traces,
-                                progress=lambda line: print(line, flush=True))
+                                progress=lambda line: print(line, flush=True), replace=not args.no_replace)
     except ValueError as exc:
         print(f"accelpact qualify: {exc}", file=sys.stderr)
         return 2
@@ -227,6 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "committed,forward,backward,optimizer)")
     qual.add_argument("--repeats", type=int, default=None, help="faults per probe (default 3; 1 with --quick)")
     qual.add_argument("--quick", action="store_true", help="fsdp2 only, one fault per probe (a few minutes)")
+    qual.add_argument("--no-replace", action="store_true",
+                      help="skip the Replace probes (a rank killed and taken over by a spare, per phase)")
     qual.add_argument("--data-timeout", type=float, default=1.0, help="data-plane timeout of the probes (s)")
     qual.add_argument("--traces", default=None, help="keep the probes' traces in this directory")
     qual.set_defaults(func=_qualify)

@@ -261,7 +261,16 @@ def test_envelope_preserves_only_committed_failures():
         if phase is FailurePhase.COMMITTED:
             assert acts[0] is RecoveryAction.PRESERVE
         else:
-            assert acts == (RecoveryAction.REJECT,)
+            assert acts == (RecoveryAction.REPLACE, RecoveryAction.REJECT)  # a lost rank, with spares
+        assert RecoveryAction.REWIND not in acts and acts[-1] is RecoveryAction.REJECT
+
+
+def test_builtin_envelope_qualifies_replace_only_where_it_was_measured():
+    for platform, profile, measured in (("cpu-gloo", "fsdp2-hsdp", True), ("cpu-gloo", "fsdp1-hsdp", True),
+                                        ("cpu-gloo", "ddp", False), ("cuda-nccl", "fsdp2-hsdp", False)):
+        for phase in FailurePhase:
+            key = ObservationKey(platform, profile, phase)
+            assert DEFAULT_ENVELOPE.permits(key, RecoveryAction.REPLACE) is measured, key
 
 
 def test_envelope_refuses_unknown_keys_by_name():

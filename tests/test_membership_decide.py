@@ -41,3 +41,13 @@ def test_a_shard_without_a_live_holder_cannot_be_replaced():
 def test_nobody_lost_is_no_membership_change():
     d = decide_membership(world=0, world_size=2, reports=[_hsdp(0), _hsdp(1)], free_spares=[2], small_state_at={})
     assert not d.replace and "every rank is present" in d.reasons[0]
+
+
+def test_a_survivor_whose_envelope_does_not_qualify_replace_rejects_it_with_the_reason():
+    unqualified = Presence(position=1, frontier=4, generation=0, rerun_ok=True, replicas=(1, 3), replace_ok=False,
+                           replace_reason="not qualified for ddp on cpu-gloo at backward")
+    d = decide_membership(world=0, world_size=4, reports=[_hsdp(0), unqualified, _hsdp(2)], free_spares=[4],
+                          small_state_at={3: 4})
+    assert not d.replace and any("rank 1's envelope does not qualify Replace: not qualified for ddp" in r
+                                 for r in d.reasons)
+    assert Presence.from_json(unqualified.to_json()) == unqualified

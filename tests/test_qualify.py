@@ -435,7 +435,7 @@ def test_qualify_measures_preserve_at_the_boundary_and_rewind_in_backward(tmp_pa
         pytest.fail("the drill harness has no Rewind fields: the runtime does not support Rewind yet")
     lines: list[str] = []
     result = probes.qualify(tmp_path / "envelope.json", frameworks=("fsdp2",), phases=("committed", "backward"),
-                            repeats=1, progress=lines.append)
+                            repeats=1, progress=lines.append, replace=False)
     assert result.platform_ok, lines
     envelope = ef.load_envelope(result.path, expect=ef.platform_fingerprint("gloo", "cpu"))
     committed = envelope.lookup(ObservationKey("cpu-gloo", "fsdp2-hsdp", FailurePhase.COMMITTED))
@@ -449,3 +449,18 @@ def test_qualify_measures_preserve_at_the_boundary_and_rewind_in_backward(tmp_pa
         assert evidence["repair_s"]["median"] > 0
     assert rows[("fsdp2-hsdp", "forward")].actions == ("reject",)  # not probed: nothing assumed
     assert len(lines) == 4  # world up, platform probe, one line per drill probe
+
+
+def test_replace_qualifies_only_a_bitwise_replacement_of_the_killed_rank():
+    ok = {"bitwise_ok": True, "verdicts": [{"history": [
+        {"action": "replace", "repair_s": 1.5, "replacement": {"lost": [2]}}]}]}
+    got = probes.judge_replace(ok, 2)
+    assert (got.action, got.runs, got.passed, got.bitwise, got.repair_s) == ("replace", 1, 1, True, (1.5,))
+    assert not probes.judge_replace({**ok, "bitwise_ok": False}, 2).qualified
+    assert "no Replace of rank 3" in probes.judge_replace(ok, 3).failures[0]
+    assert "wrote no result" in probes.judge_replace(None, 2).failures[0]
+    placed = dataclasses.replace(got, profile="fsdp2-hsdp", phase="forward")
+    rows = rows_of([REBUILD_OK, probe("forward", "rewind"), placed])
+    assert actions(rows, "fsdp2-hsdp", "forward") == ("rewind", "replace", "reject")
+    forward = next(r for r in rows if (r.profile, r.phase) == ("fsdp2-hsdp", "forward"))
+    assert forward.evidence["replace"]["bitwise"] and forward.evidence["replace"]["passed"] == 1

@@ -17,6 +17,9 @@ from ..timeouts import DerivedTimeouts
 
 OBJECTIVE_BITWISE = "bitwise-continuation"
 PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
+#: Where a lost rank's replacement by a spare was measured bitwise here (tests/test_spares.py):
+#: CPU/gloo with FSDP1 HYBRID_SHARD and FSDP2 HSDP. NCCL and DDP are not (DDP is refused).
+REPLACE_MEASURED = {("cpu-gloo", "fsdp1-hsdp"), ("cpu-gloo", "fsdp2-hsdp")}
 
 
 class UnknownObservationKey(AccelPactError, LookupError):
@@ -86,13 +89,16 @@ def _default_rows() -> Iterable[EnvelopeRow]:
     }
     for platform, note in evidence.items():
         for profile in PROFILES:
+            replace = (RecoveryAction.REPLACE,) if (platform, profile) in REPLACE_MEASURED else ()
             for phase in FailurePhase:
                 if phase is FailurePhase.COMMITTED:
-                    actions = (RecoveryAction.PRESERVE, RecoveryAction.REJECT)
+                    actions = (RecoveryAction.PRESERVE, *replace, RecoveryAction.REJECT)
                     why = note
                 else:
-                    actions = (RecoveryAction.REJECT,)
+                    actions = (*replace, RecoveryAction.REJECT)
                     why = "uncommitted compute: partial gradients or a partial step; fail-stop (L2)"
+                if replace:
+                    why += "; replace: a lost rank taken over by a spare, measured here (tests/test_spares.py)"
                 yield EnvelopeRow(ObservationKey(platform, profile, phase), actions, why)
 
 
@@ -105,8 +111,8 @@ def permissive_envelope(platform: str, profile: str) -> Envelope:
     rows = []
     for phase in FailurePhase:
         if phase is FailurePhase.COMMITTED:
-            actions = (RecoveryAction.PRESERVE, RecoveryAction.REJECT)
+            actions = (RecoveryAction.PRESERVE, RecoveryAction.REPLACE, RecoveryAction.REJECT)
         else:
-            actions = (RecoveryAction.REWIND, RecoveryAction.REJECT)
+            actions = (RecoveryAction.REWIND, RecoveryAction.REPLACE, RecoveryAction.REJECT)
         rows.append(EnvelopeRow(ObservationKey(platform, profile, phase), actions, "qualification run: unqualified"))
     return Envelope(rows)

@@ -372,6 +372,8 @@ class EnvelopeFacts:
     allowed: tuple[tuple[FailurePhase, tuple[RecoveryAction, ...]], ...] = ()
     #: phases whose row says nobody measured them (a partial `accelpact qualify --quick` file)
     not_probed: tuple[FailurePhase, ...] = ()
+    #: phases whose row qualifies Replace (a lost rank taken over by a spare, `membership.decide`)
+    replace_phases: tuple[FailurePhase, ...] = ()
 
     def describe(self) -> str:
         return "; ".join(f"{phase}: {', '.join(map(str, actions))}" for phase, actions in self.allowed)
@@ -382,7 +384,7 @@ def envelope_facts(envelope: Envelope, platform: str, profile: str) -> EnvelopeF
     attach refuses a platform or profile the envelope has no rows for, by name."""
     committed = ObservationKey(platform, profile, FailurePhase.COMMITTED)
     envelope.lookup(committed)
-    rewind, allowed, unprobed = [], [], []
+    rewind, allowed, unprobed, replace = [], [], [], []
     for phase in (FailurePhase.FORWARD, FailurePhase.BACKWARD, FailurePhase.OPTIMIZER, FailurePhase.COMMITTED):
         try:
             row = envelope.lookup(ObservationKey(platform, profile, phase))
@@ -393,8 +395,10 @@ def envelope_facts(envelope: Envelope, platform: str, profile: str) -> EnvelopeF
             unprobed.append(phase)
         if phase is not FailurePhase.COMMITTED and RecoveryAction.REWIND in row.actions:
             rewind.append(phase)
+        if RecoveryAction.REPLACE in row.actions:
+            replace.append(phase)
     return EnvelopeFacts(envelope.permits(committed, RecoveryAction.PRESERVE), tuple(rewind), tuple(allowed),
-                         tuple(unprobed))
+                         tuple(unprobed), tuple(replace))
 
 
 def envelope_warning(facts: EnvelopeFacts, profile: str, source: str) -> str | None:

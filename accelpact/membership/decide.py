@@ -10,7 +10,8 @@ A lost position can be taken over only when
 - every survivor stands at the same committed frontier F and can re-run update F+1: the lost
   rank's own small state (RNG, data cursor, schedulers) is replicated at the boundary of F, so the
   whole new world re-runs F+1 from F (a Replace always rewinds the update in flight);
-- the lost rank's small state of F reached the store before it died.
+- the lost rank's small state of F reached the store before it died;
+- every survivor's recovery envelope qualifies Replace for the phase it failed in.
 Anything else rejects, with every reason, so the fail-stop evidence says why.
 """
 
@@ -32,6 +33,9 @@ class Presence:
     rerun_reason: str = ""
     #: the members of this rank's replicate group (its replica peers hold the same state)
     replicas: tuple[int, ...] = ()
+    #: this rank's envelope qualifies Replace for its failure phase, and why not
+    replace_ok: bool = True
+    replace_reason: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -40,7 +44,8 @@ class Presence:
     def from_json(cls, d: Mapping) -> Presence:
         return cls(position=int(d["position"]), frontier=int(d["frontier"]), generation=int(d["generation"]),
                    rerun_ok=bool(d["rerun_ok"]), rerun_reason=str(d.get("rerun_reason", "")),
-                   replicas=tuple(int(r) for r in d.get("replicas", ())))
+                   replicas=tuple(int(r) for r in d.get("replicas", ())), replace_ok=bool(d.get("replace_ok", True)),
+                   replace_reason=str(d.get("replace_reason", "")))
 
 
 @dataclass(frozen=True)
@@ -108,6 +113,8 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     for r in reports:
         if not r.rerun_ok:
             reasons.append(f"rank {r.position} cannot re-run the update in flight: {r.rerun_reason or 'unknown'}")
+        if not r.replace_ok:
+            reasons.append(f"rank {r.position}'s envelope does not qualify Replace: {r.replace_reason or 'unknown'}")
     frontier = frontiers[0] if frontiers else 0
     if len(free_spares) < len(lost):
         reasons.append(f"{len(lost)} rank(s) lost ({list(lost)}) but {len(free_spares)} spare(s) free")

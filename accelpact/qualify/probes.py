@@ -12,6 +12,9 @@ is measured, not assumed. Probes:
   same processes. The probed action (Preserve at a committed boundary, Rewind in forward,
   backward and — with a pre-step copy — optimizer) qualifies only if every recovery took it on
   every rank and the end state is bitwise equal to the reference;
+* replace: per framework and failure phase, a 4-rank job launched with one spare in which a
+  rank is SIGKILLed in that phase; Replace qualifies if the spare took its place and the job
+  ended bitwise equal to the uninterrupted reference (`testing.spares`; DDP is not covered);
 * timeouts: per framework, a 4-rank world attaches with derived timeouts ("auto", more warm-up
   rounds than an attach takes) and trains real updates under them; the slowest framework's
   values, with their evidence, go into the file if every rank derived the same and no update
@@ -46,7 +49,7 @@ from ..envelope.file import (
     write_envelope,
 )
 from ..errors import AccelPactError
-from ..fsm.phases import FailurePhase
+from ..fsm.phases import FailurePhase, RecoveryAction
 from ..timeouts import DerivedTimeouts
 
 __all__ = ["DEFAULT_FRAMEWORKS", "DEFAULT_PHASES", "QualifyError", "QualifyResult", "judge_drill", "qualify"]
@@ -124,6 +127,7 @@ def qualify(
     control_timeout_s: float = 6.0,
     trace_dir: str | Path | None = None,
     progress: Callable[[str], Any] = print,
+    replace: bool = True,
 ) -> QualifyResult:
     """Run every probe on this platform and write the envelope file to ``out``.
 
@@ -150,6 +154,12 @@ def qualify(
                                          trace_dir=traces / f"{framework}-{phase}")
                 results.append(probe)
                 progress(format_probe(probe))
+                if replace:
+                    probe = (_probe_replace(framework, FailurePhase(phase), data_timeout_s, control_timeout_s)
+                             if results[0].qualified else _not_run(framework, phase, "skipped: the platform probe failed",
+                                                                   action=RecoveryAction.REPLACE.value))
+                    results.append(probe)
+                    progress(format_probe(probe))
     timeouts, timeout_findings, timeout_evidence = _probe_timeouts(frameworks, world)
     rows = envelope_from_results(results, platform, torch_version=fingerprint["torch"])
     wall_s = time.perf_counter() - start
@@ -393,9 +403,48 @@ def judge_drill(
                        failures=tuple(failures), notes=tuple(notes))
 
 
-def _not_run(framework: str, phase: str, why: str) -> ProbeResult:
-    return ProbeResult(EXPECTED_ACTION[FailurePhase(phase)].value, 0, 0, None,
+def _not_run(framework: str, phase: str, why: str, action: str | None = None) -> ProbeResult:
+    return ProbeResult(action or EXPECTED_ACTION[FailurePhase(phase)].value, 0, 0, None,
                        profile=FRAMEWORK_PROFILES[framework], phase=phase, failures=(why,))
+
+
+# ------------------------------------------------------------------------------------- replace
+
+#: Frameworks a spare can take over for (DDP's constructor runs collectives: refused at attach).
+REPLACE_FRAMEWORKS = ("fsdp1", "fsdp2")
+
+
+def judge_replace(result: Mapping[str, Any] | None, lost: int) -> ProbeResult:
+    """A kill passes when every rank recorded a Replace of exactly `lost` and the job ended bitwise
+    equal to the uninterrupted reference (rank 0's result file of the demo trainer)."""
+    action = RecoveryAction.REPLACE.value
+    if result is None:
+        return ProbeResult(action, 1, 0, None, failures=("the job wrote no result (a rank crashed or rejected)",))
+    history = result["verdicts"][0]["history"]
+    replaced = [h for h in history if h["action"] == action]
+    failures = []
+    if not replaced or replaced[0].get("replacement", {}).get("lost") != [lost]:
+        failures.append(f"no Replace of rank {lost}: recoveries {[h['action'] for h in history]}")
+    if not result.get("bitwise_ok"):
+        failures.append("the end state differs from the uninterrupted reference")
+    repair = tuple(float(h.get("repair_s", 0.0)) for h in replaced[:1])
+    return ProbeResult(action, 1, 0 if failures else 1, bool(result.get("bitwise_ok")), repair_s=repair,
+                       failures=tuple(failures))
+
+
+def _probe_replace(framework: str, phase: FailurePhase, data_timeout_s: float, control_timeout_s: float) -> ProbeResult:
+    from ..testing.spares import run_spare_job
+
+    if framework not in REPLACE_FRAMEWORKS:
+        return _not_run(framework, phase.value, f"{framework}: a spare cannot take over yet (refused at attach)",
+                        action=RecoveryAction.REPLACE.value)
+    start = time.perf_counter()
+    lost = 2  # not rank 0: its agent hosts the store under torchrun
+    job = run_spare_job(framework=framework, faults=f"kill@3:{phase.value}:{lost}", updates=4, spares=1,
+                        data_timeout=max(data_timeout_s, 1.0), control_timeout=control_timeout_s, envelope="permissive")
+    probe = judge_replace(job.result, lost)
+    return dataclasses.replace(probe, profile=FRAMEWORK_PROFILES[framework], phase=phase.value,
+                               wall_s=time.perf_counter() - start)
 
 
 def _probe_drill(framework: str, phase: FailurePhase, *, repeats: int, world: int, data_timeout_s: float,

@@ -75,8 +75,12 @@ def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
         ok, why = False, f"its step of update {rt.frontier + 1} is applied and there is no pre-step copy"
     gid = rt.data_plane.gids.get("replicate")
     replicas = gid.ranks if gid is not None else ()
+    qualified = phase in rt.envelope.replace_phases
+    unqualified = "" if qualified else (f"not qualified for {rt.profile} on {rt.platform} at {phase} "
+                                        f"(envelope {rt.envelope_source}; `accelpact qualify` probes it)")
     return Presence(position=rt.rank, frontier=rt.frontier, generation=rt.generation, rerun_ok=ok,
-                    rerun_reason=why, replicas=tuple(replicas)), undo
+                    rerun_reason=why, replicas=tuple(replicas), replace_ok=qualified,
+                    replace_reason=unqualified), undo
 
 
 def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:

@@ -37,7 +37,8 @@ def _free_port() -> int:
 
 def run_spare_job(*, active: int = 4, spares: int = 1, faults: str = "none", framework: str = "fsdp2",
                   updates: int = 8, layers: int = 2, data_timeout: float = 2.0, control_timeout: float = 6.0,
-                  timeout_s: float = 150.0, extra_env: dict[str, str] | None = None) -> SpareJob:
+                  timeout_s: float = 150.0, extra_env: dict[str, str] | None = None,
+                  envelope: str | None = None) -> SpareJob:
     port = _free_port()
     store = dist.TCPStore("127.0.0.1", port, None, True, timeout=datetime.timedelta(seconds=timeout_s),
                           wait_for_workers=False)
@@ -54,6 +55,8 @@ def run_spare_job(*, active: int = 4, spares: int = 1, faults: str = "none", fra
         cmd = [sys.executable, "-m", "accelpact.demo_worker", f"--framework={framework}", f"--updates={updates}",
                f"--layers={layers}", f"--faults={faults}", f"--trace-dir={trace_dir}", f"--result={result_path}",
                f"--data-timeout={data_timeout}", f"--control-timeout={control_timeout}"]
+        if envelope is not None:
+            cmd.append(f"--envelope={envelope}")
         log = open(Path(trace_dir) / f"launch{rank}.log", "w")  # noqa: SIM115 - closed below
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), log))
     codes: list[int | None] = []
