@@ -42,8 +42,8 @@ check: install
 demo: install
 	$(VENV)/bin/accelpact demo
 
-# Every benchmark at its quick settings: about 12 minutes on 2 shared cores (the torchrun jobs of
-# restart/goodput dominate; each script's --help gives its full run). torchft 0.2.0 (peer and
+# Every benchmark at its quick settings: about 17 minutes on 2 shared cores (the torchrun jobs of
+# restart/rankloss/goodput dominate; each script's --help gives its full run). torchft 0.2.0 (peer and
 # overhead benches only) goes in without its torch pin; torch is checked to stay 2.13.0.
 BENCH_PEERS := opentelemetry-api>=1.39.0 opentelemetry-sdk>=1.39.0 opentelemetry-exporter-otlp-proto-http>=1.39.0
 bench: install
@@ -56,6 +56,7 @@ bench: install
 	$(PY) bench/overhead.py --quick
 	$(PY) bench/torchft_peer.py --quick
 	$(PY) bench/restart.py --quick
+	$(PY) bench/rankloss.py --quick
 	$(PY) bench/goodput.py --quick
 	$(PY) bench/ddp_buckets.py --updates 20
 	$(PY) bench/soak.py --recoveries 50

@@ -32,6 +32,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--framework", choices=FRAMEWORKS, default="fsdp2")
     p.add_argument("--updates", type=int, default=40)
     p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--dim", type=int, default=32, help="model width (the benches size the state with it)")
     p.add_argument("--local", type=int, default=2, help="ranks per emulated node")
     p.add_argument("--faults", default=None, help=f"fault plan (default {DEFAULT_FAULTS!r}; 'none' for none)")
     p.add_argument("--data-timeout", type=float, default=1.5)
@@ -55,7 +56,7 @@ seed_all = seed_everything
 
 
 def build(args, generation: int):
-    return build_hsdp_job(args.framework, layers=args.layers, seed=args.seed, local=args.local,
+    return build_hsdp_job(args.framework, layers=args.layers, dim=args.dim, seed=args.seed, local=args.local,
                           generation=generation)
 
 
@@ -112,6 +113,10 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
         history_extra = {"saves": rt.checkpointer.saves, "attempt": rt.attempt}
     else:
         history_extra = {}
+    if rt is not None and rt.replicator is not None:  # under spares: the small-state replication's cost
+        rep = rt.replicator
+        history_extra["replicator"] = {"written": rep.written, "bytes": rep.bytes, "seconds": rep.seconds,
+                                       "error": rep.error}
     if rt is not None:
         rt.close()  # <- user line 3
     return snapshot, history, elapsed, history_extra

@@ -105,11 +105,14 @@ def analyse_run(run: dict) -> dict:
     recs = []
     att = attempts(run["ckpt"])
     for r in s.recoveries:
-        d = {"update": r.update, "action": r.action, "phase": r.failure_phase, "f_fail": r.frontier_before,
+        # the runtime records a fail-stop as "reject" (older traces: "restart"); in a job that
+        # exited 0 every one of them was followed by a torchrun restart
+        action = "restart" if r.action in ("reject", "restart") else r.action
+        d = {"update": r.update, "action": action, "phase": r.failure_phase, "f_fail": r.frontier_before,
              "restored": r.restored_step, "updates_lost": r.updates_lost, "f2f_s": r.fault_to_frontier_s,
              "rto_s": r.rto_s, "detect_s": r.detect_s, "repair_s": r.repair_s, "phases_s": r.phases_s,
              "t_fault": r.t_fault, "t_next_commit": r.t_next_commit}
-        if r.action == "restart":
+        if action == "restart":
             nxt = r.attempt + 1
             attach = max(float(x["t"]) for x in (rr for recs_ in traces.values() for rr in recs_)
                          if x.get("kind") == "attach" and int(x.get("attempt", 0)) == nxt)
