@@ -48,6 +48,11 @@ class Heartbeat:
         self._stop.set()
 
 
+def beat_of(store: dist.Store, position: int) -> bytes | None:
+    key = keys.heartbeat(position)
+    return store.get(key) if store.check([key]) else None
+
+
 def _beats(store: dist.Store, positions) -> dict[int, bytes | None]:
     out = {}
     for p in positions:

@@ -200,7 +200,9 @@ def _checkpointing(rt: Runtime, config: Config, rank: int) -> None:
         return
     from .checkpointing import Checkpointer
 
-    rt.checkpointer = Checkpointer(rt)
+    rt.checkpointer = Checkpointer(rt)  # a collective: a spare meets the survivors' (member_change)
+    if rt.membership is not None and rt.membership.activation is not None:
+        return  # a spare taking over: no restart of its own to count, its state comes from a peer
     try:
         rt.checkpointer.enforce_budget()
     except RestartBudgetExceeded as exc:

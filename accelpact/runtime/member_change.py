@@ -126,6 +126,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     clock.lap("rebuild")
     control = _control_plane(rt)
     world.finish(rt.recipe)
+    _rebuild_checkpointer(rt)
     clock.lap("control")
     for label, old in old_groups.items():
         new = built[rt.origin_names[label]]
@@ -187,6 +188,18 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     return change
 
 
+def _rebuild_checkpointer(rt: Runtime) -> None:
+    """The checkpointer saves over the control group: it gets the new one, by the same gather a
+    spare's attach runs (its saves so far are kept)."""
+    if rt.checkpointer is None:
+        return
+    from .checkpointing import Checkpointer
+
+    saves = rt.checkpointer.saves
+    rt.checkpointer = Checkpointer(rt)
+    rt.checkpointer.saves = saves
+
+
 def _control_plane(rt: Runtime) -> ControlPlane:
     """The same construction as attach's, so that the spare's attach meets it collective for
     collective."""
@@ -227,13 +240,41 @@ def describe(change: MemberChange, rank: int) -> dict[str, Any]:
 
 
 def changing(rt: Runtime) -> bool:
-    """A membership change of this world is under way (a peer posted its presence): a rank whose
-    update failed joins it at once instead of waiting out the control plane's timeout."""
+    """A membership change of this world is under way (a peer posted its presence)."""
     m = rt.membership
     try:
         return bool(m.store.check([keys.changing(m.world)]))
     except Exception:  # an unreachable store: let the boundary check find out  # noqa: BLE001
         return False
+
+
+def member_lost(rt: Runtime, cause: str) -> bool:
+    """Before the boundary check of a rank whose update failed: is a member gone? Entering the
+    check when peers have already left for a membership change would cost the control plane's
+    whole timeout, so a peer's presence (`changing`) sends this rank there at once; and after a
+    connection a peer closed (its process died, most likely), the peers' heartbeats are watched
+    for up to 2.5 beats: one that stops is a lost member. Anything else goes to the boundary
+    check as before (a timed-out peer may be alive; the check then finds out)."""
+    if changing(rt):
+        return True
+    if "connection_closed" not in cause:
+        return False
+    m, beat = rt.membership, rt.heartbeat.interval_s
+    positions = range(m.world_size)
+    seen = {p: (register.beat_of(m.store, p), time.monotonic()) for p in positions}
+    deadline = time.monotonic() + 2.5 * beat
+    while time.monotonic() < deadline:
+        time.sleep(min(0.05, beat / 4))
+        if changing(rt):
+            return True
+        now = time.monotonic()
+        for p in positions:
+            value = register.beat_of(m.store, p)
+            if value != seen[p][0]:
+                seen[p] = (value, now)
+        if any(now - t >= 2.5 * beat for t in (t for _, t in seen.values())):
+            return True
+    return any(time.monotonic() - t >= 2.5 * beat for _, t in seen.values())
 
 
 def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detect_s: float) -> None:

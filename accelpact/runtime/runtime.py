@@ -36,7 +36,7 @@ from .fail_stop import fail_stop
 from .history import RecoveryRecord
 from .hooks import PhaseTracker
 from .listeners import Observers, UpdateListener
-from .member_change import changing, on_lost_member, release_spares, stop_workers
+from .member_change import member_lost, on_lost_member, release_spares, stop_workers
 from .recovery import drive, observe
 from .rewind import RewindState
 from .stragglers import StragglerWatch
@@ -190,8 +190,8 @@ class Runtime:
             phase, failed, saw = phase_at_error or FailurePhase.FORWARD, [], True
             cause, fault = self.data_plane.diagnose(error)
         try:
-            if self.membership is not None and error is not None and changing(self):
-                raise ControlPlaneError("a membership change is under way")  # peers left the control plane
+            if self.membership is not None and saw and member_lost(self, cause):
+                raise ControlPlaneError("a member is lost")  # its peers left, or will leave, the control plane
             flag = self.stragglers.check(1 if saw else 0, t_detect)  # carries this rank's update time
         except ControlPlaneError as exc:
             if self.membership is not None:  # a member may be lost: a spare can take its place
