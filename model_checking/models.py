@@ -76,5 +76,57 @@ def expectation_met(model: ModelConfig, result: TlcResult) -> bool:
 
 def check_model(model: ModelConfig, *, workers: int = 1, timeout_s: float = 600.0,
                 directory: Path | None = None) -> TlcResult:
-    return run_tlc(spec_path(directory), model.path, workers=workers, timeout_s=timeout_s,
+    module = spec_module(model)
+    spec = spec_path(directory) if module == SPEC_FILE else spec_dir(directory) / module
+    if not spec.is_file():
+        raise FileNotFoundError(f"no TLA+ spec at {spec} (named by {model.path})")
+    return run_tlc(spec, model.path, workers=workers, timeout_s=timeout_s,
                    check_deadlock=model.check_deadlock)
+
+
+# -- the membership change (rank replacement with hot spares, issue 15) ---------------------------
+#: spec/Membership.tla is checked with its own models under spec/membership/: MC<W>.cfg (W active
+#: positions; must pass), mutants/*.cfg and witnesses/*.cfg (as above). A cfg names the module it
+#: checks with a `\* spec: Membership.tla` header; without one it checks SPEC_FILE.
+MEMBERSHIP_DIR = "membership"
+MEMBERSHIP_SIZES: tuple[int, ...] = (3, 4)
+MEMBERSHIP_DEFAULT: tuple[int, ...] = (3,)  # the one the default check (and CI) runs
+
+
+def spec_module(model: ModelConfig) -> str:
+    """The .tla file a model checks: its `\\* spec:` header, else SPEC_FILE."""
+    for raw in model.path.read_text().splitlines() if model.path.is_file() else ():
+        line = raw.strip()
+        if line.startswith("\\*"):
+            key, _, value = line[2:].partition(":")
+            if key.strip() == "spec" and value.strip():
+                return value.strip()
+    return SPEC_FILE
+
+
+def membership_dir(directory: Path | None = None) -> Path:
+    return spec_dir(directory) / MEMBERSHIP_DIR
+
+
+def membership_model(positions: int, directory: Path | None = None) -> ModelConfig:
+    path = membership_dir(directory) / f"MC{positions}.cfg"
+    if not path.is_file():
+        raise FileNotFoundError(f"no membership model for {positions} positions at {path} "
+                                f"(shipped: {MEMBERSHIP_SIZES})")
+    return ModelConfig.load(path)
+
+
+def membership_mutants(directory: Path | None = None) -> list[ModelConfig]:
+    found = [ModelConfig.load(p) for p in sorted((membership_dir(directory) / "mutants").glob("*.cfg"))]
+    for m in found:
+        if m.expect == "pass":
+            raise ValueError(f"mutant {m.path} expects to pass: every mutant must name the property it breaks")
+    return found
+
+
+def membership_witnesses(directory: Path | None = None) -> list[ModelConfig]:
+    found = [ModelConfig.load(p) for p in sorted((membership_dir(directory) / "witnesses").glob("*.cfg"))]
+    for m in found:
+        if m.expect not in m.invariants:
+            raise ValueError(f"witness {m.path} must check the invariant it expects to be violated")
+    return found

@@ -1,0 +1,333 @@
+"""Check a recorded replacement run against the rules of spec/Membership.tla (issue 15).
+
+The runtime writes one JSON-lines file per process; its membership records carry
+`"kind": "membership"`, a monotonic `seq` per file, and an `event`:
+
+    present            world, position, frontier, applied
+    decided            world, outcome ("replace" | "reject"), present, lost, assign {position: spare id},
+                       source {position: source position}, frontier [, replicas]
+    fenced             world, position
+    activated          world (the new one), position, spare (the spare's id)
+    world_built        world, position
+    transfer_sent      world, position (the sender), to (position), bytes, digest
+    transfer_verified  world, position (the receiver), digest, ok
+    vote               world, position, ok
+    release            world, outcome ("resume" | "reject")
+    train              world, position, frontier
+
+`check_membership_traces` takes the records by process (file) and returns the violations as
+sentences, each starting with the rule it breaks in brackets (the spec's property where there is
+one), empty when the run keeps every rule. Only the order inside one file is known (a file's
+`seq`); rules that relate processes are checked on what each file holds, not on a global order:
+
+- [OutcomeAgreement] one decision per world, one release value per world: every process that
+  recorded a decision (a release) of a world recorded the same one.
+- [DecisionComplete] a replace decision assigns every lost position a distinct spare and a source
+  position that is present; lost and present are disjoint; a present position posted PRESENT.
+- [StateFromReplica] the source of a lost position is a member of its replica set (the sets passed
+  in as `replicas`, or carried by the decided record as "replicas"); a transfer is sent by the
+  decision's source of its destination.
+- [NoSplitFrontier] a replace decision's present reports all hold its frontier; a process's first
+  train record in a replaced world is at the decision's frontier.
+- [SpareValidatedBeforeRelease] a spare votes ok only after it verified a transfer whose digest is
+  the one sent to its position in its world; a verified transfer with another digest is not ok;
+  release=resume of a world only with an ok vote of every member of it.
+- [TrainAfterRelease] a process trains in a world after the initial one only once it recorded
+  release=resume for it, never after release=reject, and only in a world it joined.
+- [FencedNeverTrains] no train record of a process after its fenced record, or after it recorded a
+  decision that left its position out.
+- [OnePositionOneProcess] no two processes train one position of one world; in a replaced world a
+  position is trained only by its holder (the process that posted PRESENT for it, or the spare
+  the decision assigned to it and that activated into it).
+- [TraceFormat] seq strictly increasing in each file; the fields an event needs are there.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+REQUIRED: dict[str, tuple[str, ...]] = {
+    "present": ("world", "position", "frontier"),
+    "decided": ("world", "outcome"),
+    "fenced": ("world", "position"),
+    "activated": ("world", "position", "spare"),
+    "world_built": ("world", "position"),
+    "transfer_sent": ("world", "position", "to", "digest"),
+    "transfer_verified": ("world", "position", "digest", "ok"),
+    "vote": ("world", "position", "ok"),
+    "release": ("world", "outcome"),
+    "train": ("world", "position", "frontier"),
+}
+
+
+def _int_keys(mapping: Mapping[Any, Any] | None) -> dict[int, int]:
+    """JSON object keys are strings: {"1": 4} -> {1: 4}."""
+    return {int(k): int(v) for k, v in (mapping or {}).items()}
+
+
+def _decision_key(rec: Mapping[str, Any]) -> tuple:
+    return (
+        rec.get("outcome"),
+        tuple(sorted(int(p) for p in rec.get("present") or ())),
+        tuple(sorted(int(p) for p in rec.get("lost") or ())),
+        tuple(sorted(_int_keys(rec.get("assign")).items())),
+        tuple(sorted(_int_keys(rec.get("source")).items())),
+        rec.get("frontier"),
+    )
+
+
+def _describe_decision(rec: Mapping[str, Any]) -> str:
+    outcome, present, lost, assign, source, frontier = _decision_key(rec)
+    if outcome != "replace":
+        return f"{outcome} (present {list(present)})"
+    return (f"replace (present {list(present)}, lost {list(lost)}, assign {dict(assign)}, "
+            f"source {dict(source)}, F={frontier})")
+
+
+def membership_records(records: Iterable[Mapping[str, Any]]) -> list[dict]:
+    return [dict(r) for r in records if r.get("kind") == "membership"]
+
+
+def load_membership_traces(run_dir: Path | str) -> dict[str, list[dict]]:
+    """Every *.jsonl file of `run_dir` that holds membership records, by file name."""
+    out: dict[str, list[dict]] = {}
+    for path in sorted(Path(run_dir).glob("*.jsonl")):
+        with open(path) as fh:
+            recs = membership_records(json.loads(line) for line in fh if line.strip())
+        if recs:
+            out[path.name] = recs
+    return out
+
+
+def check_membership_traces(
+    records_by_process: Mapping[str, Sequence[Mapping[str, Any]]],
+    *,
+    replicas: Iterable[Iterable[int]] | None = None,
+) -> list[str]:
+    """The violations of the membership rules by a recorded run (empty: none). See the module doc."""
+    bad: list[str] = []
+    procs: dict[str, list[dict]] = {}
+
+    # -- format: membership records only, seq strictly increasing per file, fields present --------
+    for proc, recs in records_by_process.items():
+        recs = membership_records(recs)
+        last = None
+        for rec in recs:
+            seq = rec.get("seq")
+            if not isinstance(seq, int):
+                bad.append(f"[TraceFormat] {proc}: a record without an integer seq: {rec}")
+            elif last is not None and seq <= last:
+                bad.append(f"[TraceFormat] {proc}: seq {seq} after seq {last} (seq must increase in a file)")
+            if isinstance(seq, int):
+                last = seq
+            event = rec.get("event")
+            if event not in REQUIRED:
+                bad.append(f"[TraceFormat] {proc} seq {seq}: unknown membership event {event!r}")
+                continue
+            missing = [f for f in REQUIRED[event] if f not in rec]
+            if missing:
+                bad.append(f"[TraceFormat] {proc} seq {seq}: {event} record without {', '.join(missing)}")
+        procs[proc] = [r for r in recs if r.get("event") in REQUIRED and all(f in r for f in REQUIRED[r["event"]])]
+    if any(m.startswith("[TraceFormat]") for m in bad):
+        return bad
+
+    given_replicas = [frozenset(int(p) for p in r) for r in replicas] if replicas is not None else None
+
+    # -- the registers: one decision and one release value per world ------------------------------
+    decisions: dict[int, tuple[str, dict]] = {}  # world -> (first process, record)
+    releases: dict[int, tuple[str, str]] = {}
+    for proc, recs in procs.items():
+        for rec in recs:
+            w = int(rec["world"])
+            if rec["event"] == "decided":
+                if w not in decisions:
+                    decisions[w] = (proc, rec)
+                elif _decision_key(decisions[w][1]) != _decision_key(rec):
+                    other, first = decisions[w]
+                    bad.append(f"[OutcomeAgreement] world {w}: {proc} followed the decision "
+                               f"{_describe_decision(rec)} but {other} followed {_describe_decision(first)} "
+                               "(one decision per world)")
+            elif rec["event"] == "release":
+                if w not in releases:
+                    releases[w] = (proc, rec["outcome"])
+                elif releases[w][1] != rec["outcome"]:
+                    bad.append(f"[OutcomeAgreement] world {w}: {proc} followed release={rec['outcome']} but "
+                               f"{releases[w][0]} followed release={releases[w][1]} (one release value per world)")
+
+    # who posted PRESENT for which position of which world; who activated into which position
+    presenter: dict[tuple[int, int], set[str]] = defaultdict(set)
+    present_f: dict[tuple[int, int], list[int]] = defaultdict(list)
+    activated: dict[tuple[int, int], dict[str, int]] = defaultdict(dict)  # (new world, pos) -> {proc: spare}
+    for proc, recs in procs.items():
+        for rec in recs:
+            key = (int(rec["world"]), int(rec["position"])) if "position" in rec else None
+            if rec["event"] == "present":
+                presenter[key].add(proc)
+                present_f[key].append(rec["frontier"])
+            elif rec["event"] == "activated":
+                activated[key][proc] = int(rec["spare"])
+
+    # -- each replace decision: complete, sources in the replica set, one frontier ----------------
+    holders: dict[int, dict[int, set[str]]] = {}  # new world -> position -> processes entitled to it
+    for w, (proc, rec) in sorted(decisions.items()):
+        if rec["outcome"] != "replace":
+            continue
+        present = {int(p) for p in rec.get("present") or ()}
+        lost = {int(p) for p in rec.get("lost") or ()}
+        assign, source = _int_keys(rec.get("assign")), _int_keys(rec.get("source"))
+        where = f"world {w} (decided by {proc})"
+        if present & lost:
+            bad.append(f"[DecisionComplete] {where}: positions {sorted(present & lost)} both present and lost")
+        for i in sorted(lost):
+            if i not in assign:
+                bad.append(f"[DecisionComplete] {where}: lost position {i} has no spare assigned")
+            if i not in source:
+                bad.append(f"[DecisionComplete] {where}: lost position {i} has no source")
+            elif source[i] not in present:
+                bad.append(f"[DecisionComplete] {where}: the source {source[i]} of lost position {i} is not present")
+        spares = [assign[i] for i in lost if i in assign]
+        if len(set(spares)) != len(spares):
+            bad.append(f"[DecisionComplete] {where}: one spare assigned to two positions ({assign})")
+        for i in sorted(present):
+            if not presenter.get((w, i)):
+                bad.append(f"[DecisionComplete] {where}: present position {i} has no PRESENT record")
+        sets = given_replicas
+        if sets is None and rec.get("replicas") is not None:
+            sets = [frozenset(int(p) for p in r) for r in rec["replicas"]]
+        if lost and sets is None:
+            bad.append(f"[StateFromReplica] {where}: no replica sets to check the sources against "
+                       "(pass replicas= or record them in the decided record)")
+        elif sets is not None:
+            for i in sorted(lost):
+                if i in source:
+                    mine = [r for r in sets if i in r]
+                    if not mine or source[i] not in mine[0] or source[i] == i:
+                        bad.append(f"[StateFromReplica] {where}: lost position {i} gets its state from position "
+                                   f"{source[i]}, outside its replica set "
+                                   f"{sorted(mine[0]) if mine else '(none)'}")
+        fs = {f for i in present for f in present_f.get((w, i), [])}
+        if fs - {rec.get("frontier")}:
+            bad.append(f"[NoSplitFrontier] {where}: present reports at frontiers {sorted(fs)} but the decision "
+                       f"resumes at F={rec.get('frontier')}")
+        new = w + 1
+        holders[new] = {i: set(presenter.get((w, i), ())) for i in present}
+        for i in lost:
+            holders[new][i] = {p for p, s in activated.get((new, i), {}).items() if s == assign.get(i)}
+        for (aw, ai), by in activated.items():
+            if aw == new:
+                for p, s in by.items():
+                    if ai not in lost or assign.get(ai) != s:
+                        bad.append(f"[OnePositionOneProcess] world {new}: {p} activated as spare {s} into position "
+                                   f"{ai}, which the decision of world {w} did not assign to it")
+
+    # -- transfers: sent by the source, verified against the digest sent --------------------------
+    sent: dict[tuple[int, int], set[str]] = defaultdict(set)  # (new world, to) -> digests
+    for proc, recs in procs.items():
+        for rec in recs:
+            if rec["event"] != "transfer_sent":
+                continue
+            w, frm, to = int(rec["world"]), int(rec["position"]), int(rec["to"])
+            sent[(w, to)].add(str(rec["digest"]))
+            dec = decisions.get(w - 1)
+            if dec is not None and dec[1]["outcome"] == "replace":
+                src = _int_keys(dec[1].get("source")).get(to)
+                if src != frm:
+                    bad.append(f"[StateFromReplica] world {w}: {proc} (position {frm}) sent the state of position "
+                               f"{to}, whose source by the decision is {src}")
+
+    # -- per process, in file order --------------------------------------------------------------
+    trained: dict[tuple[int, int], set[str]] = defaultdict(set)
+    voted_ok: dict[int, set[int]] = defaultdict(set)  # world -> positions that voted ok
+    for proc, recs in procs.items():
+        fenced_at: str | None = None
+        released: dict[int, str] = {}
+        joined: set[int] = set()
+        verified: dict[int, bool] = {}  # world -> verified a matching digest
+        is_spare_in: set[int] = set()
+        first_train: set[int] = set()
+        for rec in recs:
+            ev, w, seq = rec["event"], int(rec["world"]), rec["seq"]
+            at = f"{proc} seq {seq}"
+            if ev == "present":
+                joined.add(w)
+            elif ev == "decided":
+                pos = _own_position(recs, w)
+                if pos is not None and rec["outcome"] == "replace" and pos not in {int(p) for p in rec["present"]}:
+                    fenced_at = fenced_at or f"its decided record (seq {seq}) left position {pos} out"
+                if rec["outcome"] == "replace" and pos is not None and pos in {int(p) for p in rec["present"]}:
+                    joined.add(w + 1)
+            elif ev == "fenced":
+                dec = decisions.get(w)
+                if dec is not None and dec[1]["outcome"] == "replace" and int(rec["position"]) in {
+                        int(p) for p in dec[1]["present"]}:
+                    bad.append(f"[FencedNeverTrains] {at}: fenced in world {w} although position "
+                               f"{rec['position']} is in the decision's present set")
+                fenced_at = fenced_at or f"its fenced record (seq {seq})"
+            elif ev == "activated":
+                joined.add(w)
+                is_spare_in.add(w)
+            elif ev == "world_built":
+                joined.add(w)
+            elif ev == "transfer_verified":
+                match = str(rec["digest"]) in sent.get((w, int(rec["position"])), set())
+                if rec["ok"] and not match:
+                    bad.append(f"[SpareValidatedBeforeRelease] {at}: transfer verified ok in world {w} with digest "
+                               f"{rec['digest']!r}, which no transfer_sent to position {rec['position']} carried")
+                verified[w] = bool(rec["ok"]) and match
+            elif ev == "vote":
+                if rec["ok"]:
+                    voted_ok[w].add(int(rec["position"]))
+                    if w in is_spare_in and not verified.get(w, False):
+                        bad.append(f"[SpareValidatedBeforeRelease] {at}: the spare voted ok in world {w} before "
+                                   "verifying the transfer of its state")
+            elif ev == "release":
+                released[w] = rec["outcome"]
+            elif ev == "train":
+                pos = int(rec["position"])
+                if fenced_at is not None:
+                    bad.append(f"[FencedNeverTrains] {at}: trains in world {w} after {fenced_at}")
+                if (w - 1) in decisions:  # a world some membership change formed (not the first one)
+                    if released.get(w) != "resume":
+                        what = "after release=reject" if released.get(w) == "reject" else "before release=resume"
+                        bad.append(f"[TrainAfterRelease] {at}: trains in world {w} {what} for it")
+                    if w not in joined:
+                        bad.append(f"[TrainAfterRelease] {at}: trains in world {w}, which it never joined")
+                    entitled = holders.get(w, {}).get(pos)
+                    if entitled is not None and proc not in entitled:
+                        bad.append(f"[OnePositionOneProcess] {at}: trains position {pos} in world {w}, held by "
+                                   f"{sorted(entitled) or 'nobody'} by the decision of world {w - 1}")
+                    dec = decisions.get(w - 1)
+                    if w not in first_train and dec is not None and dec[1]["outcome"] == "replace" \
+                            and rec["frontier"] != dec[1].get("frontier"):
+                        bad.append(f"[NoSplitFrontier] {at}: resumes world {w} at frontier {rec['frontier']}, "
+                                   f"the decision's is {dec[1].get('frontier')}")
+                first_train.add(w)
+                trained[(w, pos)].add(proc)
+    for (w, pos), who in sorted(trained.items()):
+        if len(who) > 1:
+            bad.append(f"[OnePositionOneProcess] world {w}: position {pos} trained by {len(who)} processes "
+                       f"({', '.join(sorted(who))})")
+
+    # -- release=resume only with every member's ok vote -----------------------------------------
+    for w, (proc, outcome) in sorted(releases.items()):
+        dec = decisions.get(w - 1)
+        if outcome != "resume" or dec is None or dec[1]["outcome"] != "replace":
+            continue
+        members = {int(p) for p in dec[1]["present"]} | {int(p) for p in dec[1].get("lost") or ()}
+        missing = sorted(members - voted_ok.get(w, set()))
+        if missing:
+            bad.append(f"[SpareValidatedBeforeRelease] world {w}: release=resume (recorded by {proc}) without an "
+                       f"ok vote of position(s) {missing}")
+    return bad
+
+
+def _own_position(recs: Sequence[Mapping[str, Any]], world: int) -> int | None:
+    """The position a process held in `world`: its PRESENT of that world, or its activation into it."""
+    for rec in recs:
+        if rec["event"] in ("present", "activated", "world_built", "train") and int(rec["world"]) == world:
+            return int(rec["position"])
+    return None

@@ -1,0 +1,548 @@
+----------------------------- MODULE Membership -----------------------------
+(***************************************************************************)
+(* AccelPact membership change: a lost rank is replaced by a hot spare     *)
+(* (issue 15).  A module of its own: the in-world repair (Preserve,        *)
+(* Rewind, rebind) is AccelPact.tla's business; this one models who holds  *)
+(* which position of which world, at the same level of abstraction.        *)
+(*                                                                         *)
+(* W active positions 0..W-1 (the ranks of the training world), each held  *)
+(* by one process; S spare processes W..W+S-1 wait without a position.  A  *)
+(* shared store of compare-and-set registers survives everything (losing   *)
+(* the store's host is out of scope: the runtime rejects it).  World epoch *)
+(* e has its own process groups; a process trains only in its own world.   *)
+(*                                                                         *)
+(* One membership change, epoch e -> e+1:                                  *)
+(* - a loss (CRASH: gone for good; PARTITION: alive, cut off from its      *)
+(*   peers and the store, may reach the store again later) breaks world e; *)
+(* - survivors detect it (their collective fails) and post PRESENT(e,      *)
+(*   position, frontier F, applied) in the store;                          *)
+(* - the first present survivor whose wait ends (all W present, or its     *)
+(*   deadline: at any time) writes the MEMBERSHIP REGISTER of e            *)
+(*   (compare-and-set, first write wins) with a decision computed only     *)
+(*   from the reports it read: REPLACE (each lost position -> a free spare *)
+(*   and a source position from its replica set; the agreed F) or REJECT   *)
+(*   (no spare, no live replica, frontiers differ);                        *)
+(* - everyone obeys the register: a process whose position is not in the   *)
+(*   decided present set is FENCED (it exits when it reads the register,   *)
+(*   e.g. a partitioned process reaching the store again, or a survivor    *)
+(*   whose PRESENT came late); each assigned spare takes its lost position *)
+(*   (and the lost rank's global id);                                      *)
+(* - every member of world e+1 builds its groups on a fresh prefix (world  *)
+(*   e is retired for it), the source sends the lost shard to the spare    *)
+(*   with a digest (a transfer may arrive corrupted: the check fails),     *)
+(*   every member validates and votes, and the RELEASE REGISTER of e+1 is  *)
+(*   written once: resume iff every member voted ok, else reject (a failed *)
+(*   vote, a deadline); on reject every process exits (exit 75).           *)
+(*                                                                         *)
+(* Survivors restore their boundary snapshot when they join (an update in  *)
+(* flight is re-run by everyone: Rewind semantics), so the source sends    *)
+(* the state at F.  Further losses may strike a released world (e+1 ->     *)
+(* e+2) or a recovery in progress (a member of e+1 lost before its vote:   *)
+(* the release rejects; one lost after its ok vote is found by the next    *)
+(* collective: a new change).                                              *)
+(*                                                                         *)
+(* Not modelled: a partition that strikes a process during a recovery (a   *)
+(* crash stands for it there: it stops taking part, and a partitioned      *)
+(* member that reaches the store reads a release that can only be reject); *)
+(* a partition that heals towards the store but not the peers (a healed    *)
+(* process reaches both); the deadline of the release only expires when a  *)
+(* member is lost or a vote failed unless Spurious.                        *)
+(*                                                                         *)
+(* The constant Mutant selects a deliberately broken variant ("none" is    *)
+(* the protocol); spec/membership/mutants/*.cfg name the property each     *)
+(* must violate, spec/membership/witnesses/*.cfg the states TLC must       *)
+(* reach; spec/membership/MC3.cfg and MC4.cfg are the models that pass.    *)
+(*                                                                         *)
+(* Properties about train events (FencedNeverTrains,                       *)
+(* NoTrainOnRetiredWorld) are read from ghost sets filled by the step that *)
+(* writes a "train" record: a slow member may still sit in Train, or       *)
+(* resume, when a register already fenced it, unable to train (its world's *)
+(* collectives fail), so the phase alone cannot tell a fenced process that *)
+(* trains from one that has not noticed yet.                               *)
+(***************************************************************************)
+EXTENDS Integers, FiniteSets
+
+CONSTANTS
+    W,            \* active positions 0..W-1
+    S,            \* spare processes W..W+S-1
+    Replicas,     \* the replica sets: a partition of the positions (a shard coordinate each)
+    MaxLosses,    \* at most this many losses (crashes and partitions) in a run
+    MaxFrontier,  \* training is bounded: at most MaxFrontier committed updates
+    Corruption,   \* TRUE: a state transfer may arrive corrupted (its digest check fails)
+    InFlight,     \* TRUE: a loss may strike mid-update, a survivor holding the step applied
+    Spurious,     \* TRUE: a release deadline may expire while every member is still coming
+    Mutant        \* "none" or the name of a deliberately broken variant
+
+Positions == 0 .. (W - 1)
+Spares == W .. (W + S - 1)
+Procs == 0 .. (W + S - 1)
+Epochs == 0 .. MaxLosses      \* every membership change needs a loss of its own
+Frontiers == 0 .. MaxFrontier
+None == -1                    \* no position / no world / no process
+NoShard == -1                 \* a spare's memory before the transfer
+Corrupt == -2                 \* a state whose digest does not match
+
+Mutants == {"none", "release_before_transfer_verified", "partition_not_fenced",
+            "two_claim_one_position", "transfer_from_non_replica", "frontier_split",
+            "blind_release", "train_on_old_world", "late_present_joins"}
+
+Min(X) == CHOOSE x \in X : \A y \in X : x <= y
+ReplicaOf(i) == CHOOSE R \in Replicas : i \in R
+ShardOf(i) == Min(ReplicaOf(i))   \* the shard coordinate a position holds: its replica set's id
+(* The k-th smallest element of X (k from 0). *)
+Nth(X, k) == CHOOSE x \in X : Cardinality({y \in X : y < x}) = k
+
+ASSUME /\ W \in Nat \ {0} /\ S \in Nat /\ MaxLosses \in Nat /\ MaxFrontier \in Nat
+       /\ UNION Replicas = Positions /\ {} \notin Replicas
+       /\ \A R1, R2 \in Replicas : R1 = R2 \/ R1 \cap R2 = {}
+       /\ Corruption \in BOOLEAN /\ InFlight \in BOOLEAN /\ Spurious \in BOOLEAN
+       /\ Mutant \in Mutants
+
+Phases == {"Spare",   \* a spare waiting for an assignment
+           "Train",   \* in the training loop of world[p] (blocked if its world is broken)
+           "Wait",    \* posted PRESENT, waiting for the membership register
+           "Cut",     \* partitioned: reaches neither its peers nor the store
+           "Build",   \* member of world[p] (new), building its groups, transferring, validating
+           "Voted",   \* voted, waiting for the release register
+           "Exit",    \* fenced: learned it was replaced, exited for good
+           "Reject",  \* fail-stop (exit 75)
+           "Dead"}    \* crashed
+
+NoReport == [proc |-> None, f |-> 0, applied |-> FALSE]
+NoDecision == [kind |-> "none", present |-> {}, holder |-> [i \in Positions |-> None],
+               src |-> [i \in Positions |-> None], f |-> 0, rewind |-> FALSE, why |-> "none"]
+NotResumed == [w |-> None, f |-> 0, stepped |-> FALSE]
+
+VARIABLES
+    phase,     \* phase[p]
+    pos,       \* pos[p]: the position p holds (a spare takes the lost rank's id), None for a spare
+    world,     \* world[p]: the world epoch p belongs to (None for a spare)
+    frontier,  \* frontier[p]: committed updates in p's memory
+    stepped,   \* stepped[p]: p holds the in-flight update's step applied (not committed)
+    shard,     \* shard[p]: the shard coordinate of the state in p's memory (NoShard, Corrupt)
+    groups,    \* groups[p]: the world whose groups p built last (older ones retired)
+    refs,      \* refs[p]: the world whose groups p's training loop uses
+    vote,      \* vote[p]: "none" | "ok" | "fail", p's release vote in world[p]
+    rep,       \* rep[e][i]: PRESENT report of position i in epoch e (store)
+    reg,       \* reg[e]: the membership register of epoch e (store)
+    rel,       \* rel[e]: the release register of world e (store); world 0 starts released
+    losses,    \* losses so far
+    \* ghosts (read by the properties only)
+    seen,      \* seen[p][e]: the membership decision of e that p acted on
+    relSeen,   \* relSeen[p][e]: the release value of world e that p acted on
+    claims,    \* claims[e]: <<position, process>> for every process that took a position in world e
+    notReady,  \* notReady[e]: members of world e not validated when release=resume was written
+    zombie,    \* processes that wrote a train record while fenced
+    stale,     \* processes that wrote a train record outside their world or in a superseded one
+    resumedAt  \* resumedAt[p]: [w, f, stepped] of p's last train record after a release
+
+procVars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote>>
+vars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
+          seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+
+-----------------------------------------------------------------------------
+(* Helpers *)
+
+(* Position i of world e is held by a process that trains (or is released to). *)
+HeldLive(e, i) == \E q \in Procs : /\ <<i, q>> \in claims[e] /\ world[q] = e
+                                   /\ \/ phase[q] = "Train"
+                                      \/ phase[q] = "Voted" /\ rel[e] = "resume"
+(* A collective of world e fails: some position is no longer held by a training process. *)
+Broken(e) == \E i \in Positions : ~HeldLive(e, i)
+
+Present(e) == {i \in Positions : rep[e][i].proc # None}
+(* Spares named by earlier registers (the decider reads them in the store). *)
+Assigned(d) == IF d.kind = "replace" THEN {d.holder[i] : i \in Positions \ d.present} ELSE {}
+FreeSpares(e) == Spares \ UNION {Assigned(reg[x]) : x \in 0 .. (e - 1)}
+(* Where the lost shard of position i may come from; mutant transfer_from_non_replica: any
+   present position. *)
+SourcesOf(e, i) == IF Mutant = "transfer_from_non_replica" THEN Present(e)
+                   ELSE Present(e) \cap ReplicaOf(i)
+
+(* The decision computed purely from the present reports of epoch e. *)
+Decision(e) ==
+    LET P == Present(e)
+        L == Positions \ P
+        free == FreeSpares(e)
+        okF == \/ \A i, j \in P : rep[e][i].f = rep[e][j].f
+               \/ Mutant = "frontier_split"
+        okSpare == Cardinality(free) >= Cardinality(L)
+        okReplica == \A i \in L : SourcesOf(e, i) # {}
+    IN IF okF /\ okSpare /\ okReplica
+       THEN [kind |-> "replace", present |-> P,
+             holder |-> [i \in Positions |-> IF i \in P THEN rep[e][i].proc
+                                             ELSE Nth(free, Cardinality({j \in L : j < i}))],
+             src |-> [i \in Positions |-> IF i \in P THEN None ELSE Min(SourcesOf(e, i))],
+             f |-> Min({rep[e][i].f : i \in P}),
+             rewind |-> \E i \in P : rep[e][i].applied,
+             why |-> "ok"]
+       ELSE [NoDecision EXCEPT !.kind = "reject", !.present = P,
+             !.why = IF ~okF THEN "frontier" ELSE IF ~okSpare THEN "no_spare" ELSE "no_replica"]
+
+(* p was fenced: a register of a world p held a position in decided without that position. *)
+Fenced(p) == \E e \in Epochs, i \in Positions :
+                /\ <<i, p>> \in claims[e] /\ reg[e].kind = "replace" /\ i \notin reg[e].present
+
+(* The decision that formed p's world, as p read it. *)
+Formed(p) == seen[p][world[p] - 1]
+IsSpareIn(p) == pos[p] \notin Formed(p).present
+Members(d) == {d.holder[i] : i \in Positions}
+(* What release=resume must find: the member joined, built the world, holds an intact state. *)
+Ready(q, e) == world[q] = e /\ groups[q] = e /\ shard[q] >= 0
+
+(* p has read a register that decided without its position: it knows it was replaced. *)
+KnowsFenced(p) == \E e \in Epochs, i \in Positions :
+                     /\ <<i, p>> \in claims[e] /\ seen[p][e].kind = "replace" /\ i \notin seen[p][e].present
+
+(* A train record by p (resuming after a release, or committing an update) with the groups of
+   world `uses`: fill the ghosts.  A fenced process that has not read its fence yet may still
+   resume into its world (it was slow to read the release while the world broke again): its
+   first collective fails, it posts PRESENT and reads the fence.  What it must never do is
+   commit an update, or train once it has read the fence. *)
+TrainRecord(p, uses, commit, knows) ==
+    /\ zombie' = IF knows \/ (commit /\ Fenced(p)) THEN zombie \cup {p} ELSE zombie
+    /\ stale' = IF \/ uses # world[p] \/ groups[p] # world[p]
+                   \/ commit /\ \E x \in Epochs : x > world[p] /\ rel[x] = "resume"
+                THEN stale \cup {p} ELSE stale
+
+-----------------------------------------------------------------------------
+Init ==
+    /\ phase = [p \in Procs |-> IF p \in Positions THEN "Train" ELSE "Spare"]
+    /\ pos = [p \in Procs |-> IF p \in Positions THEN p ELSE None]
+    /\ world = [p \in Procs |-> IF p \in Positions THEN 0 ELSE None]
+    /\ frontier = [p \in Procs |-> 0]
+    /\ stepped = [p \in Procs |-> FALSE]
+    /\ shard = [p \in Procs |-> IF p \in Positions THEN ShardOf(p) ELSE NoShard]
+    /\ groups = [p \in Procs |-> IF p \in Positions THEN 0 ELSE None]
+    /\ refs = groups
+    /\ vote = [p \in Procs |-> "none"]
+    /\ rep = [e \in Epochs |-> [i \in Positions |-> NoReport]]
+    /\ reg = [e \in Epochs |-> NoDecision]
+    /\ rel = [e \in Epochs |-> IF e = 0 THEN "resume" ELSE "none"]
+    /\ losses = 0
+    /\ seen = [p \in Procs |-> [e \in Epochs |-> NoDecision]]
+    /\ relSeen = [p \in Procs |-> [e \in Epochs |-> "none"]]
+    /\ claims = [e \in Epochs |-> IF e = 0 THEN {<<i, i>> : i \in Positions} ELSE {}]
+    /\ notReady = [e \in Epochs |-> {}]
+    /\ zombie = {}
+    /\ stale = {}
+    /\ resumedAt = [p \in Procs |-> IF p \in Positions THEN [w |-> 0, f |-> 0, stepped |-> FALSE]
+                                    ELSE NotResumed]
+
+-----------------------------------------------------------------------------
+(* Training: a synchronous update commits in position order (a loss can strike between two
+   commits, so survivors' frontiers may differ by one), only while every position of the world
+   trains. *)
+Commit(p) ==
+    /\ phase[p] = "Train" /\ frontier[p] < MaxFrontier
+    /\ \A i \in Positions : \E q \in Procs : <<i, q>> \in claims[world[p]] /\ world[q] = world[p]
+                                             /\ phase[q] = "Train"
+    /\ \A q \in Procs : world[q] = world[p] /\ phase[q] = "Train" =>
+          IF pos[q] < pos[p] THEN frontier[q] = frontier[p] + 1 ELSE frontier[q] = frontier[p]
+    /\ frontier' = [frontier EXCEPT ![p] = @ + 1]
+    /\ TrainRecord(p, refs[p], TRUE, KnowsFenced(p))
+    /\ UNCHANGED <<phase, pos, world, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
+                   seen, relSeen, claims, notReady, resumedAt>>
+
+(* p's collective fails: it posts PRESENT for its world.  Mid-update it may already have applied
+   the step of update F+1 (applied); it reports its committed F either way. *)
+PostPresent(p, applied) ==
+    /\ rep' = [rep EXCEPT ![world[p]][pos[p]] = [proc |-> p, f |-> frontier[p], applied |-> applied]]
+    /\ stepped' = [stepped EXCEPT ![p] = applied]
+    /\ phase' = [phase EXCEPT ![p] = "Wait"]
+
+Detect(p) ==
+    /\ phase[p] = "Train" /\ Broken(world[p])
+    /\ \E a \in BOOLEAN : (a => InFlight /\ frontier[p] < MaxFrontier) /\ PostPresent(p, a)
+    /\ UNCHANGED <<pos, world, frontier, shard, groups, refs, vote, reg, rel, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+
+(* p obeys decision d of its epoch: reject -> exit 75; its position not in the present set ->
+   fenced, exit; else it joins world e+1 at its position, restoring its boundary snapshot (an
+   update in flight is re-run by everyone).  Mutant late_present_joins: a survivor that posted
+   PRESENT too late to be in the present set joins anyway. *)
+Obey(p, d) ==
+    LET e == world[p] IN
+    /\ seen' = [seen EXCEPT ![p][e] = d]
+    /\ IF d.kind = "reject"
+       THEN /\ phase' = [phase EXCEPT ![p] = "Reject"]
+            /\ UNCHANGED <<world, stepped, claims, vote>>
+       ELSE IF pos[p] \notin d.present /\ Mutant # "late_present_joins"
+       THEN /\ phase' = [phase EXCEPT ![p] = "Exit"]
+            /\ UNCHANGED <<world, stepped, claims, vote>>
+       ELSE /\ phase' = [phase EXCEPT ![p] = "Build"]
+            /\ world' = [world EXCEPT ![p] = e + 1]
+            /\ stepped' = [stepped EXCEPT ![p] = FALSE]
+            /\ vote' = [vote EXCEPT ![p] = "none"]
+            /\ claims' = [claims EXCEPT ![e + 1] = @ \cup {<<pos[p], p>>}]
+
+(* A present survivor's wait ends (all W present, or its deadline: any time) and it writes the
+   register of its epoch, compare-and-set, first write wins; then it reads the register (its own
+   value) and obeys it.  Mutant two_claim_one_position: the register is a plain value, last write
+   wins, and every survivor acts on the decision it computed itself. *)
+Decide(p) ==
+    /\ phase[p] = "Wait"
+    /\ reg[world[p]].kind = "none" \/ Mutant = "two_claim_one_position"
+    /\ reg' = [reg EXCEPT ![world[p]] = Decision(world[p])]
+    /\ Obey(p, Decision(world[p]))
+    /\ UNCHANGED <<pos, frontier, shard, groups, refs, rep, rel, losses, relSeen, notReady,
+                   zombie, stale, resumedAt>>
+
+(* p reads the register of its epoch, written by another, and obeys it. *)
+Follow(p) ==
+    /\ phase[p] = "Wait" /\ reg[world[p]].kind # "none"
+    /\ Obey(p, reg[world[p]])
+    /\ UNCHANGED <<pos, frontier, shard, groups, refs, rep, reg, rel, losses, relSeen, notReady,
+                   zombie, stale, resumedAt>>
+
+(* A spare reads a register that assigns it a lost position: it joins world e+1 holding it. *)
+Activate(s) ==
+    /\ phase[s] = "Spare"
+    /\ \E e \in Epochs, i \in Positions :
+          /\ reg[e].kind = "replace" /\ i \notin reg[e].present /\ reg[e].holder[i] = s
+          /\ phase' = [phase EXCEPT ![s] = "Build"]
+          /\ vote' = [vote EXCEPT ![s] = "none"]
+          /\ pos' = [pos EXCEPT ![s] = i]
+          /\ world' = [world EXCEPT ![s] = e + 1]
+          /\ seen' = [seen EXCEPT ![s][e] = reg[e]]
+          /\ claims' = [claims EXCEPT ![e + 1] = @ \cup {<<i, s>>}]
+    /\ UNCHANGED <<frontier, stepped, shard, groups, refs, rep, reg, rel, losses, relSeen,
+                   notReady, zombie, stale, resumedAt>>
+
+(* Build world e's groups (default, data, control) on a fresh prefix: a rendezvous of every
+   member the decision names, so it completes only once each has joined and is alive.  The old
+   world is retired for p (its groups are destroyed).  A survivor then validates and votes ok
+   at once (one step: nothing observable happens in between); a spare votes once its state has
+   arrived (Vote). *)
+Build(p) ==
+    /\ phase[p] = "Build" /\ groups[p] # world[p] /\ rel[world[p]] = "none"
+    /\ \A q \in Members(Formed(p)) : world[q] = world[p] /\ phase[q] \in {"Build", "Voted"}
+    /\ groups' = [groups EXCEPT ![p] = world[p]]
+    /\ IF IsSpareIn(p) THEN UNCHANGED <<phase, vote>>
+       ELSE /\ phase' = [phase EXCEPT ![p] = "Voted"]
+            /\ vote' = [vote EXCEPT ![p] = "ok"]
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, refs, rep, reg, rel, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+
+(* The source of lost position i sends its state (at F: it restored its snapshot) with a
+   digest to the spare, over world e's groups; the bytes may arrive corrupted. *)
+Transfer(p) ==
+    /\ phase[p] \in {"Build", "Voted"} /\ groups[p] = world[p]
+    /\ \E i \in Positions \ Formed(p).present :
+          LET q == Formed(p).holder[i] IN
+          /\ Formed(p).src[i] = pos[p]
+          /\ phase[q] = "Build" /\ world[q] = world[p] /\ groups[q] = world[p] /\ shard[q] = NoShard
+          /\ \E ok \in BOOLEAN :
+                /\ ok \/ Corruption
+                /\ shard' = [shard EXCEPT ![q] = IF ok THEN shard[p] ELSE Corrupt]
+          /\ frontier' = [frontier EXCEPT ![q] = frontier[p]]
+          /\ stepped' = [stepped EXCEPT ![q] = stepped[p]]
+    /\ UNCHANGED <<phase, pos, world, groups, refs, vote, rep, reg, rel, losses, seen, relSeen,
+                   claims, notReady, zombie, stale, resumedAt>>
+
+(* The spare validates: groups built, state arrived, digest checked; it votes. *)
+Vote(p) ==
+    /\ phase[p] = "Build" /\ groups[p] = world[p] /\ rel[world[p]] = "none"
+    /\ IsSpareIn(p) /\ shard[p] # NoShard
+    /\ vote' = [vote EXCEPT ![p] = IF shard[p] = Corrupt THEN "fail" ELSE "ok"]
+    /\ phase' = [phase EXCEPT ![p] = "Voted"]
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, rep, reg, rel, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+
+(* A member writes release=resume once every member named by the decision voted ok in this
+   world.  Mutant release_before_transfer_verified: the survivors' votes only. *)
+ReleaseResume(p) ==
+    /\ phase[p] \in {"Build", "Voted"} /\ rel[world[p]] = "none"
+    /\ LET e == world[p]
+           d == Formed(p)
+           voters == IF Mutant = "release_before_transfer_verified"
+                     THEN {d.holder[i] : i \in d.present} ELSE Members(d)
+       IN /\ \A q \in voters : world[q] = e /\ vote[q] = "ok"
+          /\ rel' = [rel EXCEPT ![e] = "resume"]
+          /\ notReady' = [notReady EXCEPT ![e] = {q \in Members(d) : ~Ready(q, e)}]
+    /\ UNCHANGED <<procVars, rep, reg, losses, seen, relSeen, claims, zombie, stale, resumedAt>>
+
+(* A failed vote or an expired deadline: compare-and-set release=reject.  The deadline expires
+   when a member can no longer come (crashed) or, with Spurious, at any time.  Mutant
+   blind_release: a plain write that overwrites resume. *)
+ReleaseReject(p) ==
+    /\ phase[p] \in {"Build", "Voted"}
+    /\ \/ Spurious
+       \/ \E q \in Members(Formed(p)) : vote[q] = "fail" \/ phase[q] \in {"Dead", "Exit", "Reject"}
+    /\ \/ rel[world[p]] = "none"
+       \/ Mutant = "blind_release" /\ rel[world[p]] = "resume"
+    /\ rel' = [rel EXCEPT ![world[p]] = "reject"]
+    /\ UNCHANGED <<procVars, rep, reg, losses, seen, relSeen, claims, notReady, zombie, stale,
+                   resumedAt>>
+
+(* release=resume read: train in world e at F, with the groups just built (the "train" record).
+   Mutant train_on_old_world: the training loop keeps the references it had. *)
+Resume(p) ==
+    /\ phase[p] = "Voted" /\ rel[world[p]] = "resume"
+    /\ LET uses == IF Mutant = "train_on_old_world" THEN refs[p] ELSE groups[p] IN
+       /\ refs' = [refs EXCEPT ![p] = uses]
+       /\ TrainRecord(p, uses, FALSE, KnowsFenced(p))
+    /\ phase' = [phase EXCEPT ![p] = "Train"]
+    /\ relSeen' = [relSeen EXCEPT ![p][world[p]] = "resume"]
+    /\ resumedAt' = [resumedAt EXCEPT ![p] = [w |-> world[p], f |-> frontier[p], stepped |-> stepped[p]]]
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, vote, rep, reg, rel, losses,
+                   seen, claims, notReady>>
+
+Abort(p) ==
+    /\ phase[p] \in {"Build", "Voted"} /\ rel[world[p]] = "reject"
+    /\ phase' = [phase EXCEPT ![p] = "Reject"]
+    /\ relSeen' = [relSeen EXCEPT ![p][world[p]] = "reject"]
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
+                   seen, claims, notReady, zombie, stale, resumedAt>>
+
+-----------------------------------------------------------------------------
+(* Faults *)
+
+(* A process crashes, at any point (a spare too). *)
+Crash(p) ==
+    /\ losses < MaxLosses /\ phase[p] \notin {"Dead", "Exit", "Reject", "Cut"}
+    /\ phase' = [phase EXCEPT ![p] = "Dead"]
+    /\ losses' = losses + 1
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel,
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+
+(* A training process is partitioned: alive, reaching neither its peers nor the store. *)
+Partition(p) ==
+    /\ losses < MaxLosses /\ phase[p] = "Train"
+    /\ phase' = [phase EXCEPT ![p] = "Cut"]
+    /\ losses' = losses + 1
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel,
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+
+(* The partitioned process reaches the store again.  Register of its epoch still empty: the
+   partition was transient, it posts PRESENT like any survivor.  Written: it reads it, learns it
+   was replaced (or that the change rejected) and exits.  Mutant partition_not_fenced: it goes
+   on training in its world.  Mutant two_claim_one_position: decisions are local, so it posts
+   PRESENT without reading the register. *)
+Heal(p) ==
+    /\ phase[p] = "Cut"
+    /\ LET e == world[p] IN
+       IF reg[e].kind = "none" \/ Mutant = "two_claim_one_position"
+       THEN /\ \E a \in BOOLEAN : (a => InFlight /\ frontier[p] < MaxFrontier) /\ PostPresent(p, a)
+            /\ UNCHANGED <<seen, zombie, stale>>
+       ELSE /\ seen' = [seen EXCEPT ![p][e] = reg[e]]
+            /\ UNCHANGED <<rep, stepped>>
+            /\ IF Mutant = "partition_not_fenced"
+               THEN /\ phase' = [phase EXCEPT ![p] = "Train"]
+                    /\ TrainRecord(p, refs[p], FALSE,
+                                   reg[e].kind = "replace" /\ pos[p] \notin reg[e].present)
+               ELSE /\ phase' = [phase EXCEPT ![p] = IF reg[e].kind = "reject" THEN "Reject" ELSE "Exit"]
+                    /\ UNCHANGED <<zombie, stale>>
+    /\ UNCHANGED <<pos, world, frontier, shard, groups, refs, vote, reg, rel, losses, relSeen,
+                   claims, notReady, resumedAt>>
+
+(* Legitimate ends: nothing in a recovery any more.  Stuttering there is not a deadlock. *)
+Done ==
+    /\ \A p \in Procs : phase[p] \in {"Train", "Spare", "Dead", "Exit", "Reject"}
+    /\ UNCHANGED vars
+
+Next ==
+    \/ \E p \in Procs :
+          \/ Commit(p) \/ Detect(p) \/ Decide(p) \/ Follow(p) \/ Activate(p) \/ Build(p)
+          \/ Transfer(p) \/ Vote(p) \/ ReleaseResume(p) \/ ReleaseReject(p) \/ Resume(p)
+          \/ Abort(p) \/ Crash(p) \/ Partition(p) \/ Heal(p)
+    \/ Done
+
+Spec == Init /\ [][Next]_vars
+
+-----------------------------------------------------------------------------
+(* Properties *)
+
+Decisions == [kind : {"none", "replace", "reject"}, present : SUBSET Positions,
+              holder : [Positions -> Procs \cup {None}], src : [Positions -> Positions \cup {None}],
+              f : Frontiers, rewind : BOOLEAN, why : {"none", "ok", "frontier", "no_spare", "no_replica"}]
+
+TypeOK ==
+    /\ phase \in [Procs -> Phases]
+    /\ pos \in [Procs -> Positions \cup {None}]
+    /\ world \in [Procs -> Epochs \cup {None}]
+    /\ frontier \in [Procs -> Frontiers]
+    /\ stepped \in [Procs -> BOOLEAN]
+    /\ shard \in [Procs -> {ShardOf(i) : i \in Positions} \cup {NoShard, Corrupt}]
+    /\ groups \in [Procs -> Epochs \cup {None}] /\ refs \in [Procs -> Epochs \cup {None}]
+    /\ vote \in [Procs -> {"none", "ok", "fail"}]
+    /\ rep \in [Epochs -> [Positions -> [proc : Procs \cup {None}, f : Frontiers, applied : BOOLEAN]]]
+    /\ reg \in [Epochs -> Decisions]
+    /\ rel \in [Epochs -> {"none", "resume", "reject"}]
+    /\ losses \in 0 .. MaxLosses
+    /\ seen \in [Procs -> [Epochs -> Decisions]]
+    /\ relSeen \in [Procs -> [Epochs -> {"none", "resume", "reject"}]]
+    /\ claims \in [Epochs -> SUBSET (Positions \X Procs)]
+    /\ notReady \in [Epochs -> SUBSET Procs]
+    /\ zombie \subseteq Procs /\ stale \subseteq Procs
+    /\ resumedAt \in [Procs -> [w : Epochs \cup {None}, f : Frontiers, stepped : BOOLEAN]]
+
+(* release=resume of a world was written only when every member the decision names had joined,
+   built the world's groups and held an intact, verified state (the spare's transfer checked).
+   Excludes releasing on the survivors' votes (release_before_transfer_verified). *)
+SpareValidatedBeforeRelease ==
+    \A e \in Epochs : rel[e] = "resume" => notReady[e] = {}
+
+(* Every process holding a position holds that position's shard: a spare's state came from a
+   member of the lost position's replica set.  Excludes a source outside it
+   (transfer_from_non_replica). *)
+StateFromReplica ==
+    \A p \in Procs : pos[p] # None /\ shard[p] >= 0 => shard[p] = ShardOf(pos[p])
+
+(* A fenced (replaced) process never commits an update, and never writes a train record once it
+   has read the register that fenced it.  (It may resume into its world before it reads it: a
+   member slow to read release=resume while the world breaks again -- witness
+   fenced_member_resumes; its first collective fails and it reads the fence.)  Excludes a
+   partitioned rank that goes on training after reaching the store (partition_not_fenced). *)
+FencedNeverTrains == zombie = {}
+
+(* No two processes ever claim one position of one world; a released world has every position
+   held.  Excludes a late survivor that joins although the register left it out, beside the
+   spare that took its position (late_present_joins). *)
+OnePositionOneProcess ==
+    \A e \in Epochs, i \in Positions :
+        /\ Cardinality({q \in Procs : <<i, q>> \in claims[e]}) <= 1
+        /\ rel[e] = "resume" => \E q \in Procs : <<i, q>> \in claims[e]
+
+(* No process acts on another value of a membership or release register than a peer did.
+   Excludes a last-write-wins register on which each survivor writes and follows its own
+   decision (two_claim_one_position) and a release timeout that overwrites resume
+   (blind_release). *)
+OutcomeAgreement ==
+    \A p, q \in Procs, e \in Epochs :
+        /\ seen[p][e].kind # "none" /\ seen[q][e].kind # "none" => seen[p][e] = seen[q][e]
+        /\ relSeen[p][e] # "none" /\ relSeen[q][e] # "none" => relSeen[p][e] = relSeen[q][e]
+
+(* Processes that trained after the release of the same world hold the same state: frontier and
+   no half-applied step.  Excludes a decision that ignores differing frontiers (frontier_split). *)
+NoSplitFrontier ==
+    \A p, q \in Procs : resumedAt[p].w # None /\ resumedAt[p].w = resumedAt[q].w =>
+        resumedAt[p].f = resumedAt[q].f /\ resumedAt[p].stepped = resumedAt[q].stepped
+
+(* A process trains only with the groups of the world it belongs to, and never in a world after
+   a newer one was released.  Excludes a training loop that keeps the retired world's groups
+   (train_on_old_world). *)
+NoTrainOnRetiredWorld == stale = {}
+
+-----------------------------------------------------------------------------
+(* Witnesses: interesting states, negated, that TLC must reach (spec/witnesses/membership_NAME.cfg). *)
+
+(* A replacement reaches resume and the spare trains. *)
+NoReplacementEver == ~ \E s \in Spares : phase[s] = "Train" /\ resumedAt[s].w # None
+(* Two membership changes each replaced a position by a spare (S >= 2). *)
+NeverTwoReplacements ==
+    ~ \E s, t \in Spares : /\ s # t /\ resumedAt[s].w # None /\ resumedAt[t].w # None
+                           /\ resumedAt[s].w # resumedAt[t].w
+(* A partitioned rank reaches the store, learns it was replaced, exits; its spare trains. *)
+NeverFencedExit ==
+    ~ \E p \in Positions, s \in Spares : phase[p] = "Exit" /\ phase[s] = "Train" /\ pos[s] = pos[p]
+(* A member of the new world is lost before release, and the release rejects. *)
+NeverLossBeforeReleaseRejects ==
+    ~ \E e \in Epochs : e > 0 /\ rel[e] = "reject" /\ \E q \in Procs : world[q] = e /\ phase[q] = "Dead"
+(* A fenced member resumes into its world before reading the fence (it was slow to read
+   release=resume while the world broke again): why FencedNeverTrains is about commits and about
+   what a process does after it has read its fence. *)
+NeverFencedMemberResumes ==
+    ~ \E p \in Procs : Fenced(p) /\ phase[p] = "Train" /\ world[p] > 0 /\ resumedAt[p].w = world[p]
+
+=============================================================================

@@ -1,0 +1,149 @@
+"""The membership change (rank replacement with hot spares, issue 15): spec/Membership.tla.
+
+Its models live under spec/membership/ and name their module with a `\\* spec: Membership.tla`
+header: MC3 (the default check and CI: `accelpact check --ranks 2 3` runs it) and MC4 (2x2 HSDP,
+`make check`) must pass; each mutant in spec/membership/mutants/ must be caught by exactly the
+property it names (the first violation TLC reports, the invariants ordered in the cfgs from the
+release gate outwards); each witness in spec/membership/witnesses/ must be reached.
+
+MC3 itself is not run here (the CI model check runs it; ~75,000 states): a reduced model of the
+same protocol is, so that the suite still proves the pass path of the spec's own invariants.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import pytest
+
+from model_checking import check, models
+from model_checking.tlc import ModelConfig, Status, render_cfg, run_tlc
+
+SAFETY = ("TypeOK", "SpareValidatedBeforeRelease", "StateFromReplica", "FencedNeverTrains",
+          "OnePositionOneProcess", "OutcomeAgreement", "NoSplitFrontier", "NoTrainOnRetiredWorld")
+
+#: Each mutant and the one property it must be caught by (also in each cfg's `expect:` header).
+MUTANTS = {
+    "release_before_transfer_verified": "SpareValidatedBeforeRelease",
+    "partition_not_fenced": "FencedNeverTrains",
+    "two_claim_one_position": "OutcomeAgreement",
+    "transfer_from_non_replica": "StateFromReplica",
+    "frontier_split": "NoSplitFrontier",
+    "blind_release": "OutcomeAgreement",
+    "train_on_old_world": "NoTrainOnRetiredWorld",
+    "late_present_joins": "OnePositionOneProcess",
+}
+
+#: Each witness and the interesting state it must reach (the invariant TLC must violate).
+WITNESSES = {
+    "replacement_resumes": "NoReplacementEver",
+    "second_replacement": "NeverTwoReplacements",
+    "fenced_exit": "NeverFencedExit",
+    "loss_before_release_rejects": "NeverLossBeforeReleaseRejects",
+    "fenced_member_resumes": "NeverFencedMemberResumes",
+}
+
+
+def _explain(result) -> str:
+    lines = [result.verdict(), *result.errors]
+    for state in result.trace[-4:]:
+        lines.append(f"{state.index}: {state.action} {state.values.get('phase')}")
+    return "\n".join(lines)
+
+
+# -- the shipped models ---------------------------------------------------------------------------
+@pytest.mark.parametrize("positions", models.MEMBERSHIP_SIZES)
+def test_membership_models_check_every_property_and_deadlock(positions):
+    model = models.membership_model(positions)
+    assert model.expect == "pass" and model.check_deadlock
+    assert models.spec_module(model) == "Membership.tla"
+    assert model.constants["W"] == str(positions) and model.constants["Mutant"] == '"none"'
+    assert model.invariants == SAFETY
+
+
+def test_the_default_model_has_two_spares_and_two_losses():
+    """CI's model: a second loss after a replacement, or during one, and a second replacement."""
+    c = models.membership_model(models.MEMBERSHIP_DEFAULT[0]).constants
+    assert c["S"] == "2" and c["MaxLosses"] == "2"
+
+
+def test_every_mutant_is_listed_and_names_its_property():
+    found = {m.name: m for m in models.membership_mutants()}
+    assert set(found) == set(MUTANTS), "a mutant cfg was added or removed: update MUTANTS"
+    for name, model in found.items():
+        assert model.expect == MUTANTS[name], name
+        assert models.spec_module(model) == "Membership.tla", name
+        assert model.constants["Mutant"] == f'"{name}"'
+        assert model.invariants == SAFETY, name
+    spec = (models.spec_dir() / "Membership.tla").read_text()
+    for name in MUTANTS:
+        assert f'"{name}"' in spec, f"the spec does not know the mutant {name}"
+
+
+def test_every_witness_is_listed_and_checks_only_its_state():
+    found = {m.name: m for m in models.membership_witnesses()}
+    assert set(found) == set(WITNESSES), "a witness cfg was added or removed: update WITNESSES"
+    for name, model in found.items():
+        assert model.expect == WITNESSES[name] and model.invariants == ("TypeOK", WITNESSES[name]), name
+        assert model.constants["Mutant"] == '"none"', "a witness is reached by the real protocol"
+        assert models.spec_module(model) == "Membership.tla"
+    assert found["second_replacement"].constants["S"] == "2"
+
+
+def test_the_accelpact_models_still_check_accelpact():
+    assert models.spec_module(models.rank_model(2)) == models.SPEC_FILE
+    assert all(models.spec_module(m) == models.SPEC_FILE for m in models.mutant_models())
+
+
+def test_check_runs_the_membership_model_with_the_default_check(monkeypatch):
+    ran: list[tuple[str, int]] = []
+    monkeypatch.setattr(check, "_check_protocol", lambda n, *a: ran.append(("ranks", n)) or True)
+    monkeypatch.setattr(check, "_check_membership", lambda w, *a: ran.append(("membership", w)) or True)
+    parser = argparse.ArgumentParser()
+    check.add_arguments(parser)
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    assert check.run(parser.parse_args(["--ranks", "2", "3", "--workers", "2"])) == 0
+    assert ran == [("ranks", 2), ("ranks", 3), ("membership", 3)]
+    ran.clear()
+    assert check.run(parser.parse_args(["--ranks", "2", "--no-membership"])) == 0
+    assert ran == [("ranks", 2)]
+    ran.clear()
+    assert check.run(parser.parse_args(["--membership", "3", "4"])) == 0
+    assert ran == [("membership", 3), ("membership", 4)]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--membership", "5"])
+
+
+# -- TLC runs -------------------------------------------------------------------------------------
+@pytest.mark.tlc
+@pytest.mark.timeout(120)
+def test_a_reduced_membership_model_passes():
+    """Two positions, one spare, one loss: replacement, fencing, a corrupted transfer."""
+    cfg = render_cfg({"W": 2, "S": 1, "Replicas": {frozenset({0, 1})}, "MaxLosses": 1, "MaxFrontier": 1,
+                      "Corruption": True, "InFlight": True, "Spurious": True, "Mutant": "none"},
+                     invariants=SAFETY)
+    result = run_tlc(models.spec_dir() / "Membership.tla", cfg, workers=1, timeout_s=100)
+    assert result.status is Status.PASS, _explain(result)
+    assert result.distinct_states and result.distinct_states > 100
+
+
+@pytest.mark.tlc
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(MUTANTS))
+def test_mutant_violates_exactly_its_property(name):
+    model = ModelConfig.load(models.membership_dir() / "mutants" / f"{name}.cfg")
+    result = models.check_model(model, workers=1, timeout_s=100)
+    assert result.status is Status.INVARIANT and result.violated == MUTANTS[name], _explain(result)
+    assert models.expectation_met(model, result)
+    assert len(result.trace) >= 5, "a violation must come with its counterexample"
+
+
+@pytest.mark.tlc
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", sorted(WITNESSES))
+def test_witness_is_reached(name):
+    model = ModelConfig.load(models.membership_dir() / "witnesses" / f"{name}.cfg")
+    result = models.check_model(model, workers=1, timeout_s=100)
+    assert result.status is Status.INVARIANT and result.violated == WITNESSES[name], _explain(result)
+    assert models.expectation_met(model, result)
