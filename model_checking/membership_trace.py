@@ -93,13 +93,26 @@ def membership_records(records: Iterable[Mapping[str, Any]]) -> list[dict]:
 
 
 def load_membership_traces(run_dir: Path | str) -> dict[str, list[dict]]:
-    """Every *.jsonl file of `run_dir` that holds membership records, by file name."""
+    """Every process's membership records in `run_dir`, keyed "<file>#<pid>".
+
+    A rank's trace file holds every process that held that rank: a spare that took the position
+    over appends to the file of the rank it replaced (and a cut-off process that wakes up may
+    still be writing to it), so records are split by the pid each carries (else by the pid of the
+    `attach` record before them). A torn last line (a SIGKILLed writer) is skipped."""
     out: dict[str, list[dict]] = {}
     for path in sorted(Path(run_dir).glob("*.jsonl")):
+        pid = "?"
         with open(path) as fh:
-            recs = membership_records(json.loads(line) for line in fh if line.strip())
-        if recs:
-            out[path.name] = recs
+            for line in fh:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                if rec.get("kind") == "attach":
+                    pid = str(rec.get("pid", "?"))
+                elif rec.get("kind") == "membership":
+                    who = str(rec.get("pid", pid))
+                    out.setdefault(path.name if who == "?" else f"{path.name}#{who}", []).append(rec)
     return out
 
 

@@ -111,3 +111,34 @@ def test_a_spare_is_claimed_once_and_released_with_the_jobs_code():
     with pytest.raises(pool.SpareReleased) as released:
         pool.wait_for_claim(store, 5)
     assert released.value.code == 0 and store.check([keys.job_end()])
+
+
+def test_a_member_whose_heartbeat_stops_is_seen_within_three_beats():
+    import threading
+    import time
+
+    from accelpact.membership import register
+
+    store = dist.HashStore()
+    stop = threading.Event()
+
+    def beat(positions):
+        n = 0
+        while not stop.is_set():
+            n += 1
+            for p in positions:
+                store.set(keys.heartbeat(p), str(n))
+            time.sleep(0.02)
+
+    worker = threading.Thread(target=beat, args=((0, 1, 2),), daemon=True)
+    worker.start()
+    try:
+        assert not register.a_member_went_silent(store, 3, 0.05, stop_early=lambda: False)
+        store.set(keys.heartbeat(3), "1")  # position 3 beat once, then its process was gone
+        t = time.monotonic()
+        assert register.a_member_went_silent(store, 4, 0.05, stop_early=lambda: False)
+        assert time.monotonic() - t < 1.0
+        assert register.a_member_went_silent(store, 3, 10.0, stop_early=lambda: True)  # a peer's presence
+    finally:
+        stop.set()
+        worker.join()

@@ -5,6 +5,9 @@ each a process of its own; the test process hosts the store as torchrun's agent 
 import pytest
 
 from accelpact.testing.spares import run_spare_job
+from model_checking.membership_trace import check_membership_traces, load_membership_traces
+
+HSDP_REPLICAS = ((0, 2), (1, 3))
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -33,6 +36,16 @@ def test_fsdp2_hsdp_two_successive_losses_are_replaced_by_two_spares_bitwise():
     assert second["replacement"]["sources"] == {"1": 3} and second["frontier"] == 4
     assert [job.codes[i] for i in (0, 2, 4, 5)] == [0, 0, 0, 0] and job.codes[1] == job.codes[3] == -9, _explain(job)
     assert "took over rank 3" in job.output[4] and "took over rank 1" in job.output[5]
+    _traces_keep_the_membership_rules(job)
+
+
+def _traces_keep_the_membership_rules(job):
+    """Trace validation of a real replacement run against spec/Membership.tla's rules."""
+    traces = load_membership_traces(job.trace_dir)
+    events = {rec["event"] for recs in traces.values() for rec in recs}
+    assert {"present", "decided", "world_built", "transfer_sent", "transfer_verified", "vote", "release",
+            "train"} <= events, events
+    assert check_membership_traces(traces, replicas=HSDP_REPLICAS) == []
 
 
 def test_fsdp1_hybrid_shard_rank_killed_after_its_step_is_replaced_bitwise():
@@ -62,6 +75,10 @@ def test_a_rank_cut_off_but_alive_is_fenced_when_it_wakes_and_a_spare_holds_its_
     _replaced(job, 2)
     assert job.codes == [0, 0, 0, 0, 0], _explain(job)
     assert "declared lost in world 0 and a spare took its place" in job.output[2], _explain(job)
+    _traces_keep_the_membership_rules(job)
+    fenced = [rec for recs in load_membership_traces(job.trace_dir).values() for rec in recs
+              if rec["event"] == "fenced"]
+    assert [(rec["world"], rec["position"]) for rec in fenced] == [(0, 2)]
 
 
 def test_ddp_with_spares_is_refused_with_the_reason():

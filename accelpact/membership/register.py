@@ -53,6 +53,26 @@ def beat_of(store: dist.Store, position: int) -> bytes | None:
     return store.get(key) if store.check([key]) else None
 
 
+def a_member_went_silent(store: dist.Store, world_size: int, heartbeat_s: float, *, stop_early) -> bool:
+    """Watch every position's heartbeat for 2.5 beats: True as soon as one has not moved for that
+    long (its process is gone) or `stop_early()` says so; False when every one moved."""
+    start = time.monotonic()
+    seen = {p: (beat_of(store, p), start) for p in range(world_size)}
+    quiet = 2.5 * heartbeat_s
+    while True:
+        now = time.monotonic()
+        if stop_early() or any(now - t >= quiet for _, t in seen.values()):
+            return True
+        if now - start >= quiet:
+            return False
+        time.sleep(min(0.05, heartbeat_s / 4))
+        now = time.monotonic()
+        for p in seen:
+            value = beat_of(store, p)
+            if value != seen[p][0]:
+                seen[p] = (value, now)
+
+
 def _beats(store: dist.Store, positions) -> dict[int, bytes | None]:
     out = {}
     for p in positions:

@@ -9,7 +9,9 @@ reject by the release register. Nothing here chooses."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -35,6 +37,20 @@ log = logging.getLogger("accelpact.runtime")
 #: How long the survivors wait for a spare to reach each group its script makes (the spare runs
 #: the user's script from its start: imports, model build, wrapping), at least.
 JOIN_TIMEOUT_FLOOR_S = 60.0
+
+
+_seq = itertools.count(1)  # this process's membership records (model_checking/membership_trace.py)
+
+
+def _record(rt: Runtime, event: str, **fields: Any) -> None:
+    """One membership trace record, as `model_checking.membership_trace` checks them."""
+    rt.trace.write({"kind": "membership", "event": event, "seq": next(_seq), "position": rt.rank,
+                    "pid": os.getpid(), **fields})
+
+
+def record_train(rt: Runtime) -> None:
+    """A committed update in this world (the checker's `train`: nobody trains where it should not)."""
+    _record(rt, "train", world=rt.membership.world, frontier=rt.frontier)
 
 
 def join_timeout_s(rt: Runtime) -> float:
@@ -94,7 +110,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     rt.trace.write({"kind": "observe", "seq": rt.control.seq, "update": rt.update_index, "phase_failed": str(phase),
                     "saw": True, "cause": "a member is missing: the control plane failed at the boundary",
                     "failed_groups": []})
-    rt.trace.write({"kind": "membership", "event": "present", "world": failed_world, "position": rt.rank,
+    _record(rt, "present", **{"world": failed_world, "position": rt.rank,
                     "frontier": rt.frontier, "applied": undo, "rerun_ok": presence.rerun_ok})
     register.post_presence(m.store, failed_world, presence)
     decision = register.await_decision(
@@ -103,9 +119,9 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
         small_state_at=lambda p: small_state.newest_frontier(m.store, p))
     clock.lap("agree")
     change = MemberChange(world=failed_world, decision=decision, timings_s=timings)
-    rt.trace.write({"kind": "membership", "event": "decided", **decision.to_json()})
+    _record(rt, "decided", **{**decision.to_json()})
     if decision.fenced(rt.rank):
-        rt.trace.write({"kind": "membership", "event": "fenced", "world": failed_world, "position": rt.rank})
+        _record(rt, "fenced", **{"world": failed_world, "position": rt.rank})
         m.store.add(keys.fenced_total(), 1)  # its agent will finish normally: no check-in for it
         raise RankFenced(f"rank {rt.rank} was declared lost in world {failed_world} and a spare took its place",
                          rank=rt.rank, world=failed_world)
@@ -123,6 +139,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     world.init_world(m.store, m.world, position=rt.rank, world_size=m.world_size, backend=m.backend,
                      timeout=m.timeout)
     built = world.replay(rt.recipe, build_timeout_s=join_timeout_s(rt))
+    _record(rt, "world_built", world=m.world)
     clock.lap("rebuild")
     control = _control_plane(rt)
     world.finish(rt.recipe)
@@ -153,7 +170,7 @@ def _send_lost_shards(rt: Runtime, m: Membership, control: ControlPlane, change:
             seconds = transfer.send(buf, to=lost, group=control.group)
             change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
                                      "digest": digest, "send_s": seconds})
-            rt.trace.write({"kind": "membership", "event": "transfer_sent", "world": m.world, "position": rt.rank,
+            _record(rt, "transfer_sent", **{"world": m.world, "position": rt.rank,
                             "to": lost, "bytes": int(buf.numel()), "digest": digest})
 
 
@@ -168,13 +185,14 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
         raise ControlPlaneError(f"spare {activation.spare} was claimed for rank {activation.position} but the "
                                 f"membership register of world {activation.world - 1} does not say so")
     change = MemberChange(world=activation.world - 1, decision=decision, timings_s=timings)
-    rt.trace.write({"kind": "membership", "event": "activated", "world": activation.world,
+    _record(rt, "world_built", world=activation.world)
+    _record(rt, "activated", **{"world": activation.world,
                     "position": activation.position, "spare": activation.spare})
     lost = activation.position
     got = transfer.receive(m.store, m.world, lost, decision.source[lost], decision.holders[lost], model=rt.model,
                            optimizer=rt.optimizer, group=rt.control.group, timeout_s=rt.config.control_timeout_s)
     change.transfers.append({"lost": lost, "from": decision.source[lost], **got.to_dict()})
-    rt.trace.write({"kind": "membership", "event": "transfer_verified", "world": m.world, "position": lost,
+    _record(rt, "transfer_verified", **{"world": m.world, "position": lost,
                     "digest": got.digest, "ok": True, "bytes": got.nbytes, "holders": got.holders_agreeing})
     clock.lap("transfer")
     state = small_state.decode(m.store.get(small_state.keys.small_state(lost)))
@@ -223,11 +241,11 @@ def _finish(rt: Runtime, m: Membership, control: ControlPlane, change: MemberCha
             ok, reasons = False, [f"rank {rt.rank}: validating the rebuilt groups: {type(exc).__name__}: {exc}"]
     clock.lap("validate")
     register.post_vote(m.store, m.world, rt.rank, ok, "; ".join(reasons))
-    rt.trace.write({"kind": "membership", "event": "vote", "world": m.world, "position": rt.rank, "ok": ok})
+    _record(rt, "vote", **{"world": m.world, "position": rt.rank, "ok": ok})
     outcome, why = register.release(m.store, m.world, m.world_size, rt.config.control_timeout_s)
     clock.lap("release")
     change.outcome, change.reasons = outcome, why
-    rt.trace.write({"kind": "membership", "event": "release", "world": m.world, "outcome": outcome})
+    _record(rt, "release", **{"world": m.world, "outcome": outcome})
     rt.generation = change.decision.generation
 
 
@@ -259,22 +277,9 @@ def member_lost(rt: Runtime, cause: str) -> bool:
         return True
     if "connection_closed" not in cause:
         return False
-    m, beat = rt.membership, rt.heartbeat.interval_s
-    positions = range(m.world_size)
-    seen = {p: (register.beat_of(m.store, p), time.monotonic()) for p in positions}
-    deadline = time.monotonic() + 2.5 * beat
-    while time.monotonic() < deadline:
-        time.sleep(min(0.05, beat / 4))
-        if changing(rt):
-            return True
-        now = time.monotonic()
-        for p in positions:
-            value = register.beat_of(m.store, p)
-            if value != seen[p][0]:
-                seen[p] = (value, now)
-        if any(now - t >= 2.5 * beat for t in (t for _, t in seen.values())):
-            return True
-    return any(time.monotonic() - t >= 2.5 * beat for _, t in seen.values())
+    m = rt.membership
+    return register.a_member_went_silent(m.store, m.world_size, rt.heartbeat.interval_s,
+                                         stop_early=lambda: changing(rt))
 
 
 def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detect_s: float) -> None:

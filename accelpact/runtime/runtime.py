@@ -36,7 +36,7 @@ from .fail_stop import fail_stop
 from .history import RecoveryRecord
 from .hooks import PhaseTracker
 from .listeners import Observers, UpdateListener
-from .member_change import member_lost, on_lost_member, release_spares, stop_workers
+from .member_change import member_lost, on_lost_member, record_train, release_spares, stop_workers
 from .recovery import drive, observe
 from .rewind import RewindState
 from .stragglers import StragglerWatch
@@ -221,6 +221,8 @@ class Runtime:
 
     def _commit(self) -> None:
         self.frontier += 1
+        if self.membership is not None:
+            record_train(self)
         self.machine.fire("commit_update")
         self.observers.commit(self.frontier, self.generation)
         if self.checkpointer is not None:
