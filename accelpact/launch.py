@@ -131,12 +131,14 @@ def _spares(env) -> int:
 def _start_with_spares(backend, store, rank, launched, spares, timeout) -> None:
     """An active rank joins world 0 at once; a spare waits (heartbeating) until it is claimed
     for a lost position, then joins the world that replaces it, under that position's rank."""
-    from .membership import pool, world
+    from .membership import keys, pool, world
 
     global _membership
     m = Membership(store=store, spares=spares, world_size=launched - spares, launch_rank=rank, backend=backend,
                    timeout=timeout or datetime.timedelta(minutes=30))
     _membership = m
+    # which torchrun agent started this process: the exit-barrier check-in counts lost agents
+    store.set(keys.agent_of(rank), os.environ.get("GROUP_RANK", str(rank)))
     if m.is_spare:
         pool.register(store, rank)
         log.info("rank %d waits as a spare", rank)
@@ -145,6 +147,7 @@ def _start_with_spares(backend, store, rank, launched, spares, timeout) -> None:
         log.warning("spare %d takes over rank %d in world %d", rank, m.position, m.world)
     else:
         m.position = rank
+    store.set(keys.holder(m.position), str(rank))  # who holds it now: a lost holder's agent is counted
     world.init_world(store, m.world, position=m.position, world_size=m.world_size, backend=backend,
                      timeout=m.timeout)
     atexit.register(_position_done)
@@ -162,6 +165,10 @@ def _position_done() -> None:
         if pool.position_done(m.store, m.world_size):  # the last one: no agent waits for the lost
             from .launch_elastic import check_in_for_lost_agents
 
-            check_in_for_lost_agents(pool.agents_lost(m.store), m.world_size + m.spares)
+            # torchrun's exit barrier counts agents (GROUP_WORLD_SIZE), not ranks: one per node
+            # under --nproc-per-node > 1. Counting either wrong ends the barrier early (the store's
+            # host exits under a surviving agent) or never (it waits 300 s)
+            agents = int(os.environ.get("GROUP_WORLD_SIZE") or (m.world_size + m.spares))
+            check_in_for_lost_agents(pool.agents_lost(m.store), agents)
     except Exception as exc:  # the store may be gone at the very end of the job; say so
         log.warning("could not report this rank's end to the spares: %s: %s", type(exc).__name__, exc)

@@ -142,3 +142,29 @@ def test_a_member_whose_heartbeat_stops_is_seen_within_three_beats():
     finally:
         stop.set()
         worker.join()
+
+
+def test_the_exit_barrier_counts_a_lost_node_once_and_a_fenced_process_not_at_all():
+    """One torchrun agent per node (GROUP_RANK = launch rank // 2): the decision that loses ranks
+    2 and 3 records who held them, and their one agent is the only one that never arrives."""
+    from accelpact.membership import register
+    from accelpact.membership.decide import Presence
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=5))
+    for launch_rank in range(6):
+        store.set(keys.agent_of(launch_rank), str(launch_rank // 2))
+    for position in range(4):
+        store.set(keys.holder(position), str(position))
+    pool.register(store, 4)
+    pool.register(store, 5)
+    for position, replicas in ((0, (0, 2)), (1, (1, 3))):
+        register.post_presence(store, 0, Presence(position=position, frontier=5, generation=0, rerun_ok=True,
+                                                  replicas=replicas))
+    decision = register._decide(store, 0, 4, [0, 1], lambda position: 5)
+    assert decision.replace and decision.assign == {2: 4, 3: 5}
+    assert pool.agents_lost(store) == 1  # two ranks, one node
+    store.append(keys.fenced_holders(), "3,")  # had rank 3 only been cut off, its sibling still died
+    assert pool.agents_lost(store) == 1
+    store.append(keys.fenced_holders(), "2,")
+    assert pool.agents_lost(store) == 0  # both alive and fenced: their agent arrives

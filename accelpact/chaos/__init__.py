@@ -4,11 +4,22 @@ torchrun job across them, and a nemesis that cuts and restores node links mid-tr
 `topology` builds and always tears down the fabric, `job` launches the agents, `nemesis` plans
 (pure, seeded) and performs the cuts, `worker` wraps the demo trainer with timing marks, `analysis`
 turns the records into one row per cut, and `campaign` runs bounded campaigns (`make chaos`).
+`nodeloss` takes a whole node away for good (agent and workers) while a spare node waits
+(`make chaos-nodeloss`).
 """
 
-from .analysis import CutResult, ScenarioResult, analyse, format_table, load_run
+from .analysis import (
+    CutResult,
+    NodeLossResult,
+    ScenarioResult,
+    analyse,
+    analyse_node_loss,
+    format_table,
+    load_run,
+)
 from .job import Job, JobSpec
 from .nemesis import Cut, CutMethod, Nemesis, cut_commands, parse_schedule, plan_random
+from .nodeloss import LossMethod, NodeLoss, Reaper, parse_loss
 from .topology import ChaosUnavailable, Topology, TopologyError, TopologySpec, emulated_nodes, preflight
 
 __all__ = [
@@ -18,16 +29,22 @@ __all__ = [
     "CutResult",
     "Job",
     "JobSpec",
+    "LossMethod",
     "Nemesis",
+    "NodeLoss",
+    "NodeLossResult",
+    "Reaper",
     "ScenarioResult",
     "Topology",
     "TopologyError",
     "TopologySpec",
     "analyse",
+    "analyse_node_loss",
     "cut_commands",
     "emulated_nodes",
     "format_table",
     "load_run",
+    "parse_loss",
     "parse_schedule",
     "plan_random",
     "preflight",

@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CutResult", "RunRecords", "ScenarioResult", "analyse", "format_table", "load_run"]
+__all__ = ["CutResult", "NodeLossResult", "RunRecords", "ScenarioResult", "analyse", "analyse_node_loss",
+           "format_node_loss", "format_table", "load_run"]
 
 
 @dataclass
@@ -300,4 +301,147 @@ def format_table(reports: Sequence[ScenarioResult]) -> str:
     widths = [max(len(r[i]) for r in cells) for i in range(len(TABLE_HEADERS))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------ node loss
+
+
+@dataclass
+class NodeLossResult:
+    """What the loss of a whole node did (`analyse_node_loss`)."""
+
+    name: str
+    spec: str  # the planned loss, e.g. node-kill:n1~6+0.05
+    outcome: str  # replace | reject | stopped | skipped | refused | none
+    node: int
+    lost_ranks: list[int]
+    bitwise: str  # IDENTICAL | DIFFERENT (…) | n/a (why)
+    completed: bool  # every surviving agent exited 0 and the result was written
+    returncodes: list[int | None]
+    placement_before: dict[int, str]
+    placement_after: dict[int, str]
+    landed: str = "-"  # the phase(s) the survivors were in: forward | backward | optimizer | committed
+    spares: dict[str, int] = field(default_factory=dict)  # lost rank -> launch rank of the spare
+    sources: dict[str, int] = field(default_factory=dict)  # lost rank -> the replica peer that sent
+    bytes_moved: int = 0
+    frontier: int | None = None  # the committed frontier the new world resumed from (re-ran F+1)
+    detect_s: float | None = None  # loss → the first survivor posts its presence
+    agree_s: float | None = None  # loss → every survivor holds the membership decision
+    spare_ready_s: float | None = None  # loss → the last spare attached (its script built the model)
+    release_s: float | None = None  # loss → every position released into the new world
+    fault_to_frontier_s: float | None = None  # loss → every position committed F+1 (the re-run update)
+    barrier_waits_s: list[float] = field(default_factory=list)  # surviving agents at torchrun's exit barrier
+    barrier_errors: int = 0
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_WORKER_ERROR = re.compile(r"\[rank\d+\]: [\w.]*(?:Error|Exception)\b.*")
+_BARRIER_DONE = re.compile(r"Done waiting for other agents\. Elapsed: ([0-9.]+) seconds")
+
+
+def _after(recs: Iterable[dict[str, Any]], t: float, **match: Any) -> list[dict[str, Any]]:
+    return [r for r in recs if r.get("t", -math.inf) > t and all(r.get(k) == v for k, v in match.items())]
+
+
+def analyse_node_loss(rec: RunRecords, name: str = "nodeloss", *, world_size: int = 4,
+                      lost_node_rc_index: int | None = None) -> NodeLossResult:
+    """One node loss, from the records the run left (pure). `lost_node_rc_index`: the lost
+    node's place in `returncodes` (its agent is SIGKILLed: not counted against completion)."""
+    schedule = next((r for r in rec.nemesis if r.get("kind") == "schedule"), {})
+    planned = (schedule.get("losses") or [{}])[0]
+    spec = str(planned.get("spec", "?"))
+    node = int(planned.get("node", 1))
+    loss = next((r for r in rec.nemesis if r.get("kind") == "loss"), None)
+    others = [rc for i, rc in enumerate(rec.returncodes) if i != (node if lost_node_rc_index is None else lost_node_rc_index)]
+    completed = rec.result is not None and all(rc == 0 for rc in others)
+    mism = None
+    if rec.result is not None:
+        verdicts = rec.result.get("verdicts", [])
+        if verdicts and "mismatches" in verdicts[0]:
+            bad = [v["rank"] for v in verdicts if v["mismatches"]]
+            mism = "IDENTICAL" if not bad else f"DIFFERENT on ranks {bad}"
+    bitwise = mism or ("n/a (no result)" if rec.result is None else "n/a")
+    waits = [float(x) for x in _BARRIER_DONE.findall(rec.stderr)]
+    base = dict(name=name, spec=spec, node=node, bitwise=bitwise, completed=completed, returncodes=rec.returncodes,
+                placement_after=_placement(rec.marks), barrier_waits_s=waits,
+                barrier_errors=rec.stderr.count("Error waiting on exit barrier"))
+    if loss is None:
+        refused = next((r for r in rec.nemesis if r.get("kind") in ("loss-refused", "skipped")), {})
+        outcome = "refused" if refused.get("kind") == "loss-refused" else "skipped"
+        why = str(refused.get("why", "the loss never happened"))
+        first_error = next((m.group(0) for m in _WORKER_ERROR.finditer(rec.stderr)), None)
+        if outcome == "skipped" and first_error:  # the job died before the loss: say of what
+            why += f"; the job failed before the loss: {first_error[:300]}"
+        return NodeLossResult(**base, outcome=outcome, lost_ranks=[], placement_before=refused.get("placement", {}),
+                              message=why)
+    t0 = float(loss["t_fault"])
+    lost = [int(r) for r in loss.get("ranks", [])]
+    placement_before = {int(k): str(v) for k, v in loss.get("placement", {}).items()}
+    every = [r for recs in rec.traces.values() for r in recs]
+    recoveries = _after(every, t0, kind="recovery")
+    actions = {r.get("action") for r in recoveries}
+    if recoveries and actions == {"replace"}:
+        outcome = "replace"
+    elif recoveries:
+        outcome = "reject"
+    else:
+        outcome = "stopped" if not completed else "none"
+    result = NodeLossResult(**base, outcome=outcome, lost_ranks=lost, placement_before=placement_before)
+    phases = sorted({str(r.get("failure_phase")) for r in recoveries})
+    result.landed = "+".join(phases) if phases else "-"
+    decided = _after(every, t0, kind="membership", event="decided")
+    if decided:
+        d = decided[0]
+        result.spares = {str(k): int(v) for k, v in d.get("assign", {}).items()}
+        result.sources = {str(k): int(v) for k, v in d.get("source", {}).items()}
+        result.frontier = int(d.get("frontier", 0))
+        result.agree_s = max(r["t"] for r in decided) - t0
+    present = _after(every, t0, kind="membership", event="present")
+    if present:
+        result.detect_s = min(r["t"] for r in present) - t0
+    sent = _after(every, t0, kind="membership", event="transfer_sent")
+    result.bytes_moved = sum(int(r.get("bytes", 0)) for r in sent)
+    # a spare appends to the lost rank's trace: its attach is the first attach record after the loss
+    spare_attaches = [min(r["t"] for r in _after(rec.traces.get(p, []), t0, kind="attach") or [{"t": math.inf}])
+                      for p in lost]
+    if spare_attaches and all(t < math.inf for t in spare_attaches):
+        result.spare_ready_s = max(spare_attaches) - t0
+    if outcome == "replace" and result.frontier is not None:
+        new_world = int(decided[0].get("world", 0)) + 1 if decided else None
+        released = [min((r["t"] for r in _after(rec.traces.get(p, []), t0, kind="membership", event="release",
+                                                world=new_world)), default=math.inf) for p in range(world_size)]
+        if all(t < math.inf for t in released):
+            result.release_s = max(released) - t0
+        committed = [min((r["t"] for r in _after(rec.traces.get(p, []), t0, kind="edge", action="commit_update")
+                          if r.get("F") == result.frontier + 1), default=math.inf) for p in range(world_size)]
+        if all(t < math.inf for t in committed):
+            result.fault_to_frontier_s = max(committed) - t0
+    if not completed:
+        result.message = f"job did not finish (agent exit codes {rec.returncodes})"
+    elif outcome != "replace":
+        reasons = sorted({x for r in recoveries for x in r.get("reasons", [])})
+        result.message = "; ".join(reasons)[:300]
+    return result
+
+
+def format_node_loss(r: NodeLossResult) -> str:
+    """A few lines for the printout."""
+    lines = [f"{r.name}: {r.spec}  outcome {r.outcome}  landed {r.landed}  bitwise {r.bitwise}"]
+    if r.lost_ranks:
+        lines.append(f"  node {r.node} lost with ranks {r.lost_ranks} (placement before {r.placement_before}, "
+                     f"after {r.placement_after})")
+    if r.spares:
+        lines.append(f"  spares {r.spares} took over, state from {r.sources} ({r.bytes_moved} B), new world re-ran "
+                     f"update {None if r.frontier is None else r.frontier + 1}")
+    lines.append(f"  detect {_fmt(r.detect_s)}  agreed {_fmt(r.agree_s)}  spares attached {_fmt(r.spare_ready_s)}  "
+                 f"released {_fmt(r.release_s)}  fault→frontier {_fmt(r.fault_to_frontier_s)}  (from the loss)")
+    waits = ", ".join(f"{w:.1f}s" for w in r.barrier_waits_s) or "-"
+    lines.append(f"  agents exit {r.returncodes}; exit barrier waits {waits}"
+                 + (f" ({r.barrier_errors} barrier error(s))" if r.barrier_errors else ""))
+    if r.message:
+        lines.append(f"  {r.message}")
     return "\n".join(lines)

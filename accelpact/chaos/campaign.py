@@ -2,6 +2,7 @@
 
     python -m accelpact.chaos campaign [--quick] [--seed N] [--out DIR] [--budget-s 300]
     python -m accelpact.chaos run --schedule "port-block:1.5@8,switch-down:9@14" [--updates 20]
+    python -m accelpact.chaos nodeloss [--loss node-vanish:n1~5] [--budget-s 300]
 
 Scenarios are data (`Scenario`, `default_campaign`), built from the job's timeouts so that each
 cut's length class means what it says: *short* cuts end before the data-plane timeout can fire
@@ -9,6 +10,11 @@ cut's length class means what it says: *short* cuts end before the data-plane ti
 plane's timeout after detection: Preserve), *long* ones outlast the budget (all ranks reject;
 torchrun restarts from the last verified checkpoint once the link is back). Every scenario's traces,
 marks, nemesis log and outputs stay under its own directory for trace validation.
+
+Node loss (`NodeLossScenario`, `default_node_loss`, `make chaos-nodeloss`): three emulated nodes,
+the HSDP 2x2 job on nodes 0 and 1 and a spare node 2 with two hot spares (ACCELPACT_SPARES=2, one
+agent per node, ``--max-restarts=0``); node 1 is lost for good mid-training (`nodeloss`) and node
+2's workers must take over ranks 2 and 3 with their state from ranks 0 and 1, bitwise.
 """
 
 from __future__ import annotations
@@ -23,12 +29,22 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from .analysis import ScenarioResult, analyse, format_table, load_run
+from .analysis import (
+    NodeLossResult,
+    ScenarioResult,
+    analyse,
+    analyse_node_loss,
+    format_node_loss,
+    format_table,
+    load_run,
+)
 from .job import Job, JobSpec
 from .nemesis import Cut, CutMethod, Nemesis, format_schedule, method_available, parse_schedule, plan_random
+from .nodeloss import LossMethod, NodeLoss, Reaper, parse_loss
 from .topology import ChaosUnavailable, Topology, TopologySpec, emulated_nodes
 
-__all__ = ["Scenario", "default_campaign", "length_classes", "main", "run_campaign", "run_scenario"]
+__all__ = ["NodeLossScenario", "Scenario", "default_campaign", "default_node_loss", "length_classes", "main",
+           "run_campaign", "run_node_loss", "run_node_losses", "run_scenario"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +153,93 @@ def run_campaign(scenarios: Sequence[Scenario], out: Path, *, budget_s: float = 
     return reports
 
 
+@dataclass(frozen=True)
+class NodeLossScenario:
+    """A whole node lost for good while a job with spare nodes trains (`nodeloss`)."""
+
+    name: str
+    job: JobSpec
+    loss: NodeLoss
+    nodes: int = 3  # active nodes + spare nodes
+    timeout_s: float = 200.0
+    expect: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return (self.nodes - self.job.spare_nodes) * self.job.nproc
+
+
+def default_node_loss(*, methods: Sequence[LossMethod] = (LossMethod.KILL, LossMethod.VANISH),
+                      update: int = 5) -> list[NodeLossScenario]:
+    """The `make chaos-nodeloss` scenarios (pure): HSDP 2x2 on nodes 0-1, a spare node 2 with 2
+    spares, node 1 lost right after update `update` committed (killed at once; vanished 0.05 s
+    later), so wherever update `update`+1 then is: an update takes about 0.1 s here, so forward,
+    backward or already past the step (the survivors then put it back from the pre-step copy).
+    No checkpoints: there is no restart to reload one (``--max-restarts=0``)."""
+    base = JobSpec(updates=update + 5, data_timeout_s=2.0, control_timeout_s=5.0, checkpoint_every=0, spares=2,
+                   run_id="chaos-nodeloss", rdzv_port=29461)
+    out = []
+    for i, method in enumerate(methods):
+        why = ("killed: its sockets reset, the survivors fail at once" if method is LossMethod.KILL
+               else "off the fabric, then killed: no reset, the survivors wait out their timeouts")
+        out.append(NodeLossScenario(f"nodeloss-{str(method).removeprefix('node-')}",
+                                    replace(base, run_id=f"chaos-nodeloss-{i}", rdzv_port=base.rdzv_port + i),
+                                    NodeLoss(method, update, offset_s=0.0 if method is LossMethod.KILL else 0.05),
+                                    expect=f"node 1 {why}; node 2's spares take over "
+                                    "ranks 2 and 3 from ranks 0 and 1, bitwise"))
+    return out
+
+
+def run_node_loss(sc: NodeLossScenario, out: Path, *, topo: Topology | None = None, log=print) -> NodeLossResult:
+    """One node-loss scenario on `topo` (`sc.nodes` nodes) or on a fresh fabric of its own."""
+    root = out / sc.name
+    if root.exists():
+        shutil.rmtree(root)
+    log(f"\n== {sc.name}: {sc.loss.spec()}, {sc.nodes} nodes ({sc.job.spare_nodes} spare)  ({sc.expect})")
+    t0 = time.monotonic()
+    with contextlib.ExitStack() as stack:
+        if topo is None:
+            topo = stack.enter_context(emulated_nodes(TopologySpec.fresh(nodes=sc.nodes)))
+        if topo.spec.nodes != sc.nodes:
+            raise ValueError(f"scenario {sc.name} needs {sc.nodes} nodes, the fabric has {topo.spec.nodes}")
+        with Job(topo, sc.job, root) as job:
+            reaper = Reaper(topo.spec, sc.loss, marks_dir=job.paths.marks, log_path=job.paths.nemesis_log,
+                            world_size=sc.world_size, job_alive=job.alive).start()
+            try:
+                codes = job.wait(sc.timeout_s)
+            finally:
+                reaper.stop()
+    report = analyse_node_loss(load_run(root, codes, local=sc.job.nproc), sc.name, world_size=sc.world_size)
+    wall = time.monotonic() - t0
+    if job.timed_out:
+        report.message = (report.message + f"; killed after {sc.timeout_s:.0f}s").lstrip("; ")
+    if reaper.error is not None:
+        report.message = (report.message + f"; reaper error: {reaper.error!r}").lstrip("; ")
+    (root / "report.json").write_text(json.dumps(report.to_dict() | {"scenario": asdict(sc), "wall_s": wall},
+                                                 indent=2, default=str))
+    log(f"   {wall:.0f}s\n" + format_node_loss(report))
+    return report
+
+
+def run_node_losses(scenarios: Sequence[NodeLossScenario], out: Path, *, budget_s: float = 300.0,
+                    log=print) -> list[NodeLossResult]:
+    """Node-loss scenarios in order, skipping those that no longer fit in `budget_s`."""
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    reports = []
+    for sc in scenarios:
+        left = budget_s - (time.monotonic() - t0)
+        if left < sc.timeout_s * 0.6:
+            log(f"\n== {sc.name}: skipped, {left:.0f}s left of the {budget_s:.0f}s budget")
+            continue
+        reports.append(run_node_loss(replace(sc, timeout_s=min(sc.timeout_s, left)), out, log=log))
+    return reports
+
+
+def node_loss_ok(r: NodeLossResult) -> bool:
+    return r.outcome == "replace" and r.completed and r.bitwise == "IDENTICAL"
+
+
 def landing_summary(reports: Sequence[ScenarioResult]) -> str:
     """Where cuts landed, per anchor kind: the honest fraction that Preserve can handle."""
     lines = []
@@ -187,8 +290,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--max-restarts", type=int, default=3)
     r.add_argument("--timeout-s", type=float, default=240)
     r.add_argument("--out", default="runs/chaos")
+    n = sub.add_parser("nodeloss", help="a whole node lost, a spare node takes over (make chaos-nodeloss)")
+    n.add_argument("--loss", action="append", default=None,
+                   help="e.g. node-kill:n1~5 or node-vanish:n1~5+0.1 (repeatable; default: both methods at ~5)")
+    n.add_argument("--updates", type=int, default=None, help="default: the loss's update + 5")
+    n.add_argument("--budget-s", type=float, default=300.0)
+    n.add_argument("--timeout-s", type=float, default=200.0, help="per scenario")
+    n.add_argument("--out", default="runs/chaos")
     args = p.parse_args(argv)
     out = Path(args.out).resolve()
+    if args.cmd == "nodeloss":
+        return _node_loss_main(args, out)
     try:
         if args.cmd == "campaign":
             scenarios = default_campaign(args.seed, quick=args.quick)
@@ -210,3 +322,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps([r.to_dict() for r in reports], indent=2, default=str))
     ok = print_summary(reports, out)
     return 0 if ok and reports else 1
+
+
+def _node_loss_main(args: argparse.Namespace, out: Path) -> int:
+    if args.loss:
+        scenarios = []
+        for i, text in enumerate(args.loss):
+            loss = parse_loss(text)
+            (sc,) = default_node_loss(methods=(loss.method,), update=loss.update)
+            job = replace(sc.job, rdzv_port=sc.job.rdzv_port + i,
+                          updates=args.updates or sc.job.updates, run_id=f"{sc.job.run_id}-{i}")
+            scenarios.append(replace(sc, name=f"{sc.name}-{i}" if len(args.loss) > 1 else sc.name, job=job,
+                                     loss=loss))
+    else:
+        scenarios = default_node_loss()
+        if args.updates:
+            scenarios = [replace(sc, job=replace(sc.job, updates=args.updates)) for sc in scenarios]
+    scenarios = [replace(sc, timeout_s=args.timeout_s) for sc in scenarios]
+    try:
+        reports = run_node_losses(scenarios, out, budget_s=args.budget_s)
+    except ChaosUnavailable as exc:
+        print(f"chaos: cannot emulate nodes here: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("\nchaos: interrupted; fabric torn down", file=sys.stderr)
+        return 130
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "nodeloss-summary.json").write_text(json.dumps([r.to_dict() for r in reports], indent=2, default=str))
+    ok = bool(reports) and all(node_loss_ok(r) for r in reports)
+    print(f"\nnode loss: {sum(node_loss_ok(r) for r in reports)}/{len(reports)} replaced in memory, bitwise "
+          f"identical (traces: {out}/<scenario>/trace/)")
+    return 0 if ok else 1

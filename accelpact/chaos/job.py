@@ -25,7 +25,7 @@ from pathlib import Path
 from ._env import ENV_DWELL, ENV_DWELL_S, ENV_MARKS, ENV_NODE
 from .topology import Topology, TopologySpec
 
-__all__ = ["Job", "JobPaths", "JobSpec", "torchrun_argv", "worker_env"]
+__all__ = ["Job", "JobPaths", "JobSpec", "rdzv_endpoint", "torchrun_argv", "worker_env"]
 
 
 @dataclass(frozen=True)
@@ -49,12 +49,22 @@ class JobSpec:
     run_id: str = "chaos"
     reference: bool = True
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: hot spares (ACCELPACT_SPARES): the launch's last `spares` ranks, i.e. whole spare nodes
+    #: placed after the active ones (`spares` a multiple of `nproc`). With spares the recipe is
+    #: torchrun's `--max-restarts=0` (a restarted agent would re-rendezvous and restart everyone)
+    spares: int = 0
 
     def __post_init__(self) -> None:
         if self.control_timeout_s <= self.data_timeout_s:
             raise ValueError("control_timeout_s must exceed data_timeout_s (the runtime refuses otherwise)")
         if self.updates < 1 or self.nproc < 1:
             raise ValueError("updates and nproc must be >= 1")
+        if self.spares < 0 or self.spares % self.nproc:
+            raise ValueError(f"spares must be whole spare nodes (a multiple of nproc={self.nproc}), got {self.spares}")
+
+    @property
+    def spare_nodes(self) -> int:
+        return self.spares // self.nproc
 
 
 @dataclass(frozen=True)
@@ -100,16 +110,30 @@ def worker_args(job: JobSpec, paths: JobPaths) -> list[str]:
     return args
 
 
+def rdzv_endpoint(job: JobSpec, spec: TopologySpec) -> str:
+    """The c10d rendezvous endpoint: node 0, which hosts it (``is_host=1``)."""
+    return f"{spec.address(0)}:{job.rdzv_port}"
+
+
 def torchrun_argv(job: JobSpec, spec: TopologySpec, node: int, paths: JobPaths,
                   python: str = sys.executable) -> list[str]:
-    """The agent command for `node` (to run inside its namespace). Pure."""
+    """The agent command for `node` (to run inside its namespace). Pure.
+
+    Node order is rank order: c10d numbers the agents by their sorted node descriptors, whose
+    first field is ``--local-addr`` (`TopologySpec.address`, increasing with the node for up to 8
+    nodes), and torchrun gives agent g the ranks g*nproc .. g*nproc+nproc-1. So node 0, which hosts
+    the rendezvous store, is also group rank 0, whose agent hosts the workers' store (MASTER_ADDR):
+    the one node that cannot be lost. With spares the spare nodes are the last ones."""
     conf = f"read_timeout={job.read_timeout_s}" + (",is_host=1" if node == 0 else "")
+    if spec.nodes <= job.spare_nodes:
+        raise ValueError(f"{spec.nodes} node(s) leave no active node beside {job.spare_nodes} spare node(s)")
+    restarts = 0 if job.spares else job.torchrun_max_restarts
     return [
         python, "-m", "torch.distributed.run",
         f"--nnodes={spec.nodes}", f"--nproc-per-node={job.nproc}",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint={spec.address(0)}:{job.rdzv_port}",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint={rdzv_endpoint(job, spec)}",
         f"--rdzv-id={job.run_id}", f"--local-addr={spec.address(node)}", f"--rdzv-conf={conf}",
-        f"--max-restarts={job.torchrun_max_restarts}", "--monitor-interval=0.1",
+        f"--max-restarts={restarts}", "--monitor-interval=0.1",
         # "--": torchrun's parser would read a worker flag such as --local=2 as an abbreviation of its own
         "-m", "accelpact.chaos.worker", "--", *worker_args(job, paths),
     ]
@@ -132,6 +156,10 @@ def worker_env(job: JobSpec, spec: TopologySpec, node: int, paths: JobPaths,
         ENV_NODE: str(node),
         **dict(job.extra_env),
     })
+    if job.spares:
+        # the production recipe (accelpact demo --spares): the spares' count, and where the
+        # rendezvous store is, for the exit-barrier check-in of lost agents (launch_elastic)
+        env.update({"ACCELPACT_SPARES": str(job.spares), "ACCELPACT_RDZV_ENDPOINT": rdzv_endpoint(job, spec)})
     return env
 
 

@@ -36,6 +36,26 @@ def fenced_total() -> str:
     return "membership/fenced-total"
 
 
+def holder(position: int) -> str:
+    """The launch rank of the process holding `position` now (its spare's, once replaced)."""
+    return f"membership/holder/{position}"
+
+
+def agent_of(launch_rank: int) -> str:
+    """The torchrun agent (GROUP_RANK) that started launch rank `launch_rank`."""
+    return f"membership/agent/{launch_rank}"
+
+
+def lost_holders() -> str:
+    """The launch ranks of the processes declared lost, appended "r," by each decision."""
+    return "membership/lost-holders"
+
+
+def fenced_holders() -> str:
+    """The launch ranks of those that were alive and exited on learning it, appended "r,"."""
+    return "membership/fenced-holders"
+
+
 def heartbeat(position: int) -> str:
     return f"membership/heartbeat/{position}"
 

@@ -111,6 +111,21 @@ def position_done(store: dist.Store, world_size: int) -> bool:
     return False
 
 
+def _launch_ranks(store: dist.Store, key: str) -> set[int]:
+    if not store.check([key]):
+        return set()
+    raw = store.get(key).decode()
+    return {int(r) for r in raw.split(",") if r}
+
+
 def agents_lost(store: dist.Store) -> int:
-    """Processes declared lost that did not exit by themselves (dead, not fenced)."""
-    return store.add(keys.lost_total(), 0) - store.add(keys.fenced_total(), 0)
+    """torchrun agents that will never reach the exit barrier: the agents of the processes
+    declared lost that did not exit by themselves (dead, not fenced), each agent once — under
+    one agent per node a lost node is one agent for all of its ranks. (A fenced process exits 0;
+    its agent arrives unless another of its workers died, which then counts it here.)"""
+    dead = _launch_ranks(store, keys.lost_holders()) - _launch_ranks(store, keys.fenced_holders())
+    agents = set()
+    for rank in dead:
+        key = keys.agent_of(rank)
+        agents.add(store.get(key).decode() if store.check([key]) else f"launch rank {rank}")
+    return len(agents)

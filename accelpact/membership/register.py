@@ -133,6 +133,11 @@ def _decide(store, world, world_size, present, small_state_at) -> MembershipDeci
         return MembershipDecision.from_json(json.loads(got))
     if decision.replace:
         store.add(keys.lost_total(), len(decision.lost))
+        # who held each lost position (read before any spare is claimed and writes its own id):
+        # the exit-barrier check-in counts their agents (`pool.agents_lost`)
+        held = [store.get(keys.holder(p)).decode() if store.check([keys.holder(p)]) else str(p)
+                for p in decision.lost]
+        store.append(keys.lost_holders(), "".join(f"{h}," for h in held))
         for position, spare in decision.assign.items():
             activation = pool.Activation(spare=spare, world=world + 1, position=position, world_size=world_size)
             if not pool.claim(store, activation):  # only the register's winner claims: cannot happen

@@ -123,6 +123,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     if decision.fenced(rt.rank):
         _record(rt, "fenced", **{"world": failed_world, "position": rt.rank})
         m.store.add(keys.fenced_total(), 1)  # its agent will finish normally: no check-in for it
+        m.store.append(keys.fenced_holders(), f"{m.launch_rank},")
         raise RankFenced(f"rank {rt.rank} was declared lost in world {failed_world} and a spare took its place",
                          rank=rt.rank, world=failed_world)
     if not decision.replace:
