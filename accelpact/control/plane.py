@@ -50,6 +50,8 @@ GATHER_BYTES = 8192
 OVERSIZE = "accelpact_oversize_bytes"
 #: Key of the placeholder a gather puts where a report failed authentication.
 FORGED = "accelpact_forged"
+#: Floor of the time ranks get to reach attach's control-plane group together.
+CONNECT_TIMEOUT_S = 60.0
 #: A secret given to every rank (e.g. by the launcher); without it rank 0 draws one per attach.
 ENV_SECRET = "ACCELPACT_SECRET"
 
@@ -65,8 +67,12 @@ class ControlPlane:
         self.world_size = dist.get_world_size()
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
-        # Every world rank calls this once at attach, so plain new_group is safe here.
-        self.group = dist.new_group(backend="gloo", timeout=self.timeout)
+        # Every world rank calls this once at attach, so plain new_group is safe here. Building it is
+        # a rendezvous of processes that reach attach at different times (seen: a rank 5 s late
+        # on a loaded machine), so it gets CONNECT_TIMEOUT_S at least; collectives then get ours.
+        self.group = dist.new_group(backend="gloo",
+                                    timeout=datetime.timedelta(seconds=max(timeout_s, CONNECT_TIMEOUT_S)))
+        _c10d.set_group_timeout(self.group, self.timeout)
         # Outcome registers must never be reused: keys are scoped by restart attempt and by a
         # token rank 0 draws for this attach (no process-global counter, and a key nobody can
         # guess in advance). With it rank 0 draws the job's secret unless ACCELPACT_SECRET gives

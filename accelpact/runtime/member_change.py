@@ -49,7 +49,7 @@ def _record(rt: Runtime, event: str, **fields: Any) -> None:
 
 
 def record_train(rt: Runtime) -> None:
-    """A committed update in this world (the checker's `train`: nobody trains where it should not)."""
+    """Update F+1 trained from F and committing in this world (the checker's `train`, at F)."""
     _record(rt, "train", world=rt.membership.world, frontier=rt.frontier)
 
 

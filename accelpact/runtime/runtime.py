@@ -220,9 +220,9 @@ class Runtime:
         return error, phase
 
     def _commit(self) -> None:
-        self.frontier += 1
-        if self.membership is not None:
+        if self.membership is not None:  # update F+1 trained from F in this world
             record_train(self)
+        self.frontier += 1
         self.machine.fire("commit_update")
         self.observers.commit(self.frontier, self.generation)
         if self.checkpointer is not None:
