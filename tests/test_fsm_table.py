@@ -267,7 +267,7 @@ def test_envelope_preserves_only_committed_failures():
 
 def test_builtin_envelope_qualifies_replace_only_where_it_was_measured():
     for platform, profile, measured in (("cpu-gloo", "fsdp2-hsdp", True), ("cpu-gloo", "fsdp1-hsdp", True),
-                                        ("cpu-gloo", "ddp", False), ("cuda-nccl", "fsdp2-hsdp", False)):
+                                        ("cpu-gloo", "ddp", True), ("cuda-nccl", "fsdp2-hsdp", False)):
         for phase in FailurePhase:
             key = ObservationKey(platform, profile, phase)
             assert DEFAULT_ENVELOPE.permits(key, RecoveryAction.REPLACE) is measured, key

@@ -81,7 +81,9 @@ def test_a_rank_cut_off_but_alive_is_fenced_when_it_wakes_and_a_spare_holds_its_
     assert [(rec["world"], rec["position"]) for rec in fenced] == [(0, 2)]
 
 
-def test_ddp_with_spares_is_refused_with_the_reason():
-    job = run_spare_job(framework="ddp", faults="none", updates=2, spares=1, timeout_s=90)
-    assert 0 not in job.codes[:4], _explain(job)
-    assert "spares (ACCELPACT_SPARES) do not cover DDP yet" in "\n".join(job.output), _explain(job)
+def test_ddp_rank_killed_after_its_step_is_replaced_bitwise():
+    """DDP's constructor runs collectives and builds a fresh reducer: the survivors mirror the
+    collectives and rebuild theirs (`membership.mirror`), else the replaced pair's bucketed
+    all-reduce adds different parameters together and silently diverges (measured)."""
+    job = run_spare_job(framework="ddp", faults="kill@3:committed:1", updates=5, spares=1)
+    _replaced(job, 1)

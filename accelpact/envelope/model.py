@@ -18,8 +18,8 @@ from ..timeouts import DerivedTimeouts
 OBJECTIVE_BITWISE = "bitwise-continuation"
 PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
 #: Where a lost rank's replacement by a spare was measured bitwise here (tests/test_spares.py):
-#: CPU/gloo with FSDP1 HYBRID_SHARD and FSDP2 HSDP. NCCL and DDP are not (DDP is refused).
-REPLACE_MEASURED = {("cpu-gloo", "fsdp1-hsdp"), ("cpu-gloo", "fsdp2-hsdp")}
+#: CPU/gloo with FSDP1 HYBRID_SHARD, FSDP2 HSDP and DDP. Never on NCCL (no device here).
+REPLACE_MEASURED = {("cpu-gloo", "fsdp1-hsdp"), ("cpu-gloo", "fsdp2-hsdp"), ("cpu-gloo", "ddp")}
 
 
 class UnknownObservationKey(AccelPactError, LookupError):

@@ -14,7 +14,7 @@ is measured, not assumed. Probes:
   every rank and the end state is bitwise equal to the reference;
 * replace: per framework and failure phase, a 4-rank job launched with one spare in which a
   rank is SIGKILLed in that phase; Replace qualifies if the spare took its place and the job
-  ended bitwise equal to the uninterrupted reference (`testing.spares`; DDP is not covered);
+  ended bitwise equal to the uninterrupted reference (`testing.spares`);
 * timeouts: per framework, a 4-rank world attaches with derived timeouts ("auto", more warm-up
   rounds than an attach takes) and trains real updates under them; the slowest framework's
   values, with their evidence, go into the file if every rank derived the same and no update
@@ -410,8 +410,8 @@ def _not_run(framework: str, phase: str, why: str, action: str | None = None) ->
 
 # ------------------------------------------------------------------------------------- replace
 
-#: Frameworks a spare can take over for (DDP's constructor runs collectives: refused at attach).
-REPLACE_FRAMEWORKS = ("fsdp1", "fsdp2")
+#: Frameworks a spare can take over for.
+REPLACE_FRAMEWORKS = ("fsdp1", "fsdp2", "ddp")
 
 
 def judge_replace(result: Mapping[str, Any] | None, lost: int) -> ProbeResult:

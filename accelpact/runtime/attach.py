@@ -113,11 +113,10 @@ def _with_spares(config: Config, model: nn.Module) -> Config:
         return config
     if config.spares not in (0, m.spares):
         raise ConfigError(f"Config.spares={config.spares}, but the launch has {m.spares} (ACCELPACT_SPARES)")
-    if any(isinstance(module, DistributedDataParallel) for module in model.modules()):
-        # measured: with DDP's constructor collectives mirrored by the survivors the job resumes,
-        # but the replaced rank's replica pair ends up not bitwise equal (see the README)
-        raise ConfigError("spares (ACCELPACT_SPARES) do not cover DDP yet: use FSDP2 or FSDP1 HYBRID_SHARD, or "
-                          "launch without spares")
+    for module in model.modules():
+        if isinstance(module, DistributedDataParallel) and module.mixed_precision is not None:
+            raise ConfigError("spares (ACCELPACT_SPARES) cover DDP without mixed precision only: a survivor rebuilds "
+                              "its reducer as a spare's constructor builds it (membership.mirror)")
     import dataclasses
 
     return dataclasses.replace(config, spares=m.spares, step_copy=True)
@@ -145,7 +144,6 @@ def _join(rt: Runtime, injector: FaultInjector | None) -> None:
 
 def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, config: Config) -> None:
     """Under spares: what a rebuilt world replays, the heartbeat, the small-state replicator."""
-    from torch.nn.parallel import DistributedDataParallel
 
     from ..comm import _c10d
     from ..membership import world
@@ -155,11 +153,6 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     m = membership()
     if m is None:
         return
-    if any(isinstance(module, DistributedDataParallel) for module in rt.model.modules()):
-        # measured: with DDP's constructor collectives mirrored by the survivors the job resumes,
-        # but the replaced rank's replica pair ends up not bitwise equal (see the README)
-        raise ConfigError("spares (ACCELPACT_SPARES) do not cover DDP yet: use FSDP2 or FSDP1 HYBRID_SHARD, or "
-                          "launch without spares")
     names = {label: pg.group_name for label, pg in plane.groups.items()}
     data = set(names.values())
 

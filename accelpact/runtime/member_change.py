@@ -9,6 +9,7 @@ reject by the release register. Nothing here chooses."""
 
 from __future__ import annotations
 
+import datetime
 import itertools
 import logging
 import os
@@ -16,14 +17,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..comm import validate_group
+from ..comm import _c10d, validate_group
 from ..control import ControlPlane
 from ..errors import EXIT_REJECTED, ControlPlaneError, RankFenced
 from ..fsm.decisions import applied_steps, may_rerun, must_undo_step
 from ..fsm.effects import RestoreBoundary
 from ..fsm.phases import FailurePhase, RecoveryAction
 from ..launch import Membership
-from ..membership import keys, pool, register, small_state, transfer, world
+from ..membership import keys, mirror, pool, register, small_state, transfer, world
 from ..membership.decide import MembershipDecision, Presence
 from ..membership.pool import Activation
 from .history import RecoveryRecord
@@ -129,10 +130,9 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     if not decision.replace:
         change.reasons = list(decision.reasons)
         return change
-    result, _ = restore_boundary(rt.model, rt.optimizer, rt.data_state, rt.rewind,
-                                 RestoreBoundary(frontier=decision.frontier, undo_step=undo))
-    if not result.ok:  # cannot happen when its presence said rerun_ok; vote against, with why
-        change.reasons.append(f"rank {rt.rank}: {result.reason}")
+    restored, _ = restore_boundary(rt.model, rt.optimizer, rt.data_state, rt.rewind,
+                                   RestoreBoundary(frontier=decision.frontier, undo_step=undo))
+    change.reasons += [] if restored.ok else [f"rank {rt.rank}: {restored.reason}"]  # a vote against
     rt.opt_step = decision.frontier
     clock.lap("restore")
     old_groups = dict(rt.data_plane.groups)
@@ -140,6 +140,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     world.init_world(m.store, m.world, position=rt.rank, world_size=m.world_size, backend=m.backend,
                      timeout=m.timeout)
     built = world.replay(rt.recipe, build_timeout_s=join_timeout_s(rt))
+    _mirror_constructors(rt, built)
     _record(rt, "world_built", world=m.world)
     clock.lap("rebuild")
     control = _control_plane(rt)
@@ -153,11 +154,32 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
         rt.data_plane.install(label, new, decision.generation, rebound=True)
         for kind, n in report.counts.items():
             change.rebound[kind] = change.rebound.get(kind, 0) + n
+    _fresh_reducers(rt)
     clock.lap("rebind")
     _send_lost_shards(rt, m, control, change)
     clock.lap("transfer")
     _finish(rt, m, control, change, clock)
     return change
+
+
+def _mirror_constructors(rt: Runtime, built: dict) -> None:
+    """DDP's constructor runs collectives on its group, which the spare's runs now (`mirror`)."""
+    for ddp in mirror.ddp_modules(rt.model):
+        group = built[rt.origin_names["replicate"]]
+        _c10d.set_group_timeout(group, datetime.timedelta(seconds=join_timeout_s(rt)))  # the spare may still build
+        mirror.mirror_ddp_construction(ddp, group)
+        _c10d.set_group_timeout(group, datetime.timedelta(seconds=rt.data_plane.timeout_s))
+
+
+def _fresh_reducers(rt: Runtime) -> None:
+    """The spare's DDP reducer is fresh: so is ours (same bucket layout); the plans recorded the
+    old reducer, so they are discovered again."""
+    ddps = mirror.ddp_modules(rt.model)
+    for ddp in ddps:
+        mirror.fresh_reducer(ddp)
+    if ddps:
+        rt.data_plane.plans = {}
+        rt.prepare()
 
 
 def _send_lost_shards(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange) -> None:
