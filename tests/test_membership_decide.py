@@ -51,3 +51,14 @@ def test_a_survivor_whose_envelope_does_not_qualify_replace_rejects_it_with_the_
     assert not d.replace and any("rank 1's envelope does not qualify Replace: not qualified for ddp" in r
                                  for r in d.reasons)
     assert Presence.from_json(unqualified.to_json()) == unqualified
+
+
+def test_the_decision_carries_the_survivors_recovery_count_for_the_spare():
+    """Found by the spares campaign: a spare that joined counted its recoveries from 0, so at the
+    next recovery it voted under epoch r1 while the survivors waited for r2, and every rank rejected
+    ("no release vote from rank 1"). The decision now tells the spare where the count stands."""
+    reports = [Presence(p, 4, 0, True, "", (0, 2) if p in (0, 2) else (1, 3), recoveries=3) for p in (0, 1, 2)]
+    d = decide_membership(world=0, world_size=4, reports=reports, free_spares=[4], small_state_at={3: 4})
+    assert d.replace and d.recoveries == 3
+    assert MembershipDecision.from_json(d.to_json()).recoveries == 3
+    assert Presence.from_json(reports[0].to_json()) == reports[0]

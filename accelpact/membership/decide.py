@@ -36,6 +36,9 @@ class Presence:
     #: this rank's envelope qualifies Replace for its failure phase, and why not
     replace_ok: bool = True
     replace_reason: str = ""
+    #: recoveries this rank has counted, this one included: they name the control plane's
+    #: recovery epochs, so a spare that joins must count on from the same number
+    recoveries: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -45,7 +48,7 @@ class Presence:
         return cls(position=int(d["position"]), frontier=int(d["frontier"]), generation=int(d["generation"]),
                    rerun_ok=bool(d["rerun_ok"]), rerun_reason=str(d.get("rerun_reason", "")),
                    replicas=tuple(int(r) for r in d.get("replicas", ())), replace_ok=bool(d.get("replace_ok", True)),
-                   replace_reason=str(d.get("replace_reason", "")))
+                   replace_reason=str(d.get("replace_reason", "")), recoveries=int(d.get("recoveries", 0)))
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,8 @@ class MembershipDecision:
     frontier: int = 0
     generation: int = 0
     reasons: tuple[str, ...] = ()
+    #: the survivors' recovery count (`Presence.recoveries`): an activated spare counts on from it
+    recoveries: int = 0
 
     @property
     def replace(self) -> bool:
@@ -86,7 +91,8 @@ class MembershipDecision:
                    lost=tuple(d["lost"]), assign={int(k): int(v) for k, v in d["assign"].items()},
                    source={int(k): int(v) for k, v in d["source"].items()},
                    holders={int(k): tuple(v) for k, v in d["holders"].items()},
-                   frontier=int(d["frontier"]), generation=int(d["generation"]), reasons=tuple(d["reasons"]))
+                   frontier=int(d["frontier"]), generation=int(d["generation"]), reasons=tuple(d["reasons"]),
+                   recoveries=int(d.get("recoveries", 0)))
 
 
 def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence], free_spares: Sequence[int],
@@ -135,4 +141,4 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     if reasons:
         return MembershipDecision(outcome="reject", frontier=frontier, reasons=tuple(reasons), **base)
     return MembershipDecision(outcome="replace", assign=assign, source=source, holders=holders, frontier=frontier,
-                              generation=generations[0] + 1, **base)
+                              generation=generations[0] + 1, recoveries=max(r.recoveries for r in reports), **base)

@@ -97,7 +97,7 @@ def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
                                         f"(envelope {rt.envelope_source}; `accelpact qualify` probes it)")
     return Presence(position=rt.rank, frontier=rt.frontier, generation=rt.generation, rerun_ok=ok,
                     rerun_reason=why, replicas=tuple(replicas), replace_ok=qualified,
-                    replace_reason=unqualified), undo
+                    replace_reason=unqualified, recoveries=rt._recoveries), undo
 
 
 def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
@@ -208,6 +208,7 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
         raise ControlPlaneError(f"spare {activation.spare} was claimed for rank {activation.position} but the "
                                 f"membership register of world {activation.world - 1} does not say so")
     change = MemberChange(world=activation.world - 1, decision=decision, timings_s=timings)
+    rt._recoveries = decision.recoveries  # the next recovery's epoch is the survivors' next one
     _record(rt, "world_built", world=activation.world)
     _record(rt, "activated", **{"world": activation.world,
                     "position": activation.position, "spare": activation.spare})
