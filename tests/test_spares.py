@@ -50,9 +50,14 @@ def _traces_keep_the_membership_rules(job):
 
 def test_fsdp1_hybrid_shard_rank_killed_after_its_step_is_replaced_bitwise():
     """Killed at the committed boundary: the survivors had applied their step and put it back
-    from the pre-step copy before the whole new world re-ran the update."""
-    job = run_spare_job(framework="fsdp1", faults="kill@4:committed:1", updates=6, spares=1)
+    from the pre-step copy before the whole new world re-ran the update; then a skipped probe on
+    rank 2 is preserved by the new world, the spare included."""
+    job = run_spare_job(framework="fsdp1", faults="kill@4:committed:1,skip@6:committed:2", updates=7, spares=1)
     _replaced(job, 1)
+    # the spare counts recoveries on from the survivors' count: the next recovery (a Preserve,
+    # whose votes are keyed by that count) is agreed by every rank, the spare included
+    actions = [h["action"] for h in job.result["verdicts"][0]["history"]]
+    assert actions == ["replace", "preserve"], actions
 
 
 def test_an_unneeded_spare_returns_cleanly_and_a_second_loss_without_spare_rejects():
