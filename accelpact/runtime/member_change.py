@@ -294,12 +294,13 @@ def member_lost(rt: Runtime, cause: str) -> bool:
     """Before the boundary check of a rank whose update failed: is a member gone? Entering the
     check when peers have already left for a membership change would cost the control plane's
     whole timeout, so a peer's presence (`changing`) sends this rank there at once; and after a
-    connection a peer closed (its process died, most likely), the peers' heartbeats are watched
-    for up to 2.5 beats: one that stops is a lost member. Anything else goes to the boundary
-    check as before (a timed-out peer may be alive; the check then finds out)."""
+    connection a peer closed (its process died, most likely) or a timeout (a peer that vanished,
+    or one merely late), the peers' heartbeats are watched for up to 2.5 beats: one that stops is
+    a lost member. Otherwise the boundary check goes on as before (a late peer is alive: its
+    heartbeat moved), at the cost of those 2.5 beats for a recovery that needs no spare."""
     if changing(rt):
         return True
-    if "connection_closed" not in cause:
+    if "connection_closed" not in cause and "timeout" not in cause:
         return False
     m = rt.membership
     return register.a_member_went_silent(m.store, m.world_size, rt.heartbeat.interval_s,
