@@ -111,8 +111,8 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     rt.trace.write({"kind": "observe", "seq": rt.control.seq, "update": rt.update_index, "phase_failed": str(phase),
                     "saw": True, "cause": "a member is missing: the control plane failed at the boundary",
                     "failed_groups": []})
-    _record(rt, "present", **{"world": failed_world, "position": rt.rank,
-                    "frontier": rt.frontier, "applied": undo, "rerun_ok": presence.rerun_ok})
+    _record(rt, "present", world=failed_world, position=rt.rank, frontier=rt.frontier, applied=undo,
+            rerun_ok=presence.rerun_ok)
     register.post_presence(m.store, failed_world, presence)
     decision = register.await_decision(
         m.store, failed_world, m.world_size, grace_s=rt.config.control_timeout_s + 1.0,
@@ -120,9 +120,9 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
         small_state_at=lambda p: small_state.newest_frontier(m.store, p))
     clock.lap("agree")
     change = MemberChange(world=failed_world, decision=decision, timings_s=timings)
-    _record(rt, "decided", **{**decision.to_json()})
+    _record(rt, "decided", **decision.to_json())
     if decision.fenced(rt.rank):
-        _record(rt, "fenced", **{"world": failed_world, "position": rt.rank})
+        _record(rt, "fenced", world=failed_world, position=rt.rank)
         m.store.add(keys.fenced_total(), 1)  # its agent will finish normally: no check-in for it
         m.store.append(keys.fenced_holders(), f"{m.launch_rank},")
         raise RankFenced(f"rank {rt.rank} was declared lost in world {failed_world} and a spare took its place",
@@ -193,8 +193,8 @@ def _send_lost_shards(rt: Runtime, m: Membership, control: ControlPlane, change:
             seconds = transfer.send(buf, to=lost, group=control.group)
             change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
                                      "digest": digest, "send_s": seconds})
-            _record(rt, "transfer_sent", **{"world": m.world, "position": rt.rank,
-                            "to": lost, "bytes": int(buf.numel()), "digest": digest})
+            _record(rt, "transfer_sent", world=m.world, position=rt.rank, to=lost, bytes=int(buf.numel()),
+                    digest=digest)
 
 
 def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
@@ -210,14 +210,13 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     change = MemberChange(world=activation.world - 1, decision=decision, timings_s=timings)
     rt._recoveries = decision.recoveries  # the next recovery's epoch is the survivors' next one
     _record(rt, "world_built", world=activation.world)
-    _record(rt, "activated", **{"world": activation.world,
-                    "position": activation.position, "spare": activation.spare})
+    _record(rt, "activated", world=activation.world, position=activation.position, spare=activation.spare)
     lost = activation.position
     got = transfer.receive(m.store, m.world, lost, decision.source[lost], decision.holders[lost], model=rt.model,
                            optimizer=rt.optimizer, group=rt.control.group, timeout_s=rt.config.control_timeout_s)
     change.transfers.append({"lost": lost, "from": decision.source[lost], **got.to_dict()})
-    _record(rt, "transfer_verified", **{"world": m.world, "position": lost,
-                    "digest": got.digest, "ok": True, "bytes": got.nbytes, "holders": got.holders_agreeing})
+    _record(rt, "transfer_verified", world=m.world, position=lost, digest=got.digest, ok=True, bytes=got.nbytes,
+            holders=got.holders_agreeing)
     clock.lap("transfer")
     state = small_state.decode(m.store.get(small_state.keys.small_state(lost)))
     if state["frontier"] != decision.frontier:
@@ -265,11 +264,11 @@ def _finish(rt: Runtime, m: Membership, control: ControlPlane, change: MemberCha
             ok, reasons = False, [f"rank {rt.rank}: validating the rebuilt groups: {type(exc).__name__}: {exc}"]
     clock.lap("validate")
     register.post_vote(m.store, m.world, rt.rank, ok, "; ".join(reasons))
-    _record(rt, "vote", **{"world": m.world, "position": rt.rank, "ok": ok})
+    _record(rt, "vote", world=m.world, position=rt.rank, ok=ok)
     outcome, why = register.release(m.store, m.world, m.world_size, rt.config.control_timeout_s)
     clock.lap("release")
     change.outcome, change.reasons = outcome, why
-    _record(rt, "release", **{"world": m.world, "outcome": outcome})
+    _record(rt, "release", world=m.world, outcome=outcome)
     rt.generation = change.decision.generation
 
 
