@@ -41,3 +41,14 @@ def test_a_shard_without_a_live_holder_cannot_be_replaced():
 def test_nobody_lost_is_no_membership_change():
     d = decide_membership(world=0, world_size=2, reports=[_hsdp(0), _hsdp(1)], free_spares=[2], small_state_at={})
     assert not d.replace and "every rank is present" in d.reasons[0]
+
+
+def test_the_decision_carries_the_survivors_recovery_count_for_the_spare():
+    """Found by the spares campaign: a spare that joined counted its recoveries from 0, so at the
+    next recovery it voted under epoch r1 while the survivors waited for r2, and every rank rejected
+    ("no release vote from rank 1"). The decision now tells the spare where the count stands."""
+    reports = [Presence(p, 4, 0, True, "", (0, 2) if p in (0, 2) else (1, 3), recoveries=3) for p in (0, 1, 2)]
+    d = decide_membership(world=0, world_size=4, reports=reports, free_spares=[4], small_state_at={3: 4})
+    assert d.replace and d.recoveries == 3
+    assert MembershipDecision.from_json(d.to_json()).recoveries == 3
+    assert Presence.from_json(reports[0].to_json()) == reports[0]

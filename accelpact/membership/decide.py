@@ -32,6 +32,9 @@ class Presence:
     rerun_reason: str = ""
     #: the members of this rank's replicate group (its replica peers hold the same state)
     replicas: tuple[int, ...] = ()
+    #: recoveries this rank has counted, this one included: they name the control plane's
+    #: recovery epochs, so a spare that joins must count on from the same number
+    recoveries: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -40,7 +43,8 @@ class Presence:
     def from_json(cls, d: Mapping) -> Presence:
         return cls(position=int(d["position"]), frontier=int(d["frontier"]), generation=int(d["generation"]),
                    rerun_ok=bool(d["rerun_ok"]), rerun_reason=str(d.get("rerun_reason", "")),
-                   replicas=tuple(int(r) for r in d.get("replicas", ())))
+                   replicas=tuple(int(r) for r in d.get("replicas", ())),
+                   recoveries=int(d.get("recoveries", 0)))
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,8 @@ class MembershipDecision:
     frontier: int = 0
     generation: int = 0
     reasons: tuple[str, ...] = ()
+    #: the survivors' recovery count (`Presence.recoveries`): an activated spare counts on from it
+    recoveries: int = 0
 
     @property
     def replace(self) -> bool:
@@ -81,7 +87,8 @@ class MembershipDecision:
                    lost=tuple(d["lost"]), assign={int(k): int(v) for k, v in d["assign"].items()},
                    source={int(k): int(v) for k, v in d["source"].items()},
                    holders={int(k): tuple(v) for k, v in d["holders"].items()},
-                   frontier=int(d["frontier"]), generation=int(d["generation"]), reasons=tuple(d["reasons"]))
+                   frontier=int(d["frontier"]), generation=int(d["generation"]), reasons=tuple(d["reasons"]),
+                   recoveries=int(d.get("recoveries", 0)))
 
 
 def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence], free_spares: Sequence[int],
@@ -128,4 +135,4 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     if reasons:
         return MembershipDecision(outcome="reject", frontier=frontier, reasons=tuple(reasons), **base)
     return MembershipDecision(outcome="replace", assign=assign, source=source, holders=holders, frontier=frontier,
-                              generation=generations[0] + 1, **base)
+                              generation=generations[0] + 1, recoveries=max(r.recoveries for r in reports), **base)

@@ -68,7 +68,7 @@ def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
     gid = rt.data_plane.gids.get("replicate")
     replicas = gid.ranks if gid is not None else ()
     return Presence(position=rt.rank, frontier=rt.frontier, generation=rt.generation, rerun_ok=ok,
-                    rerun_reason=why, replicas=tuple(replicas)), undo
+                    rerun_reason=why, replicas=tuple(replicas), recoveries=rt._recoveries), undo
 
 
 def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
@@ -144,6 +144,7 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
         raise ControlPlaneError(f"spare {activation.spare} was claimed for rank {activation.position} but the "
                                 f"membership register of world {activation.world - 1} does not say so")
     change = MemberChange(world=activation.world - 1, decision=decision, timings_s=timings)
+    rt._recoveries = decision.recoveries  # the next recovery's epoch is the survivors' next one
     rt.trace.write({"kind": "membership", "event": "activated", "world": activation.world,
                     "position": activation.position, "spare": activation.spare})
     lost = activation.position
