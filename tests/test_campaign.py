@@ -8,7 +8,15 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from accelpact.testing.campaign import Fault, campaign, expected, fault_schedules, plan, simulation_campaign
+from accelpact.testing.campaign import (
+    Fault,
+    campaign,
+    expected,
+    fault_schedules,
+    parse_plan,
+    plan,
+    simulation_campaign,
+)
 
 
 def test_expected_outcome_follows_the_paper_envelope():
@@ -281,3 +289,14 @@ def test_runtime_campaign_spares_profile_replaces_a_kill_and_rewinds_after_it(tm
     res = run_schedule((Fault(3, "forward", 1, "kill"), Fault(4, "backward", 2, "skip")), tmp_path, updates=5,
                        spares=2)
     assert (res.observed, res.recoveries) == ("replace", ["replace", "rewind"]), res
+
+
+def test_a_replica_pair_lost_together_may_end_the_attempt_before_a_prescribed_later_loss():
+    """Found by the spares campaign (seed 15): ranks 1 and 3 (one shard) killed in the same
+    update with a later kill that exhausts the spares. Both branches end "killed", at update 2
+    (no holder left) or at update 3 (no spare left): either must be accepted."""
+    e = expected(parse_plan("kill@2:optimizer:1,kill@2:optimizer:3,kill@3:forward:0"), spares=2)
+    assert (e.outcome, e.reject_update, e.alternatives[0].reject_update) == ("killed", 3, 2)
+    assert e.matches(["reject"], observed="killed") == 0
+    assert e.matches(["replace", "reject"], observed="killed") == 0
+    assert e.branch(["reject"], observed="killed").reject_update == 2

@@ -90,17 +90,21 @@ class Expectation:
     def branch(self, actions: Sequence[str], *, observed: str) -> Expectation | None:
         """The prescription (this one or an alternative) that the observed run followed."""
         for e in (self, *self.alternatives):
-            if e.outcome == observed and e.matches(actions, observed=observed) is not None:
+            if e.outcome == observed and e._fits(actions, observed) is not None:
                 return e
         return None
 
     def matches(self, actions: Sequence[str], *, observed: str) -> int | None:
         """Extra unscheduled Preserves if the recoveries fit the prescription, else None. A Preserve
         no fault scheduled (a peer slower than the data timeout at a boundary) is a real failure
-        the runtime must recover, so one may appear anywhere; nothing else may differ."""
-        if observed != self.outcome and self.alternatives:
-            fits = [e.matches(actions, observed=observed) for e in self.alternatives if e.outcome == observed]
+        the runtime must recover, so one may appear anywhere; nothing else may differ. With
+        `alternatives`, the recoveries may fit any prescription that ends as observed."""
+        if self.alternatives:
+            fits = [e._fits(actions, observed) for e in (self, *self.alternatives) if e.outcome == observed]
             return min((f for f in fits if f is not None), default=None)
+        return self._fits(actions, observed)
+
+    def _fits(self, actions: Sequence[str], observed: str) -> int | None:
         tokens = list(self.tokens)
         if observed == "reject" and self.outcome != "reject":  # the may_reject alternative
             tokens = [t for t in tokens if t != "KILL"] + ["W*R"]
