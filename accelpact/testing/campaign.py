@@ -11,6 +11,11 @@ spec/AccelPact.tla (TLC).
     python -m accelpact.testing.campaign                 the CI profile: 2 derandomised schedules
     python -m accelpact.testing.campaign --campaign --examples 200 --summary out.json [--seed N] [--envelope paper]
     python -m accelpact.testing.campaign --sim --campaign --examples 5000 [--seed N]   pure simulation
+    python -m accelpact.testing.campaign --campaign --spares 2 --examples 40 --keep-going --summary out.json
+
+With `--spares S` every schedule runs on 4 active ranks + S hot spares (each a process, the store
+hosted here as torchrun's agent would): a killed rank's position is taken over in memory
+(Replace), and the summary counts it as recovered in memory (`expected_with_spares`).
 
 The expectation (`expected`) is pure; `run_schedule` is the effectful part. A failing schedule is
 shrunk by hypothesis and printed with the seed (and a @reproduce_failure blob) to replay it.

@@ -1,6 +1,8 @@
-"""Launch the demo trainer with hot spares the way torchrun's agents would host it: this process
-holds the job's store (as an agent does; it is the one thing that cannot be lost), the W + S
-workers are plain processes with torchrun's environment and ACCELPACT_SPARES=S.
+"""Launch the demo trainer (`run_spare_job`) or any worker command (`launch_with_spares`: the fault
+campaign's spares profile runs `accelpact.testing.spare_drill`) with hot spares the way torchrun's
+agents would host it: this process holds the job's store (as an agent does; it is the one thing
+that cannot be lost), the W + S workers are plain processes with torchrun's environment and
+ACCELPACT_SPARES=S.
 
 Tests only: a production launch is torchrun (see the README's recipe)."""
 
