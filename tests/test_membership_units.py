@@ -111,3 +111,16 @@ def test_a_spare_is_claimed_once_and_released_with_the_jobs_code():
     with pytest.raises(pool.SpareReleased) as released:
         pool.wait_for_claim(store, 5)
     assert released.value.code == 0 and store.check([keys.job_end()])
+
+
+def test_survivors_wait_for_a_live_peer_long_enough_to_fail_its_probes_and_the_control_check():
+    """Found by the spares campaign: rank 3, late at the committed boundary when rank 1 was
+    killed there, posted its presence 7.06 s after the first survivor; the former grace (control
+    timeout 6 s + 1 s) had ended 60 ms before, so it was declared lost with rank 1 (its replica
+    peer: no holder left) and the survivors rejected a loss one free spare could have taken over."""
+    from accelpact.runtime.member_change import presence_grace_s
+
+    late = 1.5 + 0.5  # a late rank: past the data timeout
+    probes, control = 0.9 * 1.5, 6.0
+    assert presence_grace_s(6.0, 1.5) > 7.06
+    assert presence_grace_s(6.0, 1.5) >= late + probes + control
