@@ -6,7 +6,7 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 WORKERS ?= 2
 
-.PHONY: install test lint pytest modelcheck check demo bench clean campaign qualify
+.PHONY: install test lint pytest modelcheck check demo bench clean campaign campaign-spares qualify
 
 install: $(STAMP)
 
@@ -69,12 +69,24 @@ clean:
 
 # Property-based fault campaigns: >= 200 real-runtime schedules (4 CPU ranks, TLC on every trace;
 # ~15 s each on 2 cores, so about an hour) and thousands of pure-simulation schedules. SEED replays
-# a campaign; ENVELOPE=paper runs the paper's envelope (Preserve at committed boundaries only).
+# a campaign; ENVELOPE=paper runs the paper's envelope (Preserve at committed boundaries only);
+# SPARES=S runs every schedule with S hot spares (4 + S processes: a killed rank is replaced).
 CAMPAIGN_EXAMPLES ?= 200
 campaign: install
 	$(PY) -m accelpact.testing.campaign --sim --campaign --examples 5000 $(if $(SEED),--seed $(SEED))
 	$(PY) -m accelpact.testing.campaign --campaign --examples $(CAMPAIGN_EXAMPLES) \
-	  --summary campaign-summary.json $(if $(SEED),--seed $(SEED)) $(if $(ENVELOPE),--envelope $(ENVELOPE))
+	  --summary campaign-summary.json $(if $(SEED),--seed $(SEED)) $(if $(ENVELOPE),--envelope $(ENVELOPE)) \
+	  $(if $(SPARES),--spares $(SPARES))
+
+# The spares profile alone: skip/late/kill schedules on 4 active ranks + SPARES (default 2) spare
+# processes, every failing schedule recorded (and its logs kept in runs/campaign-spares/failed),
+# the share of fired faults recovered in memory in campaign-spares-summary.json. About 30-60 s
+# per schedule on 2 shared cores: 40 schedules take 20-40 minutes.
+SPARES_EXAMPLES ?= 40
+campaign-spares: install
+	$(PY) -m accelpact.testing.campaign --campaign --examples $(SPARES_EXAMPLES) --spares $(or $(SPARES),2) \
+	  --keep-going --keep-failed runs/campaign-spares/failed --summary campaign-spares-summary.json \
+	  $(if $(SEED),--seed $(SEED))
 
 # Measure which recovery actions work on this platform and write the envelope file the runtime
 # obeys (~/.cache/accelpact/envelope.json; about 5 minutes on 2 cores, QUICK=1 about 2).

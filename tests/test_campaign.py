@@ -8,7 +8,15 @@ import json
 import pytest
 from hypothesis import given, settings
 
-from accelpact.testing.campaign import Fault, campaign, expected, fault_schedules, plan, simulation_campaign
+from accelpact.testing.campaign import (
+    Fault,
+    campaign,
+    expected,
+    fault_schedules,
+    parse_plan,
+    plan,
+    simulation_campaign,
+)
 
 
 def test_expected_outcome_follows_the_paper_envelope():
@@ -150,3 +158,145 @@ def test_a_kill_preempted_by_the_same_ranks_earlier_fault_may_end_in_reject():
     e = expected((Fault(2, "forward", 3, "late"), Fault(2, "optimizer", 3, "kill")), rewind=False)
     assert e.outcome == "killed" and e.may_reject
     assert e.matches(["reject"], observed="reject") == 0
+
+
+# -- the spares profile: a killed rank is replaced in memory -------------------------------------
+def test_with_a_free_spare_a_kill_is_replaced_and_later_faults_still_fire():
+    faults = (Fault(3, "forward", 1, "kill"), Fault(4, "backward", 2, "skip"), Fault(5, "committed", 0, "late"))
+    assert expected(faults).outcome == "killed"  # without spares the kill ends the attempt
+    e = expected(faults, spares=2)
+    assert (e.outcome, e.replaced_updates, e.rewound_updates, e.preserved_updates) == ("replace", (3,), (4,), (5,))
+    assert e.reject_update is None and not e.alternatives and not e.unfired
+    assert e.matches(["replace", "rewind", "preserve"], observed="replace") == 0
+    assert e.matches(["replace", "preserve"], observed="replace") is None  # the rewind of update 4 is missing
+    assert e.matches(["rewind", "preserve"], observed="rewind") is None
+    assert e.matches(["reject"], observed="killed") is None
+
+
+def test_a_kill_with_no_spare_left_ends_the_attempt_where_it_fires():
+    faults = (Fault(2, "committed", 3, "kill"), Fault(3, "optimizer", 0, "kill"), Fault(5, "forward", 1, "kill"),
+              Fault(6, "backward", 2, "skip"))
+    e = expected(faults, spares=2)
+    assert (e.outcome, e.reject_update, e.replaced_updates) == ("killed", 5, (2, 3))
+    assert e.matches(["replace", "replace", "reject"], observed="killed") == 0
+    assert e.matches(["replace", "reject"], observed="killed") is None
+    one = expected(faults[:1], spares=1)
+    assert one.outcome == "replace" and expected(faults[:2], spares=1).reject_update == 3
+
+
+def test_a_preempted_kill_is_rewound_first_and_replaced_in_the_rerun():
+    """Rank 3 skipping in forward makes its shard peer 2 fail in forward: 2 reaches its kill
+    point only in the re-run (W then X); a skip that fires in the same pass is absorbed (X)."""
+    e = expected((Fault(2, "backward", 2, "kill"), Fault(2, "forward", 3, "skip")), spares=1)
+    assert e.outcome == "replace" and e.replaced_updates == (2,)
+    for ok in (["rewind", "replace"], ["replace"]):
+        assert e.matches(ok, observed="replace") == 0, ok
+    assert e.matches(["rewind", "rewind", "replace"], observed="replace") is None  # one fault, one rewind at most
+    # a soft fault the kill pre-empts fires in the new world's re-run: X then W (or P at the boundary)
+    later = expected((Fault(2, "forward", 1, "kill"), Fault(2, "backward", 0, "skip"), Fault(2, "committed", 3, "skip")),
+                     spares=1)
+    for ok in (["replace", "rewind", "preserve"], ["replace", "rewind"], ["replace"], ["rewind", "replace", "preserve"]):
+        assert later.matches(ok, observed="replace") == 0, ok
+    assert later.matches(["replace", "preserve", "rewind"], observed="replace") is None
+
+
+def test_a_lost_ranks_own_later_faults_in_that_update_never_fire():
+    """The spare that takes over starts after the interrupted update (the injector's
+    fired_through): the lost rank's committed fault of that update never fires, so it cannot
+    be preserved and is not counted as a fault at all."""
+    own = expected((Fault(3, "forward", 1, "kill"), Fault(3, "committed", 1, "skip")), spares=1)
+    assert own.unfired == (Fault(3, "committed", 1, "skip"),)
+    assert own.matches(["replace"], observed="replace") == 0
+    assert own.matches(["replace", "preserve"], observed="replace") == 1  # only as an unscheduled one
+    peer = expected((Fault(3, "forward", 1, "kill"), Fault(3, "committed", 2, "skip")), spares=1)
+    assert not peer.unfired and peer.matches(["replace", "preserve"], observed="replace") == 0
+    # a second kill of the same rank in the same update never fires: one spare is enough
+    twice = expected((Fault(3, "forward", 1, "kill"), Fault(3, "committed", 1, "kill")), spares=1)
+    assert twice.outcome == "replace" and twice.unfired == (Fault(3, "committed", 1, "kill"),)
+
+
+def test_with_spares_a_skip_inside_the_step_is_rewound_from_the_pre_step_copy():
+    """Spares force step_copy (a survivor re-running the update must undo its step), so the
+    split step that rejects without spares is put back and re-run."""
+    faults = (Fault(3, "optimizer", 1, "skip"), Fault(3, "committed", 2, "late"))
+    assert expected(faults).outcome == "reject"
+    e = expected(faults, spares=1)
+    assert (e.outcome, e.rewound_updates) == ("rewind", (3,))
+    assert e.matches(["rewind"], observed="rewind") == 0 and e.matches(["rewind", "preserve"], observed="rewind") == 0
+
+
+def test_two_replica_peers_killed_in_one_update_may_leave_no_holder_of_their_shard():
+    """Ranks 0 and 2 hold the same shard (HSDP 2x2): killed in the same pass, no live peer can
+    send their state and the survivors reject; in different passes each is replaced in turn."""
+    e = expected((Fault(3, "forward", 0, "kill"), Fault(3, "forward", 2, "kill"), Fault(5, "backward", 1, "skip")),
+                 spares=2)
+    assert e.outcome == "replace" and [a.outcome for a in e.alternatives] == ["killed"]
+    assert e.matches(["replace", "rewind"], observed="replace") == 0
+    assert e.matches(["replace", "replace", "rewind"], observed="replace") == 0
+    assert e.matches(["reject"], observed="killed") == 0
+    assert e.branch(["reject"], observed="killed") is e.alternatives[0]
+    assert e.matches(["rewind", "reject"], observed="killed") is None
+    assert not expected((Fault(3, "forward", 0, "kill"), Fault(3, "forward", 1, "kill")), spares=2).alternatives
+    with pytest.raises(ValueError, match="no Rewind"):  # a Replace re-runs the update: rt.step
+        expected((Fault(3, "forward", 0, "kill"),), rewind=False, spares=1)
+
+
+def test_fault_shares_count_replaced_kills_as_recovered_in_memory():
+    from accelpact.testing.campaign import fault_shares
+
+    sched = "kill@2:forward:1,skip@2:committed:1,skip@4:backward:2"
+    # without spares the kill ends the attempt at update 2
+    assert fault_shares([(sched, "killed")], rewind=True) == {
+        "faults_fired": 2, "faults_in_memory": 0, "faults_in_memory_share": 0.0}
+    # with a spare: replaced, the lost rank's own committed skip never fired
+    assert fault_shares([(sched, "replace", ["replace", "rewind"])], rewind=True, spares=1) == {
+        "faults_fired": 2, "faults_in_memory": 2, "faults_in_memory_share": 1.0}
+    three = "kill@2:forward:1,late@3:committed:0,kill@4:forward:2,kill@5:forward:3"
+    assert fault_shares([(three, "killed", ["replace", "preserve", "replace", "reject"])], rewind=True,
+                        spares=2) == {"faults_fired": 4, "faults_in_memory": 3, "faults_in_memory_share": 0.75}
+    pair = "kill@3:forward:0,kill@3:forward:2,skip@5:backward:1"
+    assert fault_shares([(pair, "killed", ["reject"])], rewind=True, spares=2)["faults_fired"] == 2
+
+
+def test_the_driver_passes_the_spares_on_and_counts_replace_in_memory(tmp_path):
+    from accelpact.testing.campaign import ScheduleResult
+
+    seen = []
+
+    def runner(faults, workdir, *, spares=0, **_):
+        seen.append(spares)
+        e = expected(faults, spares=spares)
+        observed = e.outcome
+        actions = {"replace": ["replace"], "killed": ["reject"]}.get(observed, [observed])
+        return ScheduleResult(plan(faults), e.outcome, observed, 0.0, recoveries=actions)
+
+    summary = tmp_path / "s.json"
+    assert campaign(5, updates=4, derandomize=True, seed=0, summary=summary, runner=runner, spares=2,
+                    kinds=("kill",)) == 0
+    data = json.loads(summary.read_text())
+    assert set(seen) == {2} and data["spares"] == 2 and data["recoveries"].get("replace", 0) >= 1
+    assert data["faults_in_memory"] >= 1, data
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+def test_runtime_campaign_spares_profile_replaces_a_kill_and_rewinds_after_it(tmp_path):
+    """The spares profile on the real runtime (4 active ranks + 2 spares, each a process): rank 1
+    killed in forward is replaced, then a skip in the next update is rewound by the new world
+    (before the fix, the spare voted under another recovery epoch and every rank rejected)."""
+    from accelpact.testing.campaign import run_schedule
+
+    res = run_schedule((Fault(3, "forward", 1, "kill"), Fault(4, "backward", 2, "skip")), tmp_path, updates=5,
+                       spares=2)
+    assert (res.observed, res.recoveries) == ("replace", ["replace", "rewind"]), res
+
+
+def test_a_replica_pair_lost_together_may_end_the_attempt_before_a_prescribed_later_loss():
+    """Found by the spares campaign (seed 15): ranks 1 and 3 (one shard) killed in the same
+    update with a later kill that exhausts the spares. Both branches end "killed", at update 2
+    (no holder left) or at update 3 (no spare left): either must be accepted."""
+    e = expected(parse_plan("kill@2:optimizer:1,kill@2:optimizer:3,kill@3:forward:0"), spares=2)
+    assert (e.outcome, e.reject_update, e.alternatives[0].reject_update) == ("killed", 3, 2)
+    assert e.matches(["reject"], observed="killed") == 0
+    assert e.matches(["replace", "reject"], observed="killed") == 0
+    assert e.branch(["reject"], observed="killed").reject_update == 2

@@ -13,7 +13,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PKG = ROOT / "accelpact"
 
 #: The test harness is not the library: a spawned test rank whose parent died ends itself.
-HARNESS = {"accelpact/testing/spawn.py": "os._exit("}
+HARNESS = {"accelpact/testing/spawn.py": "os._exit(",
+           # the campaign's drill worker: a spare released by a rejected job exits as the job did
+           "accelpact/testing/spare_drill.py": "os._exit("}
 
 
 def _functions(path: Path):

@@ -168,3 +168,16 @@ def test_the_exit_barrier_counts_a_lost_node_once_and_a_fenced_process_not_at_al
     assert pool.agents_lost(store) == 1
     store.append(keys.fenced_holders(), "2,")
     assert pool.agents_lost(store) == 0  # both alive and fenced: their agent arrives
+
+
+def test_survivors_wait_for_a_live_peer_long_enough_to_fail_its_probes_and_the_control_check():
+    """Found by the spares campaign: rank 3, late at the committed boundary when rank 1 was
+    killed there, posted its presence 7.06 s after the first survivor; the former grace (control
+    timeout 6 s + 1 s) had ended 60 ms before, so it was declared lost with rank 1 (its replica
+    peer: no holder left) and the survivors rejected a loss one free spare could have taken over."""
+    from accelpact.runtime.member_change import presence_grace_s
+
+    late = 1.5 + 0.5  # a late rank: past the data timeout
+    probes, control = 0.9 * 1.5, 6.0
+    assert presence_grace_s(6.0, 1.5) > 7.06
+    assert presence_grace_s(6.0, 1.5) >= late + probes + control

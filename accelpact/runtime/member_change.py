@@ -100,6 +100,19 @@ def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
                     replace_reason=unqualified, recoveries=rt._recoveries), undo
 
 
+def presence_grace_s(control_timeout_s: float, data_timeout_s: float) -> float:
+    """How long survivors wait for a position that still heartbeats but has not posted presence.
+
+    A live peer may still be in its update (up to a data timeout behind, like a late rank), then
+    in the boundary's health probes (a data timeout) and the control plane's boundary check (a
+    control timeout) before it learns of the loss. Waiting less declares a live rank lost and
+    fences it: found by the spares campaign, where a rank late at the boundary posted its presence
+    7.06 s after the first survivor, 60 ms past the former grace (control timeout + 1 s), and the
+    survivors rejected a loss a free spare could have taken over. A dead position's heartbeat stops,
+    so this wait only ever lasts for ranks that are alive."""
+    return control_timeout_s + 2 * data_timeout_s + 1.0
+
+
 def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     """A member was lost (the control plane failed at the boundary): agree on who, and either
     rebuild the world around the spares or return the reject. RankFenced if this rank itself was
@@ -109,13 +122,13 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     failed_world = m.world
     presence, undo = presence_of(rt, phase)
     rt.trace.write({"kind": "observe", "seq": rt.control.seq, "update": rt.update_index, "phase_failed": str(phase),
-                    "saw": True, "cause": "a member is missing: the control plane failed at the boundary",
-                    "failed_groups": []})
+                    "saw": True, "cause": "a member is missing", "failed_groups": []})
     _record(rt, "present", world=failed_world, position=rt.rank, frontier=rt.frontier, applied=undo,
             rerun_ok=presence.rerun_ok)
     register.post_presence(m.store, failed_world, presence)
     decision = register.await_decision(
-        m.store, failed_world, m.world_size, grace_s=rt.config.control_timeout_s + 1.0,
+        m.store, failed_world, m.world_size, grace_s=presence_grace_s(rt.config.control_timeout_s,
+                                                                      rt.data_plane.timeout_s),
         heartbeat_s=rt.heartbeat.interval_s,
         small_state_at=lambda p: small_state.newest_frontier(m.store, p))
     clock.lap("agree")

@@ -11,6 +11,11 @@ spec/AccelPact.tla (TLC).
     python -m accelpact.testing.campaign                 the CI profile: 2 derandomised schedules
     python -m accelpact.testing.campaign --campaign --examples 200 --summary out.json [--seed N] [--envelope paper]
     python -m accelpact.testing.campaign --sim --campaign --examples 5000 [--seed N]   pure simulation
+    python -m accelpact.testing.campaign --campaign --spares 2 --examples 40 --keep-going --summary out.json
+
+With `--spares S` every schedule runs on 4 active ranks + S hot spares (each a process, the store
+hosted here as torchrun's agent would): a killed rank's position is taken over in memory
+(Replace), and the summary counts it as recovered in memory (`expected_with_spares`).
 
 The expectation (`expected`) is pure; `run_schedule` is the effectful part. A failing schedule is
 shrunk by hypothesis and printed with the seed (and a @reproduce_failure blob) to replay it.
@@ -19,9 +24,11 @@ shrunk by hypothesis and printed with the seed (and a @reproduce_failure blob) t
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -36,6 +43,9 @@ from hypothesis import seed as hyp_seed
 from hypothesis import strategies as st
 
 WORLD = 4
+#: ranks per emulated node of the drill's HSDP 2x2: replica peers (the holders of one shard)
+#: share `rank % LOCAL`
+LOCAL = 2
 PHASES = ("forward", "backward", "optimizer", "committed")
 KINDS = ("skip", "late", "kill")
 
@@ -55,27 +65,51 @@ class Fault:
 #: so every fault that fires gets its rewind and the expectation stays exact (the budget of a
 #: real job, Config.max_rewinds_per_update, has its own tests).
 REWIND_BUDGET = 2 * WORLD
-_LETTER = {"preserve": "P", "rewind": "W", "reject": "R"}
+_LETTER = {"preserve": "P", "rewind": "W", "reject": "R", "replace": "X"}
+#: outcomes that finish the job in memory (no restart)
+IN_MEMORY = ("preserve", "rewind", "replace")
 
 
 @dataclass(frozen=True)
 class Expectation:
     """What the envelope prescribes for a schedule."""
 
-    outcome: str  # "preserve" | "rewind" (in memory) | "reject" | "killed"
+    outcome: str  # "preserve" | "rewind" | "replace" (in memory) | "reject" | "killed"
     preserved_updates: tuple[int, ...]  # updates whose committed faults are recovered in memory
     reject_update: int | None  # the update that ends the first attempt (reject or kill)
     #: a kill that another rank's earlier fault in the same update may pre-empt: the killed rank
     #: then fails in a collective before it reaches its kill point, and every rank rejects
     may_reject: bool = False
     rewound_updates: tuple[int, ...] = ()  # updates interrupted mid-update and re-run in memory
-    #: the first attempt's recoveries, one token per update (P preserve, W rewind, R reject)
+    #: the first attempt's recoveries, one token per update (P preserve, W rewind, R reject,
+    #: X replace)
     tokens: tuple[str, ...] = ()
+    replaced_updates: tuple[int, ...] = ()  # spares: updates where a lost rank's position was taken over
+    #: faults that never fire: with spares, a rank's faults after its own kill in the same update
+    #: (its spare starts after that update; without spares the attempt ends there anyway)
+    unfired: tuple[Fault, ...] = ()
+    #: other ways the schedule may end (spares: two replica peers of one shard lost in the same
+    #: pass leave no holder of their state), each a prescription of its own
+    alternatives: tuple[Expectation, ...] = ()
+
+    def branch(self, actions: Sequence[str], *, observed: str) -> Expectation | None:
+        """The prescription (this one or an alternative) that the observed run followed."""
+        for e in (self, *self.alternatives):
+            if e.outcome == observed and e._fits(actions, observed) is not None:
+                return e
+        return None
 
     def matches(self, actions: Sequence[str], *, observed: str) -> int | None:
         """Extra unscheduled Preserves if the recoveries fit the prescription, else None. A Preserve
         no fault scheduled (a peer slower than the data timeout at a boundary) is a real failure
-        the runtime must recover, so one may appear anywhere; nothing else may differ."""
+        the runtime must recover, so one may appear anywhere; nothing else may differ. With
+        `alternatives`, the recoveries may fit any prescription that ends as observed."""
+        if self.alternatives:
+            fits = [e._fits(actions, observed) for e in (self, *self.alternatives) if e.outcome == observed]
+            return min((f for f in fits if f is not None), default=None)
+        return self._fits(actions, observed)
+
+    def _fits(self, actions: Sequence[str], observed: str) -> int | None:
         tokens = list(self.tokens)
         if observed == "reject" and self.outcome != "reject":  # the may_reject alternative
             tokens = [t for t in tokens if t != "KILL"] + ["W*R"]
@@ -103,25 +137,36 @@ def parse_plan(text: str) -> tuple[Fault, ...]:
     return tuple(sorted(out))
 
 
-def fault_shares(results: Sequence[tuple[str, str]], *, rewind: bool) -> dict[str, int | float]:
+def fault_shares(results: Sequence[tuple[str, str] | tuple[str, str, Sequence[str]]], *, rewind: bool,
+                 spares: int = 0) -> dict[str, int | float]:
     """Of the faults that fired in first attempts, how many were recovered in memory.
 
-    `results` are (schedule plan, observed outcome). A schedule recovered in memory counts all
+    `results` are (schedule plan, observed outcome[, the first attempt's recoveries: with spares
+    they tell which alternative a run followed]). A schedule recovered in memory counts all
     its faults; one that ended in a restart or a kill counts the faults of the updates before
     the one that ended it (that update's own faults, and any rewound before its end, count as
-    not recovered); faults of later updates never fired."""
+    not recovered); faults of later updates never fired. With spares, a rank's faults after its
+    own kill in the same update never fire either (`Expectation.unfired`) and are not counted."""
     fired = in_memory = 0
-    for schedule, observed in results:
+    for schedule, observed, *rest in results:
         faults = parse_plan(schedule)
-        if observed in ("preserve", "rewind"):
-            fired += len(faults)
-            in_memory += len(faults)
+        exp = expected(faults, rewind=rewind, spares=spares)
+        if observed in IN_MEMORY:
+            n = len(faults) - len(exp.unfired)
+            fired += n
+            in_memory += n
             continue
-        end = expected(faults, rewind=rewind).reject_update
+        if exp.alternatives and (rest or observed != exp.outcome):
+            picked = exp.branch(rest[0] if rest else (), observed=observed)
+            if picked is None:  # which alternative it followed is unknown: skip it
+                continue
+            exp = picked
+        end = exp.reject_update
         if end is None:  # observed differs from the prescription (a failed schedule): skip it
             continue
-        fired += sum(1 for f in faults if f.update <= end)
-        in_memory += sum(1 for f in faults if f.update < end)
+        counted = [f for f in faults if f not in exp.unfired]
+        fired += sum(1 for f in counted if f.update <= end)
+        in_memory += sum(1 for f in counted if f.update < end)
     return {"faults_fired": fired, "faults_in_memory": in_memory,
             "faults_in_memory_share": round(in_memory / max(1, fired), 3)}
 
@@ -140,14 +185,20 @@ def _preempted(kill: Fault, same_update: Sequence[Fault]) -> bool:
     return any(f.kind != "kill" and PHASES.index(f.phase) < PHASES.index(kill.phase) for f in same_update)
 
 
-def expected(faults: Sequence[Fault], *, rewind: bool = True) -> Expectation:
+def expected(faults: Sequence[Fault], *, rewind: bool = True, spares: int = 0) -> Expectation:
     """Faults fire update by update. An update whose faults all strike at the committed boundary
     is preserved. With Rewind (the envelope qualifies it for forward and backward), an update
     interrupted mid-update is rewound once per firing of its mid-update faults (faults that fire
     together share one rewind; a fault never fires twice) and may then be preserved at its
     boundary; a skip inside optimizer.step() leaves a split step (no pre-step copy) and ends the
     attempt in Restart. Without Rewind (the paper's envelope) any uncommitted fault does.
-    A kill ends the attempt: the process is gone."""
+    A kill ends the attempt: the process is gone — unless the job runs with `spares` (see
+    `expected_with_spares`)."""
+    if spares:
+        if not rewind:
+            raise ValueError("spares need rt.step (the whole new world re-runs the interrupted update): "
+                             "the paper's envelope has no Rewind")
+        return expected_with_spares(faults, spares)
     preserved: list[int] = []
     rewound: list[int] = []
     tokens: list[str] = []
@@ -189,6 +240,87 @@ def expected(faults: Sequence[Fault], *, rewind: bool = True) -> Expectation:
     return out("rewind" if rewound else "preserve", None)
 
 
+def _interleavings(min_x: int, max_x: int, max_w: int) -> str:
+    """Every sequence of min_x..max_x Replaces (X) and at most max_w Rewinds (W), as a regex."""
+    seqs = set()
+    for x in range(min_x, max_x + 1):
+        for w in range(max_w + 1):
+            for at in itertools.combinations(range(x + w), x):
+                seqs.add("".join("X" if i in at else "W" for i in range(x + w)))
+    return "(?:" + "|".join(sorted(seqs, key=lambda q: (-len(q), q))) + ")"
+
+
+def expected_with_spares(faults: Sequence[Fault], spares: int) -> Expectation:
+    """The prescription when the job runs with `spares` hot spares and every update as rt.step.
+
+    The runtime then keeps a pre-step copy (`step_copy`, forced with spares), so a skip inside
+    optimizer.step() is rewound like a forward/backward fault instead of splitting the step. A
+    kill no longer ends the attempt while a spare is free: the survivors agree on the lost rank,
+    a spare takes its position with the state of its replica peer, and the whole new world
+    re-runs the update (Replace, X). Per update, with the rank's faults after its own kill
+    removed (they never fire: its spare starts after that update):
+
+    - each killed rank costs one spare; kills that fire in the same pass share one Replace, so an
+      update holds 1..k Replaces for k killed ranks;
+    - a kill is pre-empted when an earlier fault makes the killed rank fail before its kill point:
+      the update is then rewound first and the kill fires in the re-run; a soft fault that did not
+      fire before the Replace fires in the new world's re-run. Either way every Rewind needs a
+      fault firing, so an update holds at most as many Rewinds as mid-update faults, in any order
+      with its Replaces, and a boundary fault of the update may be preserved after them (P?);
+    - more killed ranks than free spares: a loss that cannot be replaced, the survivors reject
+      and the job restarts cold ("killed", ending the first attempt in that update);
+    - two replica peers of one shard killed in one update may die in the same pass, leaving no
+      holder of their state: the schedule may then end "killed" there (`alternatives`).
+    """
+    free = spares
+    preserved: list[int] = []
+    rewound: list[int] = []
+    replaced: list[int] = []
+    tokens: list[str] = []
+    unfired: list[Fault] = []
+    alternatives: list[Expectation] = []
+
+    def out(outcome: str, end: int | None) -> Expectation:
+        return Expectation(outcome, tuple(preserved), end, False, tuple(rewound), tuple(tokens), tuple(replaced),
+                           tuple(unfired), tuple(alternatives))
+
+    for update in sorted({f.update for f in faults}):
+        here = [f for f in faults if f.update == update]
+        first_kill = {}
+        for f in here:
+            if f.kind == "kill":
+                first_kill[f.rank] = min(first_kill.get(f.rank, len(PHASES)), PHASES.index(f.phase))
+        live = []
+        for f in here:
+            if f.rank in first_kill and PHASES.index(f.phase) > first_kill[f.rank]:
+                unfired.append(f)
+            else:
+                live.append(f)
+        kills = [f for f in live if f.kind == "kill"]
+        soft = [f for f in live if f.kind != "kill"]
+        mid = [f for f in soft if struck_phase(f) != "committed"]  # forward, backward, in-step (copied)
+        boundary = "P?" if any(struck_phase(f) == "committed" for f in soft) else ""
+        if not kills:
+            if mid:
+                tokens.append(f"W{{1,{len(mid)}}}" + boundary)
+                rewound.append(update)
+            else:
+                tokens.append("P")
+                preserved.append(update)
+            continue
+        if len(kills) > free:
+            tokens.append(_interleavings(0, free, len(mid)) + "R")
+            return out("killed", update)
+        if any(a.rank % LOCAL == b.rank % LOCAL for a, b in itertools.combinations(kills, 2)):
+            alternatives.append(Expectation("killed", tuple(preserved), update, False, tuple(rewound),
+                                            (*tokens, _interleavings(0, len(kills) - 1, len(mid)) + "R"),
+                                            tuple(replaced), tuple(unfired)))
+        tokens.append(_interleavings(1, len(kills), len(mid)) + boundary)
+        replaced.append(update)
+        free -= len(kills)
+    return out("replace" if replaced else "rewind" if rewound else "preserve", None)
+
+
 def fault_schedules(updates: int = 6, max_faults: int = 10, kinds: Sequence[str] = KINDS) -> st.SearchStrategy:
     """1..max_faults distinct faults on updates 2..updates (update 1 wires FSDP lazily)."""
     fault = st.builds(Fault, st.integers(2, updates), st.sampled_from(PHASES), st.integers(0, WORLD - 1),
@@ -212,12 +344,18 @@ class ScheduleResult:
 
 
 def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, data_timeout_s: float = 1.5,
-                 control_timeout_s: float = 6.0, timeout_s: float = 240.0, rewind: bool = True) -> ScheduleResult:
+                 control_timeout_s: float = 6.0, timeout_s: float = 240.0, rewind: bool = True,
+                 spares: int = 0) -> ScheduleResult:
     """Run one schedule on the real runtime; raise AssertionError when a property fails.
 
     `rewind`: every update runs as rt.step(fn) under an envelope qualifying Rewind for every
     uncommitted phase (the protocol is what is checked here; `accelpact qualify` measures the
-    platform); False: the paper's envelope, Preserve at committed boundaries only."""
+    platform); False: the paper's envelope, Preserve at committed boundaries only.
+    `spares`: launch 4 + S processes with ACCELPACT_SPARES=S (`run_schedule_with_spares`)."""
+    if spares:
+        return run_schedule_with_spares(faults, workdir, spares=spares, updates=updates,
+                                        data_timeout_s=data_timeout_s, control_timeout_s=control_timeout_s,
+                                        timeout_s=timeout_s)
     from model_checking.trace_validation import assert_valid_run
 
     from .drills import Drill, run_drill
@@ -262,13 +400,89 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
                           recoveries=list(actions[0]))
 
 
+def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: int, updates: int = 6,
+                             data_timeout_s: float = 1.5, control_timeout_s: float = 6.0,
+                             timeout_s: float = 300.0) -> ScheduleResult:
+    """One schedule on 4 active ranks + `spares` spare processes, launched as torchrun would (this
+    process hosts the store, so every rank may be killed), every update as rt.step(fn).
+
+    In memory (preserve, rewind, replace): every position's final holder ends at F = updates,
+    one frontier and generation, bitwise equal to the uninterrupted reference; every killed
+    rank's process died of SIGKILL and every other process exited 0. A loss that cannot be
+    replaced ("killed"): every survivor rejected (exit 75) with the same recoveries. The
+    recoveries fit the prescription (`expected_with_spares`); a spare's history starts at its
+    arrival, so it must be a suffix of the survivors'. Traces go through TLC when no rank was
+    lost (spec/AccelPact.tla has no membership change yet)."""
+    from model_checking.trace_validation import assert_valid_run
+
+    from .drills import Drill
+    from .spare_drill import drill_json
+    from .spares import launch_with_spares
+
+    exp = expected(faults, rewind=True, spares=spares)
+    trace = workdir / "trace"
+    drill = Drill(updates=updates, faults=plan(faults), data_timeout_s=data_timeout_s,
+                  control_timeout_s=control_timeout_s, trace_dir=str(trace), rewind=True, envelope="permissive",
+                  max_rewinds=REWIND_BUDGET + spares)
+    cmd = [sys.executable, "-m", "accelpact.testing.spare_drill", "--drill", drill_json(drill), "--out", str(workdir)]
+    t0 = time.monotonic()
+    codes, output, _ = launch_with_spares(cmd, active=WORLD, spares=spares, log_dir=workdir, timeout_s=timeout_s)
+    results = {int(f.stem.split("-")[1]): json.loads(f.read_text()) for f in workdir.glob("result-*.json")}
+
+    def explain() -> str:
+        return f"exit codes {codes}\n" + "\n".join(
+            f"--- launch {r} (exit {c})\n" + "\n".join(o.splitlines()[-12:]) for r, (c, o) in enumerate(zip(codes, output)))
+
+    assert None not in codes, f"processes still running after {timeout_s:.0f} s (killed): {explain()}"
+    original = [results[r] for r in sorted(results) if r < WORLD]  # positions never taken over
+    assert original, f"no original rank reported: {explain()}"
+    actions = [h["action"] for h in original[0]["history"]]
+    for r in sorted(results):
+        theirs = [h["action"] for h in results[r]["history"]]
+        if r < WORLD:
+            assert theirs == actions, f"ranks disagree on the outcomes (all-or-nothing): {actions} vs {theirs}"
+        else:
+            assert theirs == actions[len(actions) - len(theirs):], \
+                f"spare {r} (rank {results[r]['position']}) recorded {theirs}, not a suffix of {actions}"
+    rejected = [r for r in sorted(results) if results[r]["rejected"] is not None]
+    if rejected:
+        observed = "killed" if -9 in codes else "reject"
+        assert len(rejected) == len(results), f"launch ranks {rejected} rejected, the others did not: {explain()}"
+        assert all(c in (-9, 75) for c in codes), f"a survivor or spare did not end with the reject: {explain()}"
+    else:
+        observed = "replace" if "replace" in actions else "rewind" if "rewind" in actions else "preserve"
+    allowed = {exp.outcome} | {e.outcome for e in exp.alternatives}
+    assert observed in allowed, f"expected {exp.outcome}, observed {observed}: {actions}\n{explain()}"
+    extra = exp.matches(actions, observed=observed)
+    assert extra is not None, f"recoveries {actions}, the envelope prescribes {list(exp.tokens)}: {explain()}"
+    if observed in IN_MEMORY:
+        kills = sum(1 for f in faults if f.kind == "kill" and f not in exp.unfired)
+        assert codes.count(-9) == kills, f"{kills} kill(s) prescribed, {codes.count(-9)} process(es) killed"
+        assert all(c in (0, -9) for c in codes), f"a process failed: {explain()}"
+        holders = sorted(results[r]["position"] for r in results)
+        assert holders == list(range(WORLD)), f"positions held at the end: {holders}: {explain()}"
+        ends = {(r["frontier"], r["generation"]) for r in results.values()}
+        assert len(ends) == 1, f"split frontier: {ends}"
+        for r in results.values():
+            assert r["frontier"] == updates, f"rank {r['position']} ended at F={r['frontier']}"
+            assert r.get("mismatches") == [], f"rank {r['position']} differs from the reference: {r.get('mismatches')}"
+    if -9 not in codes:  # a lost rank is a membership change, which the spec does not model yet
+        assert_valid_run(trace)  # TLC: every attempt is a behaviour of the spec
+    return ScheduleResult(plan(faults), exp.outcome, observed, time.monotonic() - t0, extra=extra, recoveries=actions)
+
+
 # -- hypothesis driver ----------------------------------------------------------------------------
 def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None,
              summary: Path | None, kinds: Sequence[str] = KINDS, data_timeout_s: float = 1.5,
-             rewind: bool = True, runner: Any = None) -> int:
+             rewind: bool = True, runner: Any = None, spares: int = 0, keep_going: bool = False,
+             keep_failed: Path | None = None) -> int:
     """Run `examples` schedules; write the summary; 0 if every property held.
 
-    `runner` replaces `run_schedule` (tests of the driver itself: seeds, shrinking, summary)."""
+    `runner` replaces `run_schedule` (tests of the driver itself: seeds, shrinking, summary).
+    `spares`: every schedule runs with that many hot spares (`run_schedule_with_spares`).
+    `keep_going`: a failing schedule is recorded and the campaign goes on (no shrinking), so that
+    one campaign measures every schedule; `keep_failed`: a failing schedule's logs and traces are
+    copied there."""
     runner = runner or run_schedule
     done: list[ScheduleResult] = []
     failures: list[dict[str, Any]] = []
@@ -279,16 +493,16 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
             return
         recoveries = Counter(a for d in done for a in d.recoveries)
         killed = sum(1 for d in done if d.observed == "killed")
-        in_memory = recoveries["preserve"] + recoveries["rewind"]
+        in_memory = recoveries["preserve"] + recoveries["rewind"] + recoveries["replace"]
         summary.write_text(json.dumps({
-            "envelope": "rewind" if rewind else "paper (preserve at committed boundaries only)",
+            "envelope": "rewind" if rewind else "paper (preserve at committed boundaries only)", "spares": spares,
             "schedules": len(done) + len(failures), "outcomes": dict(Counter(d.observed for d in done)),
             "recoveries": dict(recoveries), "killed": killed,
             # of every recovery the first attempts needed (a kill ends one with no recovery)
             "recovered_in_memory_share": round(in_memory / max(1, in_memory + recoveries["reject"] + killed), 3),
             "schedules_without_restart_share": round(
-                sum(1 for d in done if d.observed in ("preserve", "rewind")) / max(1, len(done)), 3),
-            **fault_shares([(d.schedule, d.observed) for d in done], rewind=rewind),
+                sum(1 for d in done if d.observed in IN_MEMORY) / max(1, len(done)), 3),
+            **fault_shares([(d.schedule, d.observed, d.recoveries) for d in done], rewind=rewind, spares=spares),
             "failures": failures, "seed": seed, "derandomize": derandomize,
             "wall_s": round(time.monotonic() - started, 1),
             "per_schedule_s": round(sum(d.wall_s for d in done) / max(1, len(done)), 1),
@@ -301,10 +515,18 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
     def one(faults):
         with tempfile.TemporaryDirectory(prefix="accelpact-campaign-") as tmp:
             try:
-                res = runner(faults, Path(tmp), updates=updates, data_timeout_s=data_timeout_s, rewind=rewind)
+                res = runner(faults, Path(tmp), updates=updates, data_timeout_s=data_timeout_s, rewind=rewind,
+                             **({"spares": spares} if spares else {}))
             except AssertionError as exc:
-                failures.append({"schedule": plan(faults), "error": str(exc)[:2000]})
+                failures.append({"schedule": plan(faults), "error": str(exc)[:4000]})
+                if keep_failed is not None:
+                    kept = keep_failed / f"{len(done) + len(failures):04d}"
+                    shutil.copytree(tmp, kept, dirs_exist_ok=True)
+                    failures[-1]["kept"] = str(kept)
                 write_summary()
+                print(f"[campaign] FAIL {plan(faults)}: {str(exc).splitlines()[0][:200]}", flush=True)
+                if keep_going:
+                    return
                 raise
         done.append(res)
         print(f"[campaign] {len(done):>4} {res.schedule:<60} {res.observed:<8} {res.wall_s:5.1f} s", flush=True)
@@ -312,6 +534,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
 
     test = one if derandomize else hyp_seed(seed)(one)
     print(f"[campaign] {examples} schedule(s), envelope {'rewind' if rewind else 'paper'}, "
+          f"{f'{spares} spare(s), ' if spares else ''}"
           f"seed {seed if not derandomize else 'derandomized'} (replay: --seed {seed})", flush=True)
     try:
         test()
@@ -320,6 +543,10 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
         write_summary()
         return 1
     write_summary()
+    if failures:
+        print(f"[campaign] {len(failures)} schedule(s) FAILED of {len(done) + len(failures)} (seed {seed})",
+              file=sys.stderr)
+        return 1
     print(f"[campaign] ok: {len(done)} schedule(s) in {time.monotonic() - started:.0f} s", flush=True)
     return 0
 
@@ -358,13 +585,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--sim", action="store_true", help="the pure simulation campaign (thousands of schedules)")
     p.add_argument("--envelope", choices=("rewind", "paper"), default="rewind",
                    help="rewind: Rewind qualified for uncommitted phases (default); paper: Preserve only")
+    p.add_argument("--spares", type=int, default=0,
+                   help="launch 4 + S processes with ACCELPACT_SPARES=S: a killed rank is replaced in memory")
+    p.add_argument("--keep-going", action="store_true",
+                   help="record a failing schedule and go on (no shrinking): one campaign measures every schedule")
+    p.add_argument("--keep-failed", type=Path, default=None, help="copy a failing schedule's logs and traces here")
     args = p.parse_args(argv)
+    if args.spares and args.envelope == "paper":
+        p.error("--spares needs the rewind envelope (a Replace re-runs the interrupted update)")
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     if args.sim:
         return simulation_campaign(args.examples or 5000, seed=seed, derandomize=not args.campaign)
     examples = args.examples or (200 if args.campaign else 2)
     return campaign(examples, updates=args.updates, derandomize=not args.campaign, seed=seed, summary=args.summary,
-                    rewind=args.envelope == "rewind")
+                    rewind=args.envelope == "rewind", spares=args.spares, keep_going=args.keep_going,
+                    keep_failed=args.keep_failed)
 
 
 if __name__ == "__main__":
