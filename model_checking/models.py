@@ -9,10 +9,12 @@ them and judges a TLC result against that expectation.
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .tlc import ModelConfig, Status, TlcResult, run_tlc
+from .tlc import ModelConfig, Status, TlcResult, run_tlc, run_tlc_many
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RANK_COUNTS: tuple[int, ...] = (2, 3, 4)
@@ -130,3 +132,21 @@ def membership_witnesses(directory: Path | None = None) -> list[ModelConfig]:
         if m.expect not in m.invariants:
             raise ValueError(f"witness {m.path} must check the invariant it expects to be violated")
     return found
+
+
+def plan_jobs(n_models: int, *, workers: int, jobs: int | None = None) -> tuple[int, int]:
+    """(runs at a time, workers of each run) for `n_models` runs within `workers` threads."""
+    jobs = min(workers, n_models) if jobs is None else jobs
+    jobs = max(1, min(jobs, n_models, workers))
+    return jobs, max(1, workers // jobs)
+
+
+def check_models(models: Sequence[ModelConfig], *, workers: int = 1, jobs: int | None = None,
+                 timeout_s: float = 600.0, directory: Path | None = None) -> Iterator[TlcResult]:
+    """`check_model` of each model, several at a time within `workers` threads in all; results in
+    the order given. `jobs` runs at a time (default: one per worker, each run with one worker, as
+    many as there are models); the workers are divided among them."""
+    jobs, per_run = plan_jobs(len(models), workers=workers, jobs=jobs)
+    runs = [functools.partial(run_tlc, spec_dir(directory) / spec_module(m), m.path, workers=per_run,
+                              timeout_s=timeout_s, check_deadlock=m.check_deadlock) for m in models]
+    return run_tlc_many(runs, jobs=jobs)

@@ -13,7 +13,14 @@ those codes, never from prose, because the prose changes between TLC releases wh
 - exit codes: 0 pass, 10 assumption false, 11 deadlock, 12 safety, 13 liveness, 150 parse
   error, 255 other error (the codes decide nothing here; the messages do).
 
-Only one TLC runs at a time on this machine (the cores are shared), enforced with a file lock.
+One TLC job runs at a time on this machine (the cores are shared), enforced with a file lock: a
+job is one run (`run_tlc`) or a batch (`run_tlc_many`) whose runs share the batch's worker budget,
+several at once. Independent runs at once are what makes a batch fast: TLC 2.15 checks liveness
+(every model here checks RecoveryEnds) on one thread, and JVM start-up and parsing are serial too,
+so a second worker thread in one run gains little while a second run beside it gains nearly 2x.
+Liveness is checked once, when the state space is explored (`-lncheck final`): TLC would otherwise
+also check it every time it reports progress, redoing the work on the graph explored so far; the
+verdict is the same, a violation is found at the end instead of earlier.
 """
 
 from __future__ import annotations
@@ -27,8 +34,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -55,6 +64,10 @@ SEVERITY_TLCBUG = 2
 #: JVM options: the parallel collector (TLC asks for it), and the C1 compiler only: TLC runs here
 #: last seconds, and the C2 compiler's warm-up doubled the CPU time of the 2- and 3-rank models.
 DEFAULT_JAVA_OPTS: tuple[str, ...] = ("-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1")
+#: Check temporal properties once, on the whole state graph (not also at every progress report).
+LIVENESS_CHECK: tuple[str, ...] = ("-lncheck", "final")
+#: How often a run of a batch looks whether the batch was abandoned (seconds).
+_POLL_S = 0.25
 
 _MSG_RE = re.compile(r"@!@!@STARTMSG (\d+):(\d+) @!@!@\r?\n(.*?)@!@!@ENDMSG \1 @!@!@", re.DOTALL)
 _STATS_RE = re.compile(r"([\d,]+) states generated, ([\d,]+) distinct states found, ([\d,]+) states left")
@@ -67,6 +80,10 @@ _VAR_LINE_RE = re.compile(r"^/\\ (\w+) = (.*)$")
 
 class TlcError(RuntimeError):
     """TLC could not be started at all (no java, no jar)."""
+
+
+class TlcCancelled(RuntimeError):
+    """A run of a batch was stopped because the batch was abandoned (its TLC was killed)."""
 
 
 class Status(StrEnum):
@@ -382,7 +399,7 @@ def render_cfg(
 # -- running --------------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _one_tlc_at_a_time() -> Iterator[None]:
-    """The cores are shared: serialise TLC runs of every process on this machine."""
+    """The cores are shared: serialise TLC jobs (a run, or a batch) of every process on this machine."""
     lock = Path(tempfile.gettempdir()) / "accelpact-tlc.lock"
     with open(lock, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -409,12 +426,16 @@ def run_tlc(
     timeout_s: float = 600.0,
     java_opts: Sequence[str] = DEFAULT_JAVA_OPTS,
     extra_modules: Iterable[Path] = (),
+    exclusive: bool = True,
+    cancel: threading.Event | None = None,
 ) -> TlcResult:
     """Model-check `spec` (a .tla file) with `cfg` (a Path to a .cfg, or a str holding its text).
 
     The spec and the cfg are copied into a fresh temporary directory and TLC runs there with its
     own metadir and java.io.tmpdir. `check_deadlock=None` takes the cfg's `\\* deadlock:` header.
     `dump` receives every distinct state (TLC's `-dump`), e.g. for the conformance check.
+    `exclusive=False` skips the machine lock (a batch holds it: `run_tlc_many`); `cancel`, once
+    set, kills the run (TlcCancelled).
     """
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers must be a positive int (TLC 2.15 has no `auto`), got {workers!r}")
@@ -438,19 +459,22 @@ def run_tlc(
             shutil.copyfile(extra, work / Path(extra).name)
         (work / "model.cfg").write_text(cfg_text)
         cmd = [java, *java_opts, f"-Djava.io.tmpdir={work / 'jtmp'}", "-cp", str(jar), "tlc2.TLC", "-tool"]
-        cmd += ["-workers", str(workers), "-metadir", str(work / "meta"), "-config", "model.cfg"]
+        cmd += ["-workers", str(workers), "-metadir", str(work / "meta"), "-config", "model.cfg", *LIVENESS_CHECK]
         if not check_deadlock:
             cmd.append("-deadlock")  # sic: this flag turns deadlock checking OFF
         if dump is not None:
             cmd += ["-dump", str(work / "states")]
         cmd.append(spec.name)
-        stack.enter_context(_one_tlc_at_a_time())
+        if exclusive:
+            stack.enter_context(_one_tlc_at_a_time())
+        if cancel is not None and cancel.is_set():
+            raise TlcCancelled("the batch was abandoned before this run started")
         started = time.monotonic()
         proc = subprocess.Popen(
             cmd, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
         )
         try:
-            output, _ = proc.communicate(timeout=timeout_s)
+            output = _communicate(proc, started + timeout_s, cancel)
         except subprocess.TimeoutExpired:
             _kill(proc)
             output, _ = proc.communicate()
@@ -475,3 +499,40 @@ def run_tlc(
                 result.status = Status.ERROR
                 result.errors.append("TLC wrote no state dump")
         return result
+
+
+def _communicate(proc: subprocess.Popen, deadline: float, cancel: threading.Event | None) -> str:
+    """TLC's output once it exits; TimeoutExpired past `deadline`, TlcCancelled once `cancel` is set."""
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            output, _ = proc.communicate(timeout=max(0.0, left if cancel is None else min(left, _POLL_S)))
+            return output
+        except subprocess.TimeoutExpired:
+            if cancel is not None and cancel.is_set():
+                raise TlcCancelled("the batch was abandoned") from None
+            if time.monotonic() >= deadline:
+                raise
+
+
+def run_tlc_many(runs: Sequence[Callable[..., TlcResult]], *, jobs: int = 1) -> Iterator[TlcResult]:
+    """Run each of `runs` (a call of `run_tlc` lacking only `exclusive` and `cancel`, e.g. a
+    functools.partial), `jobs` of them at a time, holding the machine's TLC lock once for all;
+    yield their results in the order given, each once it and every run before it ended.
+
+    Give each run `workers` so that the runs at a time stay within the cores meant for TLC. When
+    the caller stops early (an exception, Ctrl-C, the generator closed), every TLC still running
+    is killed and no other is started.
+    """
+    if not isinstance(jobs, int) or isinstance(jobs, bool) or jobs < 1:
+        raise ValueError(f"jobs must be a positive int, got {jobs!r}")
+    cancel = threading.Event()
+    with _one_tlc_at_a_time(), ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="accelpact-tlc") as pool:
+        futures = [pool.submit(run, exclusive=False, cancel=cancel) for run in runs]
+        try:
+            for future in futures:
+                yield future.result()
+        finally:
+            cancel.set()
+            for future in futures:
+                future.cancel()

@@ -46,6 +46,8 @@ differ in bookkeeping, so it is spelled out here:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import re
 import tempfile
@@ -56,7 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from .causality import CausalViolation, causal_merge, has_clocks, violations
-from .tlc import TlcResult, TraceState, run_tlc
+from .tlc import TlcResult, TraceState, run_tlc, run_tlc_many
 
 TRACE_MODULE = "AccelPactTrace"
 SLOTS = (1, 2)
@@ -564,7 +566,11 @@ def progress(output: str) -> dict[int, int]:
 
 def validate_segments(segments: Sequence[Segment], *, spec_dir: Path | None = None, batch: int = 100,
                       timeout_s: float = 600.0, workers: int = 1, diagnose_failures: bool = True) -> BatchResult:
-    """Check every segment with TLC, `batch` segments per TLC run; diagnose the ones that fail."""
+    """Check every segment with TLC, `batch` segments per TLC run; diagnose the ones that fail.
+
+    The checks use `workers` TLC workers; the diagnoses run side by side, `workers` at a time,
+    each on one worker (breadth-first on one worker, the state a diagnosis shows is the same in
+    every run)."""
     verdicts: list[SegmentVerdict] = []
     started, runs = time.monotonic(), 0
     for lo in range(0, len(segments), batch):
@@ -577,29 +583,33 @@ def validate_segments(segments: Sequence[Segment], *, spec_dir: Path | None = No
             verdict = SegmentVerdict(seg, got >= len(seg.records), got)
             if not verdict.ok:
                 verdict.first_bad = seg.records[got]
-                if diagnose_failures:
-                    _diagnose(verdict, spec_dir, timeout_s, workers)
-                    runs += 1
             verdicts.append(verdict)
+    failed = [v for v in verdicts if not v.ok]
+    if diagnose_failures and failed:
+        _diagnose(failed, spec_dir, timeout_s, jobs=workers)
+        runs += len(failed)
     return BatchResult(verdicts, time.monotonic() - started, runs)
 
 
-def _diagnose(verdict: SegmentVerdict, spec_dir: Path | None, timeout_s: float, workers: int) -> None:
-    """A state `reached` records in (TLC's counterexample to NotYetAt(reached))."""
-    result = _run_stop(verdict, spec_dir, timeout_s, workers)
-    if result.trace:
-        verdict.path = result.trace
-        verdict.state_before = {k: v for k, v in result.trace[-1].values.items() if k not in ("t", "i")}
-
-
-def _run_stop(verdict: SegmentVerdict, spec_dir: Path | None, timeout_s: float, workers: int) -> TlcResult:
-    with tempfile.TemporaryDirectory(prefix="accelpact-trace-") as tmp:
-        module = Path(tmp) / f"{TRACE_MODULE}.tla"
-        text = render_module([verdict.segment]).replace(
-            "NotYetAt(limit) == i < limit", f"NotYetAt(limit) == i < limit\nStop == NotYetAt({verdict.reached})")
-        module.write_text(text)
-        return run_tlc(module, render_cfg("Stop"), workers=workers, check_deadlock=False, timeout_s=timeout_s,
-                       extra_modules=[_spec_file(spec_dir)])
+def _diagnose(verdicts: Sequence[SegmentVerdict], spec_dir: Path | None, timeout_s: float, jobs: int) -> None:
+    """For each verdict, a state `reached` records in (TLC's counterexample to NotYetAt(reached))."""
+    with contextlib.ExitStack() as stack:
+        runs = []
+        for verdict in verdicts:
+            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="accelpact-trace-")))
+            module = tmp / f"{TRACE_MODULE}.tla"
+            module.write_text(render_module([verdict.segment]).replace(
+                "NotYetAt(limit) == i < limit", f"NotYetAt(limit) == i < limit\nStop == NotYetAt({verdict.reached})"))
+            runs.append(functools.partial(run_tlc, module, render_cfg("Stop"), workers=1, check_deadlock=False,
+                                          timeout_s=timeout_s, extra_modules=[_spec_file(spec_dir)]))
+        results = run_tlc_many(runs, jobs=max(1, min(jobs, len(runs))))
+        try:
+            for verdict, result in zip(verdicts, results):
+                if result.trace:
+                    verdict.path = result.trace
+                    verdict.state_before = {k: v for k, v in result.trace[-1].values.items() if k not in ("t", "i")}
+        finally:
+            results.close()
 
 
 @dataclass
@@ -659,7 +669,10 @@ def check_run(run_dir: str | Path, **kw: Any) -> RunCheckResult:
 
 def assert_valid_run(run_dir: str | Path, require_clocks: bool = True, **kw: Any) -> RunCheckResult:
     """For tests: the run passes trace validation, causality included (a run recorded now carries
-    vector clocks; `require_clocks=False` for a trace recorded before them)."""
+    vector clocks; `require_clocks=False` for a trace recorded before them). TLC runs on two
+    workers unless told otherwise: a test checks a run once its world is gone, so both cores are
+    free (a long trace explores 100,000+ states)."""
+    kw.setdefault("workers", 2)
     report = check_run(run_dir, **kw)
     if not report.ok:
         raise AssertionError("trace validation failed:\n" + report.describe())

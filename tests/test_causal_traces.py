@@ -199,7 +199,7 @@ def real(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("real")
     runs = {"real": REAL, "alongside": _doctor(tmp, "alongside", alongside_rebind),
             "moved": _doctor(tmp, "moved", moved_in_time)}
-    return dict(zip(runs, check_runs(list(runs.values()))))
+    return dict(zip(runs, check_runs(list(runs.values()), workers=2)))  # ~100,000 states: both cores
 
 
 def test_the_recorded_run_is_clocked_causal_and_a_behaviour_of_the_spec(real):

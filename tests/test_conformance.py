@@ -32,8 +32,9 @@ needs_java = pytest.mark.tlc
 
 @pytest.fixture(scope="module")
 def found():
-    """The spec's edges, from one TLC run shared by the tests of this module."""
-    return spec_edges(models.spec_path(), workers=1)
+    """The spec's edges, from one TLC run shared by the tests of this module (two workers: the
+    edges are read from every state, whichever worker found it)."""
+    return spec_edges(models.spec_path(), workers=2)
 
 
 def _variant(tmp_path, old: str, new: str, module: str = "AccelPact.tla"):
@@ -110,7 +111,7 @@ def test_spec_with_an_extra_edge_is_reported(tmp_path):
     # Replace never waits on the control plane; a failed rebuild goes through replace_failed).
     path = _variant(tmp_path, '[] t = "abort" -> {"Agree"}', '[] t = "abort" -> {"Agree", "Replace"}',
                     module="AccelPactTable.tla")
-    diff = compare_edges(spec_edges(path).edges, table_edges())
+    diff = compare_edges(spec_edges(path, workers=2).edges, table_edges())
     assert diff.only_in_spec == {("abort", "Replace", "Reject")}
     assert not diff.only_in_table
 
@@ -121,7 +122,7 @@ def test_spec_with_an_extra_edge_is_reported(tmp_path):
 def test_spec_with_a_renamed_trigger_is_reported(tmp_path):
     path = _variant(tmp_path, "/\\ edge' = <<t, phase[r], Dest(t)>>",
                     """/\\ edge' = <<IF t = "release_reject" THEN "release_abort" ELSE t, phase[r], Dest(t)>>""")
-    diff = compare_edges(spec_edges(path).edges, table_edges())
+    diff = compare_edges(spec_edges(path, workers=2).edges, table_edges())
     assert diff.only_in_spec == {("release_abort", "Validate", "Reject")}
     assert diff.only_in_table == {("release_reject", "Validate", "Reject")}
 

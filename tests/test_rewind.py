@@ -63,12 +63,24 @@ def test_fsdp2_forward_and_backward_failures_are_rewound_bitwise(tmp_path):
                for r in results for h in r["history"])
 
 
+@pytest.fixture(scope="module")
+def ddp_split(tmp_path_factory):
+    """DDP, backward fault on rank 2, pre-step copy, a warm-up LR scheduler stepped in every
+    update: one drill for the two tests that need this run (the DDP backward rewind, and the
+    split case with its scheduler), not the same 4-rank world twice. (trace dir, results)"""
+    tmp = tmp_path_factory.mktemp("ddp-split")
+    return tmp / "trace", drill(tmp, framework="ddp", faults="skip@3:backward:2", step_copy=True, scheduler=True)
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("framework, copy", [("fsdp1", False), ("ddp", True)])
-def test_fsdp1_and_ddp_backward_failures_are_rewound_bitwise(tmp_path, framework, copy):
+def test_fsdp1_and_ddp_backward_failures_are_rewound_bitwise(request, tmp_path, framework, copy):
     # DDP: the replicate pair that did not fail finishes its step while the other waits out the
     # timeout, so its rewind needs the pre-step copy (accelpact qualify measured the same)
-    results = drill(tmp_path, framework=framework, faults="skip@3:backward:2", step_copy=copy)
+    if framework == "ddp":  # the drill of the split-case test below (its scheduler included)
+        _, results = request.getfixturevalue("ddp_split")
+    else:
+        results = drill(tmp_path, framework=framework, faults="skip@3:backward:2", step_copy=copy)
     assert_bitwise(results)  # against a reference whose DDP all-reduces its buckets the built-in way
     assert all("rewind" in actions(r) for r in results)
     # with Rewind after backward qualified, DDP's buckets are isolated from late all-reduces
@@ -127,16 +139,16 @@ def test_rewind_is_refused_with_the_reason_when_a_rank_cannot_take_it(tmp_path, 
 
 
 @pytest.mark.timeout(200)
-def test_a_rank_that_finished_its_update_scheduler_included_is_rewound_bitwise_lr_included(tmp_path):
+def test_a_rank_that_finished_its_update_scheduler_included_is_rewound_bitwise_lr_included(ddp_split):
     """DDP, backward fault on rank 2: the replicate pair that did not fail finishes its update,
     optimizer and warm-up scheduler step included, while the other waits out the timeout; the
     rewind must put the scheduler and the LR back with the parameters (found through the
     optimizer by attach)."""
-    results = drill(tmp_path, framework="ddp", faults="skip@3:backward:2", step_copy=True, scheduler=True)
+    trace, results = ddp_split
     assert_bitwise(results)  # the comparison includes extra/scheduler and extra/lr
     assert all("rewind" in actions(r) for r in results)
     stepped = set()
-    for path in (tmp_path / "trace").glob("trace-rank*.jsonl"):
+    for path in trace.glob("trace-rank*.jsonl"):
         for line in path.read_text().splitlines():
             rec = json.loads(line)
             if rec.get("kind") == "edge" and rec.get("action") == "join_recovery" and rec.get("tau") == 3:

