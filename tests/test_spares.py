@@ -74,7 +74,7 @@ def test_a_rank_cut_off_but_alive_is_fenced_when_it_wakes_and_a_spare_holds_its_
     declare it lost, a spare takes over; when it wakes it reads the register, learns that it was
     replaced and exits 0 without training again, and the job ends bitwise equal."""
     job = run_spare_job(framework="fsdp2", faults="stall@3:forward:2", updates=5, spares=1, data_timeout=1.0,
-                        control_timeout=4.0, timeout_s=190)
+                        control_timeout=3.0, timeout_s=190)
     _replaced(job, 2)
     assert job.codes == [0, 0, 0, 0, 0], _explain(job)
     assert "declared lost in world 0 and a spare took its place" in job.output[2], _explain(job)

@@ -98,7 +98,7 @@ def test_the_accelpact_models_still_check_accelpact():
 
 def test_check_runs_the_membership_model_with_the_default_check(monkeypatch):
     ran: list[tuple[str, int]] = []
-    monkeypatch.setattr(check, "_check_protocol", lambda n, *a: ran.append(("ranks", n)) or True)
+    monkeypatch.setattr(check, "_check_protocols", lambda ns, *a: ran.extend(("ranks", n) for n in ns) or True)
     monkeypatch.setattr(check, "_check_membership", lambda w, *a: ran.append(("membership", w)) or True)
     parser = argparse.ArgumentParser()
     check.add_arguments(parser)

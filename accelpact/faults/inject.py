@@ -18,8 +18,9 @@ log = logging.getLogger("accelpact.faults")
 
 #: How far past the data-plane timeout a `late` rank arrives.
 LATE_MARGIN_S = 0.5
-#: A `stall` lasts this many data timeouts (past the survivors' detection and agreement).
-STALL_FACTOR = 12
+#: A `stall` lasts this many data timeouts: past the survivors' detection (a data timeout, the
+#: heartbeat watch, the control timeout) and their grace for a live rank (control + 2 data + 1 s).
+STALL_FACTOR = 20
 
 
 class InjectedFault(AccelPactError, RuntimeError):
