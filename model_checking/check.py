@@ -161,6 +161,14 @@ def _report_protocol(ranks: int, model, result: TlcResult, workers: int, out, re
           file=out)
     for prop in (*model.invariants, *model.properties):
         print(f"   {prop:<24} {PROPERTY_TEXT.get(prop, '')}", file=out)
+    ok = _print_result(model, result, workers, out)
+    records.append(_record(model, result, ok))
+    return ok
+
+
+def _print_result(model, result, workers: int, out) -> bool:
+    """One model's verdict line (and its errors and trace when it failed); whether it met its
+    expectation."""
     ok = models.expectation_met(model, result)
     print(f"   result: {'PASS' if ok else 'FAIL'}: {result.verdict()}; "
           f"{_fmt_int(result.distinct_states)} distinct states ({_fmt_int(result.states_generated)} generated), "
@@ -170,7 +178,6 @@ def _report_protocol(ranks: int, model, result: TlcResult, workers: int, out, re
             print("   " + err.replace("\n", "\n   "), file=out)
         if result.trace:
             _print_trace(result, out)
-    records.append(_record(model, result, ok))
     return ok
 
 
@@ -230,15 +237,7 @@ def _check_membership(positions: int, args, out, records: list) -> bool:
     for prop in (*model.invariants, *model.properties):
         print(f"   {prop:<28} {MEMBERSHIP_PROPERTY_TEXT.get(prop, '')}", file=out)
     result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
-    ok = models.expectation_met(model, result)
-    print(f"   result: {'PASS' if ok else 'FAIL'}: {result.verdict()}; "
-          f"{_fmt_int(result.distinct_states)} distinct states ({_fmt_int(result.states_generated)} generated), "
-          f"depth {_fmt_int(result.depth)}, {result.wall_s:.1f} s with {args.workers} worker(s)", file=out)
-    if not ok:
-        for err in result.errors:
-            print("   " + err.replace("\n", "\n   "), file=out)
-        if result.trace:
-            _print_trace(result, out)
+    ok = _print_result(model, result, args.workers, out)
     record = _record(model, result, ok)
     record["model"] = f"membership/{model.name}"
     records.append(record)
