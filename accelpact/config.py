@@ -27,6 +27,8 @@ MIN_TIMEOUT_S = 0.01
 MAX_TIMEOUT_S = 86_400.0
 #: A timeout measured at attach instead of given (`accelpact.timeouts`, `runtime/calibrate.py`).
 AUTO = "auto"
+#: `Config.boundary`: when a committed boundary is agreed (`accelpact.fsm.deferral`).
+BOUNDARY_MODES = ("sync", "deferred")
 
 log = logging.getLogger("accelpact.config")
 
@@ -46,6 +48,12 @@ class Config:
     rebind: bool = True
     #: Health-check each data-plane group at every boundary (a tiny all-reduce per group).
     health_check: bool = True
+    #: "sync": every committed boundary is agreed before the next update starts (one control-plane
+    #: all-reduce and the probes on the critical path). "deferred": inside `rt.step`, with Rewind
+    #: qualified for forward and backward and no step_copy, a clean boundary posts its flag and is
+    #: agreed before the next update's optimizer step; the probes are left out (a broken link is
+    #: met, and rewound, in the next update). See `accelpact.fsm.deferral`.
+    boundary: str = "sync"
     #: What a Reject does: "exit" ends the process with EXIT_REJECTED (for torchrun), "raise"
     #: raises RecoveryRejected (for embedding and tests).
     on_reject: str = "exit"
@@ -119,6 +127,8 @@ class Config:
                 f"control_timeout_s ({self.control_timeout_s}) must exceed data_timeout_s "
                 f"({self.data_timeout_s}): the control plane waits out data-plane timeouts"
             )
+        if self.boundary not in BOUNDARY_MODES:
+            raise ConfigError(f"boundary must be one of {', '.join(BOUNDARY_MODES)}, got {self.boundary!r}")
         if self.on_reject not in ("exit", "raise"):
             raise ConfigError(f"on_reject must be 'exit' or 'raise', got {self.on_reject!r}")
         if self.checkpoint_every < 0:
