@@ -338,3 +338,57 @@ def test_settling_refuses_samples_of_different_groups_on_every_rank(monkeypatch)
     monkeypatch.setattr(calibrate, "measure", lambda *a: ({"shard": [0.1] * 20}, [0.1] * 20, 4))
     with pytest.raises(ConfigError, match=r"ranks measured different data-plane groups \(this rank: \['shard'\]\)"):
         calibrate.settle_timeouts(Config(data_timeout_s=AUTO), _FakePlane(), Mixed(2), None, rank=0)
+
+
+def test_big_collectives_take_fewer_warm_up_rounds_never_under_the_minimum():
+    from accelpact.runtime import calibrate
+
+    assert calibrate.warmup_rounds(61184, calibrate.WARMUP_ROUNDS) == calibrate.WARMUP_ROUNDS  # a tiny model
+    assert calibrate.warmup_rounds(16 * 2**20, 8) == 4  # 64 MiB per group
+    assert calibrate.warmup_rounds(25 * 2**20, 8) == calibrate.MIN_ROUNDS  # DDP's bucket cap
+    assert calibrate.warmup_rounds(61184, 50) == 50  # qualify's rounds
+    assert calibrate.warmup_rounds(25 * 2**20, 2) == 2  # never more than asked
+
+
+def test_the_floor_is_the_largest_of_the_ranks_envelope_files(monkeypatch):
+    """Each host reads its own envelope file: ranks that derived from different floors would time
+    out at different moments, so the floor travels with the samples and the largest applies."""
+    from accelpact.runtime import calibrate
+
+    class PeerFloor(_FakeControl):
+        def __init__(self, floor):
+            super().__init__(2)
+            self.floor = floor
+
+        def gather_floats(self, values):
+            return [tuple(values), (*values[:2], *self.floor, *values[4:])]  # the peer read its own file
+
+    monkeypatch.setattr(calibrate, "measure", lambda *a: ({"shard": [0.001] * 8}, [0.001] * 8, 4))
+    qualified = derive_timeouts({"g": FAST}, CTRL, qualified=(3.5, 12.5))
+    for mine, peers in ((qualified, (0.0, 0.0)), (None, (3.5, 12.5))):  # the file here, or only at the peer
+        plane = _FakePlane()
+        plane.enforced = []
+        config, derived = calibrate.settle_timeouts(Config(), plane, PeerFloor(peers), None, rank=1, qualified=mine)
+        assert (config.data_timeout_s, config.control_timeout_s, derived.data_source) == (3.5, 12.5, "qualified")
+    config, derived = calibrate.settle_timeouts(Config(), _FakePlane(), PeerFloor((0.0, 0.0)), None, rank=1)
+    assert (config.data_timeout_s, derived.data_source) == (2.0, "derived")  # no file anywhere
+
+
+def test_a_joining_spare_adopts_the_survivors_timeouts_and_keeps_its_explicit_ones():
+    import torch.distributed as dist
+
+    from accelpact.runtime import calibrate
+
+    store = dist.HashStore()
+    calibrate.publish_timeouts(store, Config(data_timeout_s=2.5, control_timeout_s=7.6))
+    plane, control = _FakePlane(), _FakeControl(2)
+    plane.enforced = []
+    adopted = calibrate.adopt_timeouts(store, Config(), plane, control)
+    assert (adopted.data_timeout_s, adopted.control_timeout_s) == (2.5, 7.6)
+    assert plane.enforced == [2.5] and control.timeouts == [7.6]
+    kept = calibrate.adopt_timeouts(store, Config(control_timeout_s=20.0), plane, control)
+    assert (kept.data_timeout_s, kept.control_timeout_s) == (2.5, 20.0)
+    with pytest.raises(ConfigError, match=r"control_timeout_s \(2.0\) must exceed data_timeout_s \(2.5\)"):
+        calibrate.adopt_timeouts(store, Config(control_timeout_s=2.0), plane, control)
+    given = Config(data_timeout_s=1.0, control_timeout_s=4.0)
+    assert calibrate.adopt_timeouts(store, given, plane, control) is given
