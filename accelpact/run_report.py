@@ -444,8 +444,9 @@ def hang_line(hang: dict[str, Any], frames: int = 2) -> str:
     stacks = hang.get("stacks") or {}
     main = next((v for k, v in stacks.items() if k.startswith("MainThread ")), None)
     where = " <- ".join(_short_frame(f) for f in reversed((main or [])[-frames:])) or "no main thread stack"
+    threads = f"{len(stacks)} thread{'' if len(stacks) == 1 else 's'}"
     return (f"{hang.get('phase_ran_s', 0.0):.2f} s into {hang.get('phase', '?')} of update {hang.get('update', '?')} "
-            f"(update {hang.get('update_ran_s', 0.0):.2f} s; {len(stacks)} threads in incidents-rank<r>.jsonl): {where}")
+            f"(update {hang.get('update_ran_s', 0.0):.2f} s; {threads} in incidents-rank<r>.jsonl): {where}")
 
 
 def _short_frame(frame: str) -> str:
