@@ -75,8 +75,8 @@ class Runtime:
         self.listeners: list[UpdateListener] = []
         self.observers = Observers()  # exporters of commits, recoveries, rejects (accelpact.observe)
         self.stragglers = StragglerWatch(control, config, rank=rank, world_size=world_size)  # .report(): p50/p90
-        self.timeouts = None  # accelpact.timeouts.DerivedTimeouts when attach measured the timeouts ("auto")
-        self.hang_watch = None  # accelpact.observe.hang_watch.HangWatch (attach): stacks taken during a hang
+        #: set by attach: timeouts.DerivedTimeouts ("auto"), observe.hang_watch.HangWatch (stacks during a hang)
+        self.timeouts = self.hang_watch = None
         self._recoveries, self._rewound, self._plans_deferred = 0, False, False
         self.deferral = DeferralCounts()  # a boundary agreed one step late (Config.boundary)
         self.membership = self.heartbeat = self.replicator = None  # set by attach under ACCELPACT_SPARES
@@ -166,8 +166,7 @@ class Runtime:
         return self.checkpointer.restore()
 
     def close(self) -> None:
-        """Agree a boundary still in flight, then remove every hook, close trace and control
-        plane; the model may be attached again."""
+        """Agree a deferred boundary; remove every hook, close trace and control plane (attach may follow)."""
         self.settle()
         self.observers.close()
         stop_workers(self)
@@ -242,8 +241,6 @@ class Runtime:
     def _recover(self, error, phase, saw, failed, cause, detect_s, bug: BaseException | None) -> None:
         """`bug`: the update raised it and it is no communication failure (every rank rejects)."""
         self._recoveries += 1
-        if self.hang_watch is not None:  # what it took shows the hang; from here on it would show recovery
-            self.hang_watch.freeze()
         obs = observe(self, phase, saw, failed, cause, bug)
         self.trace.write({"kind": "observe", "seq": self.control.seq, "update": self.update_index,
                           "phase_failed": str(phase), "saw": saw, "cause": cause,
