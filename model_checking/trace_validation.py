@@ -33,6 +33,10 @@ differ in bookkeeping, so it is spelled out here:
   (`commit_update`, then `DataPlaneFailure`); the runtime learns of it at the boundary check that
   would have counted it, reports F+1, and counts it when the recovery returns. For such a recovery
   the implied `commit_update` of every rank is inserted and the recovery's recorded F is read +1.
+- A deferred boundary (`Config.boundary = "deferred"`) commits when its flag is settled, during
+  the next update. A rank that dies in between never writes that commit, yet it had posted a
+  clean flag (a peer's commit of F proves the all-reduce returned 0, which needs every rank's
+  flag). Its implied `commit_update` of F is inserted where the spec's rank order puts it.
 - The runtime's g counts completed recoveries and moves to g+1 only when the protocol returns,
   while the spec moves a rank to g+1 when it builds the replacement (`replace_comm`) or releases.
   So a rank's g is read +1 from its `replace_comm` on, and on `release`/`resume_training` of a
@@ -186,7 +190,7 @@ class SpecRecord:
     F: int
     g: int
     ref: int
-    source: Source | None  # None: implied (the commit of an update that failed at its boundary)
+    source: Source | None  # None: implied (a commit at a failed boundary, or a deferred one a dead rank missed)
     raw: dict[str, Any] | None = None
     tau: int = -1  # optimizer steps applied (-1: not recorded, e.g. a trace from before Rewind)
 
@@ -268,6 +272,18 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
         frontier.setdefault(r, 0)
         gen.setdefault(r, 0)
     refs_now: dict[int, dict[str, int]] = {}
+    commits = {r: {int(rec["F"]) for _, rec in merged if int(rec["rank"]) == r and rec["action"] == "commit_update"}
+               for r in range(world)}
+
+    def implied_commits(ranks: Iterable[int], F: int) -> list[SpecRecord]:
+        """The commits of F of ranks that never wrote one, as the spec's rank order needs them."""
+        out = []
+        for q in ranks:
+            if frontier[q] != F - 1 or F in commits[q]:
+                break
+            frontier[q] = F
+            out.append(SpecRecord("commit_update", q, "Train", "Train", F, gen[q], -1, None, tau=F))
+        return out
 
     # Split the merged sequence into recoveries: a recovery runs from its first non-commit record
     # until every rank that took part is back in Train (or the records end).
@@ -336,6 +352,8 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
                                           -1, None, tau=frontier[q]))
                 inserted = True
             in_recovery = action != "commit_update"
+            if not in_recovery:  # a lower rank that died before settling a deferred boundary
+                out.extend(implied_commits([q for q in range(r) if frontier[q] == int(rec["F"]) - 1], int(rec["F"])))
             F = int(rec["F"]) + (1 if in_recovery and committed else 0)
             if action == "replace_comm":
                 moved.add(r)
@@ -348,6 +366,8 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
             tau = int(rec["tau"]) if isinstance(rec.get("tau"), int) else -1
             out.append(SpecRecord(action, r, rec["from"], rec["to"], F, g, ref, s, rec, tau=tau))
             frontier[r], gen[r] = F, g
+            if not in_recovery:  # ... or a higher one
+                out.extend(implied_commits(range(r + 1, world), F))
         note = (f"recovery R={sorted(R)}" + (" at a committed boundary" if committed else "")
                 + (" rewound" if rewound else "")) if recovery else ""
         segments.append(Segment(f"{name}/segment{n}", world, R, start_frontier, start_gen, tuple(ref0), out, note,

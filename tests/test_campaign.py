@@ -300,3 +300,28 @@ def test_a_replica_pair_lost_together_may_end_the_attempt_before_a_prescribed_la
     assert e.matches(["reject"], observed="killed") == 0
     assert e.matches(["replace", "reject"], observed="killed") == 0
     assert e.branch(["reject"], observed="killed").reject_update == 2
+
+
+def test_a_deferred_boundary_hands_its_unprobed_faults_to_the_next_forward():
+    from accelpact.testing.campaign import deferred_equivalent, fault_shares
+
+    faults = (Fault(1, "committed", 1, "skip"), Fault(3, "optimizer", 2, "late"), Fault(4, "committed", 0, "skip"),
+              Fault(5, "committed", 3, "late"), Fault(6, "committed", 1, "skip"), Fault(3, "committed", 2, "kill"),
+              Fault(2, "backward", 0, "skip"), Fault(5, "optimizer", 1, "skip"))
+    moved = deferred_equivalent(faults, updates=6, checkpoint_every=2)
+    assert moved == tuple(sorted((
+        Fault(2, "forward", 1, "skip"),  # update 1's boundary is deferred: no probe meets the skip
+        Fault(4, "forward", 2, "late"),  # the late rank's peers wait for it in update 4's forward
+        Fault(4, "committed", 0, "skip"),  # a checkpoint is due at F=4: that boundary is synchronous
+        Fault(6, "forward", 3, "late"), Fault(6, "committed", 1, "skip"),  # F=6: a checkpoint, synchronous
+        Fault(3, "committed", 2, "kill"), Fault(2, "backward", 0, "skip"), Fault(5, "optimizer", 1, "skip"),
+    ))), moved
+    every_one_deferred = deferred_equivalent(faults, updates=6, checkpoint_every=0)
+    assert Fault(5, "forward", 0, "skip") in every_one_deferred
+    assert not [f for f in every_one_deferred if f.update == 6 and f.rank == 1]  # nothing after the last update
+    # a synchronous run would preserve update 1; the deferred one rewinds update 2 instead
+    assert expected((Fault(1, "committed", 1, "skip"),)).outcome == "preserve"
+    assert expected(deferred_equivalent((Fault(1, "committed", 1, "skip"),), updates=6)).outcome == "rewind"
+    # the fault that never struck is not counted as fired
+    shares = fault_shares([("skip@5:committed:1,skip@2:backward:0", "rewind")], rewind=True, deferred_updates=5)
+    assert (shares["faults_fired"], shares["faults_in_memory"]) == (1, 1)

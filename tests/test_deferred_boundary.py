@@ -103,3 +103,19 @@ def test_a_peer_that_needs_the_boundary_recovered_is_joined_and_nobody_commits_i
         assert r["frontier"] == 2, r
         assert r["deferral"]["joined"] == (0 if r["rank"] == 1 else 1), r
     assert_valid_run(tmp_path / "trace")
+
+
+def test_a_rank_killed_before_settling_a_deferred_boundary_is_committed_by_implication():
+    """A real 4-rank run (campaign schedule kill@2:backward:1, deferred boundaries): rank 1 posted
+    its clean flag for update 1 and was killed in update 2 before settling it, so only its peers
+    wrote the commit. Their commit proves the all-reduce returned 0, so rank 1 had committed too:
+    trace validation inserts that commit in the spec's rank order instead of refusing the run."""
+    from pathlib import Path
+
+    from model_checking.trace_validation import segments_of_run
+
+    run = Path(__file__).parent / "fixtures" / "traces" / "deferred-kill4"
+    (segment,) = segments_of_run(run)
+    commits = [(rec.rank, rec.source is None) for rec in segment.records if rec.action == "commit_update"]
+    assert commits == [(0, False), (1, True), (2, False), (3, False)], commits
+    assert_valid_run(run, workers=1)

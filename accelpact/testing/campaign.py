@@ -138,7 +138,7 @@ def parse_plan(text: str) -> tuple[Fault, ...]:
 
 
 def fault_shares(results: Sequence[tuple[str, str] | tuple[str, str, Sequence[str]]], *, rewind: bool,
-                 spares: int = 0) -> dict[str, int | float]:
+                 spares: int = 0, deferred_updates: int = 0) -> dict[str, int | float]:
     """Of the faults that fired in first attempts, how many were recovered in memory.
 
     `results` are (schedule plan, observed outcome[, the first attempt's recoveries: with spares
@@ -146,10 +146,14 @@ def fault_shares(results: Sequence[tuple[str, str] | tuple[str, str, Sequence[st
     its faults; one that ended in a restart or a kill counts the faults of the updates before
     the one that ended it (that update's own faults, and any rewound before its end, count as
     not recovered); faults of later updates never fired. With spares, a rank's faults after its
-    own kill in the same update never fire either (`Expectation.unfired`) and are not counted."""
+    own kill in the same update never fire either (`Expectation.unfired`) and are not counted.
+    `deferred_updates`: the runs deferred their clean boundaries over that many updates; their
+    faults are counted as the synchronous run they equal would meet them (`deferred_equivalent`)."""
     fired = in_memory = 0
     for schedule, observed, *rest in results:
         faults = parse_plan(schedule)
+        if deferred_updates:
+            faults = deferred_equivalent(faults, updates=deferred_updates)
         exp = expected(faults, rewind=rewind, spares=spares)
         if observed in IN_MEMORY:
             n = len(faults) - len(exp.unfired)
@@ -176,6 +180,30 @@ def struck_phase(f: Fault) -> str:
     carries on; in the optimizer phase nothing communicates until the boundary health check, so
     the first collective to fail (its own and its peers') is the committed boundary's."""
     return "committed" if f.kind == "late" and f.phase == "optimizer" else f.phase
+
+
+#: `--boundary deferred`: a checkpoint every DEFERRED_CHECKPOINT_EVERY updates, so that the run
+#: mixes synchronous boundaries (a checkpoint is due) and deferred ones (`fsm.deferral`)
+DEFERRED_CHECKPOINT_EVERY = 2
+
+
+def deferred_equivalent(faults: Sequence[Fault], *, updates: int,
+                        checkpoint_every: int = DEFERRED_CHECKPOINT_EVERY) -> tuple[Fault, ...]:
+    """The schedule a synchronous run would meet, for a run whose clean boundaries are deferred.
+
+    A deferred boundary has no probes, so a `skip` or `late` there strikes at the next collective
+    the rank meets: the next update's forward (`FaultInjector`). A `late` rank inside the step
+    reaches its boundary late, but nobody waits for it there: its peers wait for it in the next
+    forward instead. After the last update there is no next forward, and the fault never fails
+    anything. A boundary with a checkpoint due is synchronous: its faults stay."""
+    out = []
+    for f in faults:
+        deferred = not checkpoint_every or f.update % checkpoint_every
+        if f.kind == "kill" or struck_phase(f) != "committed" or not deferred:
+            out.append(f)
+        elif f.update < updates:
+            out.append(Fault(f.update + 1, "forward", f.rank, f.kind))
+    return tuple(sorted(out))
 
 
 def _preempted(kill: Fault, same_update: Sequence[Fault]) -> bool:
@@ -345,13 +373,16 @@ class ScheduleResult:
 
 def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, data_timeout_s: float = 1.5,
                  control_timeout_s: float = 6.0, timeout_s: float = 240.0, rewind: bool = True,
-                 spares: int = 0) -> ScheduleResult:
+                 spares: int = 0, boundary: str = "sync") -> ScheduleResult:
     """Run one schedule on the real runtime; raise AssertionError when a property fails.
 
     `rewind`: every update runs as rt.step(fn) under an envelope qualifying Rewind for every
     uncommitted phase (the protocol is what is checked here; `accelpact qualify` measures the
     platform); False: the paper's envelope, Preserve at committed boundaries only.
-    `spares`: launch 4 + S processes with ACCELPACT_SPARES=S (`run_schedule_with_spares`)."""
+    `spares`: launch 4 + S processes with ACCELPACT_SPARES=S (`run_schedule_with_spares`).
+    `boundary="deferred"`: clean boundaries are agreed one step late (a checkpoint every
+    DEFERRED_CHECKPOINT_EVERY updates keeps some synchronous); the prescription is that of the
+    synchronous schedule it equals (`deferred_equivalent`)."""
     if spares:
         return run_schedule_with_spares(faults, workdir, spares=spares, updates=updates,
                                         data_timeout_s=data_timeout_s, control_timeout_s=control_timeout_s,
@@ -361,12 +392,16 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
     from .drills import Drill, run_drill
     from .spawn import WorldError, run_world
 
-    exp = expected(faults, rewind=rewind)
+    deferred = boundary == "deferred"
+    if deferred and not rewind:
+        raise ValueError("deferred boundaries need rt.step and Rewind qualified (fsm.deferral)")
+    exp = expected(deferred_equivalent(faults, updates=updates) if deferred else faults, rewind=rewind)
     trace = workdir / "trace"
     drill = Drill(updates=updates, faults=plan(faults), data_timeout_s=data_timeout_s,
-                  control_timeout_s=control_timeout_s, trace_dir=str(trace),
-                  checkpoint_dir=str(workdir / "ckpt"), checkpoint_every=1, restart_after_reject=True,
-                  rewind=rewind, envelope="permissive" if rewind else "builtin", max_rewinds=REWIND_BUDGET)
+                  control_timeout_s=control_timeout_s, trace_dir=str(trace), boundary=boundary,
+                  checkpoint_dir=str(workdir / "ckpt"), checkpoint_every=DEFERRED_CHECKPOINT_EVERY if deferred else 1,
+                  restart_after_reject=True, rewind=rewind, envelope="permissive" if rewind else "builtin",
+                  max_rewinds=REWIND_BUDGET)
     t0 = time.monotonic()
     observed = "?"
     extra = 0
@@ -475,7 +510,7 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
 def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None,
              summary: Path | None, kinds: Sequence[str] = KINDS, data_timeout_s: float = 1.5,
              rewind: bool = True, runner: Any = None, spares: int = 0, keep_going: bool = False,
-             keep_failed: Path | None = None) -> int:
+             keep_failed: Path | None = None, boundary: str = "sync") -> int:
     """Run `examples` schedules; write the summary; 0 if every property held.
 
     `runner` replaces `run_schedule` (tests of the driver itself: seeds, shrinking, summary).
@@ -496,13 +531,15 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
         in_memory = recoveries["preserve"] + recoveries["rewind"] + recoveries["replace"]
         summary.write_text(json.dumps({
             "envelope": "rewind" if rewind else "paper (preserve at committed boundaries only)", "spares": spares,
+            "boundary": boundary,
             "schedules": len(done) + len(failures), "outcomes": dict(Counter(d.observed for d in done)),
             "recoveries": dict(recoveries), "killed": killed,
             # of every recovery the first attempts needed (a kill ends one with no recovery)
             "recovered_in_memory_share": round(in_memory / max(1, in_memory + recoveries["reject"] + killed), 3),
             "schedules_without_restart_share": round(
                 sum(1 for d in done if d.observed in IN_MEMORY) / max(1, len(done)), 3),
-            **fault_shares([(d.schedule, d.observed, d.recoveries) for d in done], rewind=rewind, spares=spares),
+            **fault_shares([(d.schedule, d.observed, d.recoveries) for d in done], rewind=rewind, spares=spares,
+                           deferred_updates=updates if boundary == "deferred" else 0),
             "failures": failures, "seed": seed, "derandomize": derandomize,
             "wall_s": round(time.monotonic() - started, 1),
             "per_schedule_s": round(sum(d.wall_s for d in done) / max(1, len(done)), 1),
@@ -516,7 +553,8 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
         with tempfile.TemporaryDirectory(prefix="accelpact-campaign-") as tmp:
             try:
                 res = runner(faults, Path(tmp), updates=updates, data_timeout_s=data_timeout_s, rewind=rewind,
-                             **({"spares": spares} if spares else {}))
+                             **({"spares": spares} if spares else {}),
+                             **({"boundary": boundary} if boundary != "sync" else {}))
             except AssertionError as exc:
                 failures.append({"schedule": plan(faults), "error": str(exc)[:4000]})
                 if keep_failed is not None:
@@ -534,7 +572,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
 
     test = one if derandomize else hyp_seed(seed)(one)
     print(f"[campaign] {examples} schedule(s), envelope {'rewind' if rewind else 'paper'}, "
-          f"{f'{spares} spare(s), ' if spares else ''}"
+          f"{f'{spares} spare(s), ' if spares else ''}{f'{boundary} boundaries, ' if boundary != 'sync' else ''}"
           f"seed {seed if not derandomize else 'derandomized'} (replay: --seed {seed})", flush=True)
     try:
         test()
@@ -587,19 +625,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="rewind: Rewind qualified for uncommitted phases (default); paper: Preserve only")
     p.add_argument("--spares", type=int, default=0,
                    help="launch 4 + S processes with ACCELPACT_SPARES=S: a killed rank is replaced in memory")
+    p.add_argument("--boundary", choices=("sync", "deferred"), default="sync",
+                   help="deferred: clean boundaries agreed one step late (Config.boundary; a checkpoint every "
+                        f"{DEFERRED_CHECKPOINT_EVERY} updates keeps some synchronous)")
     p.add_argument("--keep-going", action="store_true",
                    help="record a failing schedule and go on (no shrinking): one campaign measures every schedule")
     p.add_argument("--keep-failed", type=Path, default=None, help="copy a failing schedule's logs and traces here")
     args = p.parse_args(argv)
     if args.spares and args.envelope == "paper":
         p.error("--spares needs the rewind envelope (a Replace re-runs the interrupted update)")
+    if args.boundary == "deferred" and (args.envelope == "paper" or args.spares):
+        p.error("--boundary deferred needs the rewind envelope and no spares (accelpact.fsm.deferral)")
     seed = args.seed if args.seed is not None else random.randrange(2**32)
     if args.sim:
         return simulation_campaign(args.examples or 5000, seed=seed, derandomize=not args.campaign)
     examples = args.examples or (200 if args.campaign else 2)
     return campaign(examples, updates=args.updates, derandomize=not args.campaign, seed=seed, summary=args.summary,
                     rewind=args.envelope == "rewind", spares=args.spares, keep_going=args.keep_going,
-                    keep_failed=args.keep_failed)
+                    keep_failed=args.keep_failed, boundary=args.boundary)
 
 
 if __name__ == "__main__":
