@@ -31,6 +31,18 @@
 (* in rank order within an update (commit_update), one slot the rebind     *)
 (* walk may miss (MissableSlot), a subset of failure phases in the larger  *)
 (* models (FaultPhases), and fingerprints without `edge` (StateView).      *)
+(*                                                                         *)
+(* Deferred boundaries (Config.boundary = "deferred", fsm/deferral.py) are *)
+(* this protocol, read as follows.  commit_update(r) is the moment r       *)
+(* settles the flag it posted, during its next update; until then r has    *)
+(* applied nothing of that update (its step waits for the settle), so the  *)
+(* stretch between post and settle changes none of these variables, and a  *)
+(* rank that joins a recovery instead throws that stretch away first      *)
+(* (tests: bitwise equal).  A deferred boundary has no probes: a link that *)
+(* breaks there is met in the next update, an uncommitted fault here.  A   *)
+(* joiner whose thrown-away collectives failed reports its groups failed:  *)
+(* the failed set is the union of reports, as LateFault models.  Trace     *)
+(* validation checks real deferred runs against this reading.             *)
 (***************************************************************************)
 EXTENDS Integers, FiniteSets, Sequences, TLC, AccelPactTable
 

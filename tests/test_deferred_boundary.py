@@ -60,8 +60,8 @@ def test_a_boundary_fault_no_probe_met_strikes_in_the_next_forward():
     probed.on_phase(3, FailurePhase.FORWARD)  # ... so it does not strike again
 
 
-def _world(tmp_path, faults: str, updates: int = 6):
-    drill = Drill(framework="fsdp2", updates=updates, faults=faults, rewind=True, envelope="permissive",
+def _world(tmp_path, faults: str, updates: int = 6, framework: str = "fsdp2"):
+    drill = Drill(framework=framework, updates=updates, faults=faults, rewind=True, envelope="permissive",
                   boundary="deferred", data_timeout_s=1.0, control_timeout_s=6.0, trace_dir=str(tmp_path / "trace"))
     results = run_world(run_drill, 4, drill, timeout_s=180, pg_timeout_s=30)
     for r in results:
@@ -84,24 +84,40 @@ def test_deferred_boundaries_rewind_what_they_meet_and_end_bitwise_equal(tmp_pat
     assert_valid_run(tmp_path / "trace")
 
 
+JOINS = [
+    # FSDP2: rank 1 fails inside its optimizer step of update 3, after its last collective. Its
+    # peers finish update 3, post a clean flag and go into update 4, whose collectives wait on
+    # rank 1 until they time out: they settle at that failure and join.
+    pytest.param("fsdp2", "skip@3:optimizer:1", [0, 2, 3], "failure outside a committed boundary on ranks [1] "
+                 "(phase ['optimizer'])", id="fsdp2-join-after-a-failed-collective"),
+    # DDP: ranks 1 and 3 fail in backward of update 3 while their replica peers 0 and 2 finish it
+    # and step. Those two get through update 4's forward and backward and settle in its
+    # optimizer.step() pre-hook: the update unwinds and they join at its boundary, outside the
+    # user's code (a Reject raised in the hook would be taken for the update's own error).
+    pytest.param("ddp", "skip@3:backward:1", [0, 2], "split optimizer step: ranks [0, 2] applied (or began) update 3",
+                 id="ddp-join-from-the-step-pre-hook"),
+]
+
+
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
-def test_a_peer_that_needs_the_boundary_recovered_is_joined_and_nobody_commits_it(tmp_path):
-    # Rank 1 fails inside its optimizer step of update 3, after its last collective: its peers
-    # finish update 3, post a clean flag and go into update 4, where they meet rank 1's absence.
-    # Settling then says a peer needs the recovery of boundary 3: they throw update 4 away and
-    # join as at boundary 3 (F = 2, their step of update 3 applied). Without a pre-step copy that
-    # split step cannot be undone: every rank rejects, as a synchronous boundary would have, and
-    # no rank committed update 3 although three of them went past it.
-    results = _world(tmp_path, "skip@3:optimizer:1")
+@pytest.mark.parametrize(("framework", "faults", "joiners", "because"), JOINS)
+def test_a_peer_that_needs_the_boundary_recovered_is_joined_and_nobody_commits_it(tmp_path, framework, faults,
+                                                                                  joiners, because):
+    # Settling says a peer needs the recovery of boundary 3: the ranks past it throw update 4
+    # away and join as at boundary 3 (F = 2, their step of update 3 applied). Without a pre-step
+    # copy that split step cannot be undone: every rank rejects once, with the same reasons a
+    # synchronous boundary gives, and no rank committed update 3 although some went past it.
+    results = _world(tmp_path, faults, framework=framework)
     reasons = {tuple(r["rejected"] or ()) for r in results}
     assert len(reasons) == 1 and reasons != {()}, reasons
     (why,) = reasons
-    assert any("failure outside a committed boundary on ranks [1] (phase ['optimizer'])" in w for w in why), why
+    assert any(because in w for w in why), why
     assert any("no pre-step copy" in w for w in why), why
     for r in results:
         assert r["frontier"] == 2, r
-        assert r["deferral"]["joined"] == (0 if r["rank"] == 1 else 1), r
+        assert [h["action"] for h in r["history"]] == ["reject"], r["history"]
+        assert r["deferral"]["joined"] == (1 if r["rank"] in joiners else 0), r
     assert_valid_run(tmp_path / "trace")
 
 

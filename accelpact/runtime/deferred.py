@@ -43,6 +43,8 @@ class PendingBoundary:
     update: int  # the update whose boundary was posted
     work: Any  # the control plane's all-reduce in flight
     posted: float  # time.perf_counter() at the post
+    flag: int | None = None  # the agreed flag, once waited for
+    failure: ControlPlaneError | None = None  # the control plane failed while it was waited for
 
 
 @dataclass
@@ -75,16 +77,15 @@ def defer(rt, arrived: float) -> bool:
 
 def settle(rt, error: BaseException | None = None, *, rerun: bool = True) -> bool:
     """Settle the boundary in flight: commit it (False), or join its recovery (True; with
-    `rerun`, the thrown-away update runs again afterwards: `rt.step`'s loop)."""
+    `rerun`, the thrown-away update runs again afterwards: `rt.step`'s loop). Never called
+    inside the user's update body: a Reject raised there would be taken for the body's error."""
     pending, rt.deferral.pending = rt.deferral.pending, None
     if pending is None:
         return False
-    try:
-        flag = rt.stragglers.settle(pending.work)
-    except ControlPlaneError as exc:
+    if _agreed_flag(rt, pending) is None:
         rt._reject_without_protocol(f"control plane failed at the deferred boundary of update {pending.update}: "
-                                    f"{exc}", error or exc)
-    if flag == 0:
+                                    f"{pending.failure}", error or pending.failure)
+    if pending.flag == 0:
         rt._commit()
         return False
     _join(rt, pending, error, rerun=rerun)
@@ -93,10 +94,28 @@ def settle(rt, error: BaseException | None = None, *, rerun: bool = True) -> boo
 
 def settle_before_step(rt) -> None:
     """The optimizer.step() pre-hook of the next update: its step must not be applied before
-    the boundary it went past is agreed."""
-    if rt.deferral.pending is not None and settle(rt):
-        raise PeerNeedsRecovery("a peer needs the recovery of the boundary of update "
-                                f"{rt.update_index}: this update is thrown away and runs again")
+    the boundary it went past is agreed. A clean flag commits here; anything else unwinds the
+    update (PeerNeedsRecovery) so that its boundary, outside the user's code, joins or rejects."""
+    pending = rt.deferral.pending
+    if pending is None:
+        return
+    if _agreed_flag(rt, pending) == 0:
+        rt.deferral.pending = None
+        rt._commit()
+        return
+    raise PeerNeedsRecovery(f"the boundary of update {pending.update} is not clean "
+                            f"({pending.failure or 'a peer needs its recovery'}): update {rt.update_index} "
+                            "is thrown away")
+
+
+def _agreed_flag(rt, pending: PendingBoundary) -> int | None:
+    """Wait for the posted check once (its flag is kept); None: the control plane failed."""
+    if pending.flag is None and pending.failure is None:
+        try:
+            pending.flag = rt.stragglers.settle(pending.work)
+        except ControlPlaneError as exc:
+            pending.failure = exc
+    return pending.flag
 
 
 def _join(rt, pending: PendingBoundary, error: BaseException | None, *, rerun: bool) -> None:

@@ -7,6 +7,7 @@ judges "state preserved" the same way.
 
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -119,15 +120,18 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
     rt = accelpact.attach(model, optimizer, data_state=data, config=config, faults=faults)
     rejected = None
     restored_step = rt.checkpointer.restored.step if rt.checkpointer and rt.checkpointer.restored else None
+    rt.update_seconds = []  # wall time of each call, recovery included (bench/repair.py)
     try:
         for i in range(rt.frontier, drill.updates):
             if drill.tamper_at and i + 1 == drill.tamper_at:
                 rt.frontier += drill.tamper_frontier.get(dist.get_rank(), 0)
+            t0 = time.perf_counter()
             if drill.rewind:
                 rt.step(lambda: _update(model, optimizer, data, sched))
             else:
                 with rt.update():
                     _update(model, optimizer, data, sched)
+            rt.update_seconds.append(time.perf_counter() - t0)
         rt.settle()  # a deferred last boundary is agreed before anyone reads F
     except RecoveryRejected as rej:
         rejected = rej
@@ -157,6 +161,7 @@ def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
         history=[r.to_dict() for r in rt.history],
         edges=list(rt.machine.taken),
         deferral={"deferred": rt.deferral.deferred, "joined": rt.deferral.joined},
+        update_seconds=list(getattr(rt, "update_seconds", [])),
         references=rt.prepare() if out["rejected"] is None else {},
     )
     if out["rejected"] is not None:
