@@ -49,6 +49,10 @@ class JobSpec:
     run_id: str = "chaos"
     reference: bool = True
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: the recovery envelope the workers obey (`Config.envelope`: the file `accelpact qualify`
+    #: wrote, "builtin" or "permissive"); None: the runtime's default (the default path if a file
+    #: is there, else built-in: Preserve at committed boundaries only, so a cut inside an update restarts)
+    envelope: str | None = None
     #: hot spares (ACCELPACT_SPARES): the launch's last `spares` ranks, i.e. whole spare nodes
     #: placed after the active ones (`spares` a multiple of `nproc`). With spares the recipe is
     #: torchrun's `--max-restarts=0` (a restarted agent would re-rendezvous and restart everyone)
@@ -107,6 +111,8 @@ def worker_args(job: JobSpec, paths: JobPaths) -> list[str]:
         args += [f"--checkpoint-dir={paths.checkpoints}", f"--checkpoint-every={job.checkpoint_every}"]
     if not job.reference:
         args.append("--no-reference")
+    if job.envelope is not None:
+        args.append(f"--envelope={job.envelope}")
     return args
 
 
