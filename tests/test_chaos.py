@@ -352,6 +352,38 @@ def test_cut_at_the_boundary_restored_in_budget_is_preserved_bitwise(fabric, tmp
     assert all((tmp_path / sc.name / "trace" / f"trace-rank{r}.jsonl").exists() for r in range(4))
 
 
+def _qualified_envelope(path: Path) -> Path:
+    """An envelope file for this platform as `accelpact qualify` writes it: Preserve at committed
+    boundaries, Rewind in forward, backward and the step (tests never read the machine's own)."""
+    from accelpact.envelope import file as ef
+
+    rows = [ef.QualifiedRow("cpu-gloo", profile, phase, ("preserve" if phase == "committed" else "rewind", "reject"),
+                            {"runs": 1}) for profile in ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
+            for phase in ("committed", "forward", "backward", "optimizer")]
+    return ef.write_envelope(path, rows, ef.platform_fingerprint("gloo", "cpu"))
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_a_cut_inside_an_update_is_rewound_bitwise_under_a_qualified_envelope(fabric, tmp_path):
+    """The trainer runs `rt.step` under a qualified envelope; the ranks dwell before update 4's
+    forward and the cut starts in that dwell, so it first meets backward's cross-node gradient
+    all-reduce (forward's collectives stay inside a node): every rank rewinds update 4 instead of
+    restarting, and the end state is bitwise equal to the uninterrupted reference."""
+    (sc,) = default_campaign(quick=True, envelope=str(_qualified_envelope(tmp_path / "envelope.json")))
+    cut = Cut(CutMethod.PORT_BLOCK, length_classes(sc.job)["medium"] + 0.3, 4)
+    sc = replace(sc, name="inside", cuts=(cut,), timeout_s=110,
+                 job=replace(sc.job, updates=7, dwell_updates=(4,), dwell_phase="forward", checkpoint_every=0,
+                             run_id="chaos-inside", rdzv_port=29415))
+    report = run_scenario(sc, tmp_path, topo=fabric, log=lambda *_: None)
+    (got,) = report.cuts
+    why = f"{got}\n{report.message}\n{_tails(tmp_path / sc.name)}"
+    assert report.completed and report.restarts == 0, why
+    assert got.outcome == "rewind" and got.landed == "backward", why
+    assert got.bitwise == report.bitwise == "IDENTICAL", why
+    assert analysis.in_memory_share(report.cuts).fraction == 1.0
+
+
 @pytest.fixture
 def fabric3():
     """Three emulated nodes (two active, one spare), torn down however the test ends."""

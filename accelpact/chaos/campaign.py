@@ -312,6 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     r.add_argument("--data-timeout", type=float, default=1.0)
     r.add_argument("--control-timeout", type=float, default=4.0)
     r.add_argument("--dwell-s", type=float, default=0.4)
+    r.add_argument("--dwell-phase", choices=("committed", "forward"), default="committed",
+                   help="where aligned (@k) cuts land: the committed window (Preserve) or before the forward "
+                        "(the cut meets backward's cross-node all-reduce: Rewind under a qualified envelope)")
     r.add_argument("--checkpoint-every", type=int, default=4)
     r.add_argument("--max-restarts", type=int, default=3)
     r.add_argument("--timeout-s", type=float, default=240)
@@ -338,7 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             cuts = tuple(parse_schedule(args.schedule))
             job = JobSpec(updates=args.updates, data_timeout_s=args.data_timeout,
-                          control_timeout_s=args.control_timeout, dwell_s=args.dwell_s,
+                          control_timeout_s=args.control_timeout, dwell_s=args.dwell_s, dwell_phase=args.dwell_phase,
                           checkpoint_every=args.checkpoint_every, max_restarts=args.max_restarts,
                           dwell_updates=tuple(c.update for c in cuts if c.aligned), run_id="chaos-run",
                           rdzv_port=29451, envelope=envelope.envelope)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._env import ENV_DWELL, ENV_DWELL_S, ENV_MARKS, ENV_NODE
+from ._env import ENV_DWELL, ENV_DWELL_PHASE, ENV_DWELL_S, ENV_MARKS, ENV_NODE
 from .topology import Topology, TopologySpec
 
 __all__ = ["Job", "JobPaths", "JobSpec", "rdzv_endpoint", "torchrun_argv", "worker_env"]
@@ -43,6 +43,9 @@ class JobSpec:
     torchrun_max_restarts: int = 8  # torchrun's own limit stays above it: the budget decides
     dwell_updates: tuple[int, ...] = ()
     dwell_s: float = 0.4
+    #: where the ranks dwell: "committed" (after the step: an aligned cut meets the boundary,
+    #: Preserve) or "forward" (before the forward: it meets backward's all-reduce, Rewind)
+    dwell_phase: str = "committed"
     seed: int = 1234
     rdzv_port: int = 29400
     read_timeout_s: int = 120
@@ -63,6 +66,8 @@ class JobSpec:
             raise ValueError("control_timeout_s must exceed data_timeout_s (the runtime refuses otherwise)")
         if self.updates < 1 or self.nproc < 1:
             raise ValueError("updates and nproc must be >= 1")
+        if self.dwell_phase not in ("committed", "forward"):
+            raise ValueError(f"dwell_phase must be 'committed' or 'forward', got {self.dwell_phase!r}")
         if self.spares < 0 or self.spares % self.nproc:
             raise ValueError(f"spares must be whole spare nodes (a multiple of nproc={self.nproc}), got {self.spares}")
 
@@ -159,6 +164,7 @@ def worker_env(job: JobSpec, spec: TopologySpec, node: int, paths: JobPaths,
         ENV_MARKS: str(paths.marks),
         ENV_DWELL: ",".join(str(u) for u in job.dwell_updates),
         ENV_DWELL_S: str(job.dwell_s),
+        ENV_DWELL_PHASE: job.dwell_phase,
         ENV_NODE: str(node),
         **dict(job.extra_env),
     })
