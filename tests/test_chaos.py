@@ -175,17 +175,17 @@ def test_a_cut_rewound_inside_backward_counts_as_recovered_in_memory_with_its_ve
                      _edge(r, 103.5, 6),
                      {"kind": "recovery", "action": "preserve", "failure_phase": "committed", "t": 112.7,
                       "repair_s": 0.05, "failed_groups": [pair]},
-                     _edge(r, 113.0, 9), _edge(r, 121.0, 12),
-                     {"kind": "recovery", "action": "restart", "failure_phase": "backward", "t": 137.0,
-                      "repair_s": 0.0, "failed_groups": [pair]},
+                     _edge(r, 113.0, 9), _edge(r, 121.0, 12), _edge(r, 130.5, 14),
                      {"kind": "attach", "attempt": 1, "t": 141.0, "rank": r}, _edge(r, 143.0, 13)]
         marks[r] = [{"kind": "start", "node": str(r // 2)},
                     {"kind": "boundary", "flag": 1, "t_in": 112.4, "t_out": 112.6, "failed": [pair]}]
-    rec = analysis.RunRecords(nemesis=nemesis, traces=traces, marks=marks, attempts=[],
+    save_failed = {"event": "fail_stop", "frontier": 14, "reason": "checkpoint save at F=14 failed: timed out"}
+    rec = analysis.RunRecords(nemesis=nemesis, traces=traces, marks=marks, attempts=[save_failed],
                               result={"verdicts": [{"rank": r, "mismatches": []} for r in range(4)]},
                               returncodes=[0, 0])
     rep = analysis.analyse(rec, "synthetic")
     assert [c.outcome for c in rep.cuts] == ["rewind", "preserve", "absorbed", "restart"]
+    assert rep.cuts[3].landed == "checkpoint"  # the save of step 14 met the cut: fail-stop, restart
     rewound = rep.cuts[0]
     assert rewound.landed == "backward" and rewound.bitwise == "IDENTICAL"
     assert rewound.repair_s == pytest.approx(0.06) and rewound.detect_s == pytest.approx(103.14 - 100.01)

@@ -68,7 +68,7 @@ class CutResult:
     aligned: bool
     update: int
     outcome: str  # preserve | rewind | replace (or joined: rewind+preserve) | restart | stopped | absorbed | skipped
-    landed: str  # where the cut first hit: boundary | forward | backward | optimizer | control | crash | none
+    landed: str  # where the cut first hit: boundary | forward | backward | optimizer | control | checkpoint | crash | none
     detect_s: float | None = None
     repair_s: float | None = None
     restore_to_progress_s: float | None = None
@@ -168,6 +168,13 @@ def _attempt_traces(traces: dict[int, list[dict[str, Any]]], attempt: int) -> di
     return out
 
 
+def _checkpoint_save_failed(attempts: Iterable[dict[str, Any]], first: int, before: float) -> bool:
+    """A fail-stop because a checkpoint save failed at a frontier in [first, before): a cut
+    anchored there met the save (its collectives run on the world group, outside the protocol)."""
+    return any(a.get("event") == "fail_stop" and str(a.get("reason", "")).startswith("checkpoint save")
+               and isinstance(a.get("frontier"), int) and first <= a["frontier"] < before for a in attempts)
+
+
 def in_memory_outcome(actions: Sequence[str]) -> str | None:
     """The outcome of a cut whose recoveries took `actions` (in order), if every one of them kept
     the state in memory: the distinct actions joined ("rewind", "rewind+preserve"); else None."""
@@ -255,6 +262,7 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
             continue
         cut = cuts_log[i]
         lo = cut["t_start"]
+        next_update = schedule[i + 1]["update"] if i + 1 < len(schedule) else math.inf
         later = [s for s in starts if s > lo]
         hi = later[0] if later else math.inf
         restore = restores.get(i)
@@ -287,8 +295,10 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
             landed = "+".join(p for p in phases if p != "committed") or "boundary"
         elif errored:
             landed = "control"
+        elif _checkpoint_save_failed(rec.attempts, planned["update"], next_update):
+            landed = "checkpoint"  # the verified checkpoint's save met the cut: fail-stop
         elif new_attempts or outcome == "stopped":
-            landed = "crash"  # workers died outside the protocol (seen: a checkpoint save under the cut)
+            landed = "crash"  # workers died outside the protocol
         else:
             landed = "none"
 

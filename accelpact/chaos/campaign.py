@@ -85,8 +85,10 @@ def _drop_method() -> CutMethod:
 
 
 def default_campaign(seed: int = 7, *, quick: bool = False, envelope: str | None = None) -> list[Scenario]:
-    """The `make chaos` campaign (pure). Full: mixed (6 aligned cuts) then random (3 unaligned); quick: one
-    Preserve cut. `envelope`: what every worker obeys (`JobSpec.envelope`; `qualified.resolve_envelope`)."""
+    """The `make chaos` campaign (pure). Full: mixed (6 cuts aligned to the committed window), random
+    (3 unaligned), inside (2 cuts aligned to a dwell before the forward: they land in backward);
+    quick: one Preserve cut. `envelope`: what every worker obeys (`JobSpec.envelope`;
+    `qualified.resolve_envelope`)."""
     base = JobSpec(data_timeout_s=2.0, control_timeout_s=5.0, dwell_s=0.4, checkpoint_every=4, envelope=envelope)
     drop = _drop_method()
     if quick:
@@ -113,12 +115,19 @@ def default_campaign(seed: int = 7, *, quick: bool = False, envelope: str | None
                                     first_update=5, gap=(3, 4), aligned=False, max_offset_s=0.15))
     unaligned = replace(base, updates=random_cuts[-1].update + 2, max_restarts=1, run_id="chaos-random",
                         rdzv_port=29431)
+    # inside an update, reproducibly: the ranks dwell before the forward, whose collectives stay
+    # inside a node, so the cut first meets backward's cross-node gradient all-reduce (Rewind)
+    inside_cuts = (Cut(drop, L["medium"] + 0.3, 5), Cut(CutMethod.SWITCH_DOWN, L["medium+"], 10))
+    inside = replace(base, updates=12, dwell_phase="forward", dwell_updates=tuple(c.update for c in inside_cuts),
+                     run_id="chaos-inside", rdzv_port=29441)
     return [
         Scenario("mixed", mixed, mixed_cuts, timeout_s=170,
                  expect="short: absorbed; medium: preserve; long: restart from checkpoint; bitwise identical"),
         Scenario("random", unaligned, random_cuts, timeout_s=120,
                  expect="unaligned cuts land wherever training is (rewound where qualified); restart budget 1: "
                         "a second reject stops"),
+        Scenario("inside", inside, inside_cuts, timeout_s=90,
+                 expect="cuts inside the update (backward): rewind where qualified, bitwise identical"),
     ]
 
 
