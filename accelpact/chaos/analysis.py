@@ -293,10 +293,11 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
             landed = "boundary"
         elif phases:
             landed = "+".join(p for p in phases if p != "committed") or "boundary"
+        elif _checkpoint_save_failed(rec.attempts, planned["update"], next_update):
+            landed = "checkpoint"  # the verified checkpoint's save met the cut: fail-stop (the control
+            # plane then fails on the ranks still waiting for the others: that is not where it landed)
         elif errored:
             landed = "control"
-        elif _checkpoint_save_failed(rec.attempts, planned["update"], next_update):
-            landed = "checkpoint"  # the verified checkpoint's save met the cut: fail-stop
         elif new_attempts or outcome == "stopped":
             landed = "crash"  # workers died outside the protocol
         else:
