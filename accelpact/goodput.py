@@ -338,19 +338,28 @@ def read_json(path: str | Path) -> Any:
     try:
         text = path.read_text()
     except FileNotFoundError:
-        raise GoodputInputError(path, "missing") from None
+        raise GoodputInputError(_shown(path), "missing") from None
     except OSError as exc:
-        raise GoodputInputError(path, f"unreadable ({exc.strerror or exc})") from exc
+        raise GoodputInputError(_shown(path), f"unreadable ({exc.strerror or exc})") from exc
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise GoodputInputError(path, f"not JSON ({exc})") from None
+        raise GoodputInputError(_shown(path), f"not JSON ({exc})") from None
 
 
 def load_measured(campaign: str | Path = DEFAULT_CAMPAIGN,
                   guard: str | Path = DEFAULT_GUARD) -> tuple[MeasuredEnvelope, MeasuredGuard]:
     """Read and check both measured inputs (each error names its file)."""
-    return (envelope_from_summary(read_json(campaign), str(campaign)), guard_from_bench(read_json(guard), str(guard)))
+    return (envelope_from_summary(read_json(campaign), _shown(campaign)),
+            guard_from_bench(read_json(guard), _shown(guard)))
+
+
+def _shown(path: str | Path) -> str:
+    """The path as a reader can find it: relative to the working directory when under it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
 
 
 # ------------------------------------------------------------------------------ output ---------
