@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
+
 DAY_S = 86_400.0
 
 #: Where each default comes from (printed by the CLI so every number can be checked).
@@ -185,7 +187,7 @@ def sweep(p: GoodputParams, name: str, values: Sequence[float]) -> list[float]:
 
 
 # ------------------------------------------------------------------------------ measured -------
-class GoodputInputError(ValueError):
+class GoodputInputError(ConfigError):
     """A measured input file is missing or malformed; the message names the file and the problem."""
 
     def __init__(self, path: str | Path, problem: str):

@@ -19,6 +19,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import ConfigError
+
 __all__ = ["AUTO", "EnvelopePlan", "EnvelopeUnavailable", "plan_envelope", "qualify_argv", "resolve_envelope",
            "usable_envelope"]
 
@@ -29,7 +31,7 @@ BUILTIN = "builtin"
 PERMISSIVE = "permissive"
 
 
-class EnvelopeUnavailable(RuntimeError):
+class EnvelopeUnavailable(ConfigError):
     """The envelope asked for cannot be used (stale, corrupt, missing, or the qualification failed)."""
 
 
