@@ -27,6 +27,8 @@ MIN_TIMEOUT_S = 0.01
 MAX_TIMEOUT_S = 86_400.0
 #: A timeout measured at attach instead of given (`accelpact.timeouts`, `runtime/calibrate.py`).
 AUTO = "auto"
+#: `Config.boundary`: when a committed boundary is agreed (`accelpact.fsm.deferral`).
+BOUNDARY_MODES = ("sync", "deferred")
 
 log = logging.getLogger("accelpact.config")
 
@@ -35,17 +37,25 @@ log = logging.getLogger("accelpact.config")
 class Config:
     #: Timeout of every data-plane group AccelPact builds, and the detection bound: gloo
     #: collectives cannot be aborted from another thread, so a failure is seen after this long.
-    #: "auto": derived at attach from measured collective latencies (`accelpact.timeouts`).
-    data_timeout_s: float | Literal["auto"] = 10.0
+    #: "auto" (the default): derived at attach from measured collective latencies
+    #: (`accelpact.timeouts`), because a guessed bound is either slow to detect or spurious.
+    data_timeout_s: float | Literal["auto"] = AUTO
     #: Timeout of the control plane. Must exceed the data timeout: the boundary check waits for
-    #: peers that are themselves waiting out a data-plane timeout. "auto": derived at attach.
-    control_timeout_s: float | Literal["auto"] = 30.0
+    #: peers that are themselves waiting out a data-plane timeout. "auto" (the default): derived
+    #: at attach from the data timeout and the measured control-plane latency.
+    control_timeout_s: float | Literal["auto"] = AUTO
     #: Per-rank JSON-lines traces and rejection evidence go here (None: no trace files).
     trace_dir: str | None = None
     #: Debug switch for the paper's causal ablation: replace groups but do not rebind references.
     rebind: bool = True
     #: Health-check each data-plane group at every boundary (a tiny all-reduce per group).
     health_check: bool = True
+    #: "sync": every committed boundary is agreed before the next update starts (one control-plane
+    #: all-reduce and the probes on the critical path). "deferred": inside `rt.step`, with Rewind
+    #: qualified for forward and backward and no step_copy, a clean boundary posts its flag and is
+    #: agreed before the next update's optimizer step; the probes are left out (a broken link is
+    #: met, and rewound, in the next update). See `accelpact.fsm.deferral`.
+    boundary: str = "sync"
     #: What a Reject does: "exit" ends the process with EXIT_REJECTED (for torchrun), "raise"
     #: raises RecoveryRejected (for embedding and tests).
     on_reject: str = "exit"
@@ -98,6 +108,10 @@ class Config:
     #: boundaries exceeds this factor times its peers' median is named in a warning.
     straggler_factor: float = 2.0
     straggler_window: int = 20
+    #: Hang watch: once an update phase has run this fraction of the data timeout, the stacks of
+    #: every thread are taken (at most once per phase), so a timeout's evidence shows where the
+    #: rank hung, not the recovery code it runs afterwards. 0 turns the watch off.
+    hang_watch_fraction: float = 0.5
 
     def __post_init__(self) -> None:
         self.validate()
@@ -119,6 +133,8 @@ class Config:
                 f"control_timeout_s ({self.control_timeout_s}) must exceed data_timeout_s "
                 f"({self.data_timeout_s}): the control plane waits out data-plane timeouts"
             )
+        if self.boundary not in BOUNDARY_MODES:
+            raise ConfigError(f"boundary must be one of {', '.join(BOUNDARY_MODES)}, got {self.boundary!r}")
         if self.on_reject not in ("exit", "raise"):
             raise ConfigError(f"on_reject must be 'exit' or 'raise', got {self.on_reject!r}")
         if self.checkpoint_every < 0:
@@ -139,6 +155,9 @@ class Config:
         if not (isinstance(self.straggler_factor, (int, float)) and self.straggler_factor > 1):
             raise ConfigError(f"straggler_factor must be a number > 1 (times the peers' median update time), "
                               f"got {self.straggler_factor!r}")
+        if not (isinstance(self.hang_watch_fraction, (int, float)) and 0 <= self.hang_watch_fraction < 1):
+            raise ConfigError(f"hang_watch_fraction must be in [0, 1) (of the data timeout: the stacks must be taken "
+                              f"before the timeout ends the hang; 0: off), got {self.hang_watch_fraction!r}")
         if not (isinstance(self.straggler_window, int) and self.straggler_window >= 1):
             raise ConfigError(f"straggler_window must be an integer >= 1 (boundaries), got {self.straggler_window!r}")
         return self

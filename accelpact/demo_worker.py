@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 import accelpact
 from accelpact import state as app_state
+from accelpact.config import AUTO
 from accelpact.workloads import FRAMEWORKS, HSDPLayout, build_hsdp_job, seed_everything, stochastic_update
 
 DEFAULT_FAULTS = "skip@8:committed:2,late@18:committed:1,skip@28:committed:0"
@@ -35,8 +36,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=32, help="model width (the benches size the state with it)")
     p.add_argument("--local", type=int, default=2, help="ranks per emulated node")
     p.add_argument("--faults", default=None, help=f"fault plan (default {DEFAULT_FAULTS!r}; 'none' for none)")
-    p.add_argument("--data-timeout", type=float, default=1.5)
-    p.add_argument("--control-timeout", type=float, default=8.0)
+    p.add_argument("--data-timeout", type=_seconds_or_auto, default=AUTO,
+                   help="seconds, or 'auto' (the default: measured at attach, rank 0 prints the values and why)")
+    p.add_argument("--control-timeout", type=_seconds_or_auto, default=AUTO, help="seconds, or 'auto' (the default)")
     p.add_argument("--trace-dir", default=None)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run")
@@ -53,6 +55,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 seed_all = seed_everything
+
+#: The default group's timeout when the control timeout is measured at attach (set-up collectives
+#: run before any measurement: model wrapping, the first all-gathers).
+SETUP_TIMEOUT_S = 60.0
+
+
+def _seconds_or_auto(text: str) -> float | str:
+    return AUTO if text.strip().lower() == AUTO else float(text)
 
 
 def build(args, generation: int):
@@ -125,7 +135,8 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    accelpact.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.control_timeout * 2))
+    setup_s = SETUP_TIMEOUT_S if args.control_timeout == AUTO else args.control_timeout * 2
+    accelpact.init_process_group("gloo", timeout=datetime.timedelta(seconds=setup_s))
     rank, world = dist.get_rank(), dist.get_world_size()
     if world % args.local:
         raise SystemExit(f"world size {world} is not a multiple of --local {args.local}")

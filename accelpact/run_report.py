@@ -430,9 +430,29 @@ def incident_lines(summary: RunSummary) -> list[str]:
                          if ev.get("error")})
         if stacks:
             lines.append(f"      stacks of every thread (suspected hang): {', '.join(stacks)} in incidents-rank<r>.jsonl")
+        for rank, ev in sorted(r.evidence.items()):
+            if ev.get("hang_stacks"):
+                lines.append(f"      rank {rank} during the hang: {hang_line(ev['hang_stacks'])}")
         for err in errors:
             lines.append(f"      error: {err}")
     return lines
+
+
+def hang_line(hang: dict[str, Any], frames: int = 2) -> str:
+    """Where the training thread of a rank was while it hung: "0.50 s into forward of update 2 (update
+    0.52 s): inject.py:49 in perform: time.sleep(...) <- injector.py:78 in on_phase: ..."."""
+    stacks = hang.get("stacks") or {}
+    main = next((v for k, v in stacks.items() if k.startswith("MainThread ")), None)
+    where = " <- ".join(_short_frame(f) for f in reversed((main or [])[-frames:])) or "no main thread stack"
+    threads = f"{len(stacks)} thread{'' if len(stacks) == 1 else 's'}"
+    return (f"{hang.get('phase_ran_s', 0.0):.2f} s into {hang.get('phase', '?')} of update {hang.get('update', '?')} "
+            f"(update {hang.get('update_ran_s', 0.0):.2f} s; {threads} in incidents-rank<r>.jsonl): {where}")
+
+
+def _short_frame(frame: str) -> str:
+    """"/a/b/c/torch/distributed/x.py:12 in f: code" -> "distributed/x.py:12 in f: code"."""
+    path, _, rest = frame.partition(":")
+    return "/".join(Path(path).parts[-2:]) + ":" + rest
 
 
 def attach_evidence(summary: RunSummary, run_dir: str | Path) -> None:
@@ -513,6 +533,10 @@ def _evidence_lines(run_dir: Path) -> list[str]:
         reasons = docs[0].get("reasons") or ["(no reason recorded)"]
         lines.append(f"fail-stop evidence, attempt {attempt}: {len(docs)} rank(s) exited "
                      f"{docs[0].get('exit_code')} at F={docs[0].get('frontier')}: {str(reasons[0])[:200]}")
+        for doc in sorted(docs, key=lambda d: d.get("rank", -1)):  # a reject the protocol never reached, too
+            hang = (doc.get("incident") or {}).get("hang_stacks")
+            if hang:
+                lines.append(f"      rank {doc.get('rank')} during the hang: {hang_line(hang)}")
     return lines
 
 

@@ -28,7 +28,7 @@ from .config import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from .errors import ConfigError
 from .stats import quantile
 
-__all__ = ["DEFAULT_POLICY", "DerivedTimeouts", "Measured", "TimeoutPolicy", "derive_timeouts"]
+__all__ = ["DEFAULT_POLICY", "DerivedTimeouts", "Measured", "TimeoutPolicy", "announce", "derive_timeouts"]
 
 #: Derived timeouts are rounded up to this step: readable, and gloo counts milliseconds anyway.
 STEP_S = 0.1
@@ -90,24 +90,24 @@ class DerivedTimeouts:
 
     def describe(self) -> str:
         """One line: what was chosen and why."""
-        return (f"data timeout {self.data_timeout_s:g} s ({self._why_data()}); "
-                f"control timeout {self.control_timeout_s:g} s ({self._why_control()})")
+        return (f"data timeout {self.data_timeout_s:g} s {self._why_data()}; "
+                f"control timeout {self.control_timeout_s:g} s {self._why_control()}")
 
     def _why_data(self) -> str:
         if self.data_source != "derived":
-            return _SOURCES[self.data_source]
+            return f"({_SOURCES[self.data_source]})"
         data = [m for m in self.measured if m.name != "control"]
         worst = max(data, key=lambda m: m.quantile_s)
         size = f" of {self.bytes_per_collective} B" if self.bytes_per_collective else ""
-        return (f"max(floor {self.policy.data_floor_s:g} s, {self.policy.factor:g} x p{self.policy.quantile * 100:g} "
-                f"of {sum(m.samples for m in data)} warm-up collectives{size} = {worst.quantile_s * 1e3:.2f} ms "
-                f"({worst.name}))")
+        return (f"= max(floor {self.policy.data_floor_s:g} s, {self.policy.factor:g} x p{self.policy.quantile * 100:g} "
+                f"{worst.quantile_s * 1e3:.2f} ms on {worst.name}; {sum(m.samples for m in data)} warm-up "
+                f"all-reduces{size})")
 
     def _why_control(self) -> str:
         if self.control_source != "derived":
-            return _SOURCES[self.control_source]
+            return f"({_SOURCES[self.control_source]})"
         ctrl = next(m for m in self.measured if m.name == "control")
-        return (f"{self.policy.control_ratio:g} x data + {self.policy.factor:g} x control "
+        return (f"= {self.policy.control_ratio:g} x data + {self.policy.factor:g} x control-plane "
                 f"p{self.policy.quantile * 100:g} {ctrl.quantile_s * 1e3:.2f} ms")
 
     def to_json(self) -> dict[str, Any]:
@@ -144,6 +144,14 @@ class DerivedTimeouts:
             raise ValueError(f"timeouts: need {MIN_TIMEOUT_S} <= data ({out.data_timeout_s}) < control "
                              f"({out.control_timeout_s}) <= {MAX_TIMEOUT_S:g}")
         return out
+
+
+def announce(t: DerivedTimeouts) -> str:
+    """What rank 0 prints at attach: the values, why, and how to choose them instead."""
+    how = ("" if "derived" not in (t.data_source, t.control_source) else
+           "; to choose them yourself set Config.data_timeout_s / control_timeout_s "
+           "(ACCELPACT_DATA_TIMEOUT_S / ACCELPACT_CONTROL_TIMEOUT_S)")
+    return f"timeouts measured at attach: {t.describe()}{how}"
 
 
 def summarise(name: str, samples: Sequence[float], q: float) -> Measured:

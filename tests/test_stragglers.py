@@ -105,8 +105,12 @@ class _FakeControl:
         self.sent: list[float | None] = []
         self.update_times: tuple = ()
 
-    def boundary_check(self, flag, update_s=None):
+    def boundary_post(self, flag, update_s=None):
         self.sent.append(update_s)
+        return flag, update_s
+
+    def boundary_result(self, work):
+        flag, update_s = work
         self.update_times = (None, None) if update_s is None else (update_s, 3 * update_s)
         return flag
 

@@ -97,11 +97,16 @@ def test_evidence_round_trips_through_json():
 # ------------------------------------------------------------------------------ Config
 
 
-def test_auto_is_a_setting_of_its_own():
-    config = Config().with_env({"ACCELPACT_DATA_TIMEOUT_S": "auto", "ACCELPACT_CONTROL_TIMEOUT_S": "AUTO"})
+def test_auto_is_the_default_and_explicit_numbers_stay_as_given():
+    assert (Config().data_timeout_s, Config().control_timeout_s, Config().calibrates) == (AUTO, AUTO, True)
+    config = Config(data_timeout_s=3.0, control_timeout_s=9.0).with_env(
+        {"ACCELPACT_DATA_TIMEOUT_S": "auto", "ACCELPACT_CONTROL_TIMEOUT_S": "AUTO"})
     assert (config.data_timeout_s, config.control_timeout_s, config.calibrates) == (AUTO, AUTO, True)
+    config = Config().with_env({"ACCELPACT_DATA_TIMEOUT_S": "4", "ACCELPACT_CONTROL_TIMEOUT_S": "12"})
+    assert (config.data_timeout_s, config.control_timeout_s, config.calibrates) == (4.0, 12.0, False)
     assert Config(data_timeout_s=AUTO, control_timeout_s=1.0).calibrates  # checked against the measurement
-    assert not Config().calibrates
+    assert Config(data_timeout_s=40.0).calibrates  # the control timeout is derived above it (was: refused)
+    assert not Config(data_timeout_s=10.0, control_timeout_s=30.0).calibrates
     with pytest.raises(ConfigError, match="data_timeout_s must be a number of seconds .* or 'auto', got 'fast'"):
         Config(data_timeout_s="fast")
     with pytest.raises(ConfigError, match=r"ACCELPACT_DATA_TIMEOUT_S='soon'"):
@@ -195,6 +200,7 @@ def _attach_auto(rank: int, world_size: int, trace_dir: str, qualified_file: str
 @pytest.mark.timeout(120)
 def test_attach_measures_the_same_timeouts_on_every_rank_and_uses_them(tmp_path):
     from accelpact.envelope import envelope_from_results, platform_fingerprint
+    from accelpact.runtime import calibrate
     from model_checking.trace_validation import assert_valid_run
 
     qualified = derive_timeouts({"g": FAST}, CTRL, qualified=(3.5, 12.5))
@@ -205,7 +211,8 @@ def test_attach_measures_the_same_timeouts_on_every_rank_and_uses_them(tmp_path)
     data_s, control_s = results[0]["config"]
     assert control_s > data_s >= DEFAULT_POLICY.data_floor_s
     evidence = DerivedTimeouts.from_json(results[0]["timeouts"])
-    assert {m.name: m.samples for m in evidence.measured} == {"replicate": 40, "control": 40}  # 2 ranks x 20
+    rounds = calibrate.WARMUP_ROUNDS  # 2 ranks x rounds
+    assert {m.name: m.samples for m in evidence.measured} == {"replicate": 2 * rounds, "control": 2 * rounds}
     assert evidence.bytes_per_collective > 0
     for r in results:
         assert r["history"] == 0, "a healthy run under derived timeouts recovered"
@@ -295,10 +302,13 @@ def test_settling_applies_the_derived_timeouts_to_both_planes_and_rank_0_says_wh
     assert derived.measured[1].samples == 2 * calibrate.WARMUP_ROUNDS and derived.bytes_per_collective == 4096
     assert plane.timeout_s == 4.0 and plane.enforced == [4.0] and control.timeouts == [12.1]
     said = capsys.readouterr().err
-    assert ("[accelpact] timeouts: data timeout 4 s (max(floor 2 s, 20 x p99" in said) == (rank == 0)
-    assert ("shard" in said) == (rank == 0)
-    unchanged, none = calibrate.settle_timeouts(Config(), plane, control, None, rank=rank)
-    assert none is None and unchanged == Config() and plane.enforced == [4.0]  # nothing measured, nothing set
+    assert ("[accelpact] timeouts measured at attach: data timeout 4 s = max(floor 2 s, 20 x p99 200.00 ms on "
+            "shard; " in said) == (rank == 0)
+    assert ("control timeout 12.1 s = 3 x data + 20 x control-plane p99 2.00 ms; to choose them yourself set "
+            "Config.data_timeout_s" in said) == (rank == 0)
+    given = Config(data_timeout_s=10.0, control_timeout_s=30.0)
+    unchanged, none = calibrate.settle_timeouts(given, plane, control, None, rank=rank)
+    assert none is None and unchanged == given and plane.enforced == [4.0]  # nothing measured, nothing set
 
 
 def test_the_qualify_command_says_which_timeouts_it_wrote(tmp_path, monkeypatch, capsys):
@@ -328,3 +338,57 @@ def test_settling_refuses_samples_of_different_groups_on_every_rank(monkeypatch)
     monkeypatch.setattr(calibrate, "measure", lambda *a: ({"shard": [0.1] * 20}, [0.1] * 20, 4))
     with pytest.raises(ConfigError, match=r"ranks measured different data-plane groups \(this rank: \['shard'\]\)"):
         calibrate.settle_timeouts(Config(data_timeout_s=AUTO), _FakePlane(), Mixed(2), None, rank=0)
+
+
+def test_big_collectives_take_fewer_warm_up_rounds_never_under_the_minimum():
+    from accelpact.runtime import calibrate
+
+    assert calibrate.warmup_rounds(61184, calibrate.WARMUP_ROUNDS) == calibrate.WARMUP_ROUNDS  # a tiny model
+    assert calibrate.warmup_rounds(16 * 2**20, 8) == 4  # 64 MiB per group
+    assert calibrate.warmup_rounds(25 * 2**20, 8) == calibrate.MIN_ROUNDS  # DDP's bucket cap
+    assert calibrate.warmup_rounds(61184, 50) == 50  # qualify's rounds
+    assert calibrate.warmup_rounds(25 * 2**20, 2) == 2  # never more than asked
+
+
+def test_the_floor_is_the_largest_of_the_ranks_envelope_files(monkeypatch):
+    """Each host reads its own envelope file: ranks that derived from different floors would time
+    out at different moments, so the floor travels with the samples and the largest applies."""
+    from accelpact.runtime import calibrate
+
+    class PeerFloor(_FakeControl):
+        def __init__(self, floor):
+            super().__init__(2)
+            self.floor = floor
+
+        def gather_floats(self, values):
+            return [tuple(values), (*values[:2], *self.floor, *values[4:])]  # the peer read its own file
+
+    monkeypatch.setattr(calibrate, "measure", lambda *a: ({"shard": [0.001] * 8}, [0.001] * 8, 4))
+    qualified = derive_timeouts({"g": FAST}, CTRL, qualified=(3.5, 12.5))
+    for mine, peers in ((qualified, (0.0, 0.0)), (None, (3.5, 12.5))):  # the file here, or only at the peer
+        plane = _FakePlane()
+        plane.enforced = []
+        config, derived = calibrate.settle_timeouts(Config(), plane, PeerFloor(peers), None, rank=1, qualified=mine)
+        assert (config.data_timeout_s, config.control_timeout_s, derived.data_source) == (3.5, 12.5, "qualified")
+    config, derived = calibrate.settle_timeouts(Config(), _FakePlane(), PeerFloor((0.0, 0.0)), None, rank=1)
+    assert (config.data_timeout_s, derived.data_source) == (2.0, "derived")  # no file anywhere
+
+
+def test_a_joining_spare_adopts_the_survivors_timeouts_and_keeps_its_explicit_ones():
+    import torch.distributed as dist
+
+    from accelpact.runtime import calibrate
+
+    store = dist.HashStore()
+    calibrate.publish_timeouts(store, Config(data_timeout_s=2.5, control_timeout_s=7.6))
+    plane, control = _FakePlane(), _FakeControl(2)
+    plane.enforced = []
+    adopted = calibrate.adopt_timeouts(store, Config(), plane, control)
+    assert (adopted.data_timeout_s, adopted.control_timeout_s) == (2.5, 7.6)
+    assert plane.enforced == [2.5] and control.timeouts == [7.6]
+    kept = calibrate.adopt_timeouts(store, Config(control_timeout_s=20.0), plane, control)
+    assert (kept.data_timeout_s, kept.control_timeout_s) == (2.5, 20.0)
+    with pytest.raises(ConfigError, match=r"control_timeout_s \(2.0\) must exceed data_timeout_s \(2.5\)"):
+        calibrate.adopt_timeouts(store, Config(control_timeout_s=2.0), plane, control)
+    given = Config(data_timeout_s=1.0, control_timeout_s=4.0)
+    assert calibrate.adopt_timeouts(store, given, plane, control) is given

@@ -147,6 +147,12 @@ class ControlPlane:
         update failed, so that the control plane's collective sequence never diverges. The same
         tensor carries this rank's `update_s` in its own slot: afterwards `update_times` holds
         every rank's."""
+        return self.boundary_result(self.boundary_post(flag, update_s))
+
+    def boundary_post(self, flag: int, update_s: float | None = None) -> dist.Work:
+        """The boundary check's all-reduce, started and not waited for (a deferred boundary,
+        `runtime.deferred`): `boundary_result` settles it. Nothing else may use the control
+        plane in between (its collectives would queue behind this one in order anyway)."""
         self.seq += 1
         self._flag.zero_()
         self._flag[0] = flag
@@ -156,9 +162,17 @@ class ControlPlane:
         if self.clock is not None:
             self._flag[1 + n:] = torch.tensor(self.clock.read(), dtype=torch.int64)
         try:
-            dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group)
+            return dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         except Exception as exc:
             raise ControlPlaneError(f"boundary check #{self.seq} failed: {exc}") from exc
+
+    def boundary_result(self, work: dist.Work) -> int:
+        """Wait for a posted boundary check (at most the control timeout): the agreed flag."""
+        try:
+            work.wait()
+        except Exception as exc:
+            raise ControlPlaneError(f"boundary check #{self.seq} failed: {exc}") from exc
+        n = self.world_size
         self.update_times = tuple((int(us) - 1) / 1e6 if us else None for us in self._flag[1:1 + n].tolist())
         if self.clock is not None:
             self.clock.merge(self._flag[1 + n:].tolist())

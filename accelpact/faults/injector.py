@@ -71,13 +71,19 @@ class FaultInjector:
     # -- UpdateListener ----------------------------------------------------------------------------
     def on_phase(self, update: int, phase: FailurePhase) -> None:
         """Inside an update: perform the fault planned here. At the boundary: a kill strikes
-        before any probe; a skip or late is kept for the probes of its group."""
+        before any probe; a skip or late is kept for the probes of its group. A boundary without
+        probes (a deferred boundary) leaves it to the next update's forward, the next collective
+        the rank skips or is late for."""
+        unprobed, self._boundary = self._boundary, None
+        if unprobed is not None and phase is FailurePhase.FORWARD:
+            log.info("no probe met %s: it strikes in the next forward", unprobed)
+            perform(unprobed, data_timeout_s=self.data_timeout_s)
         fault = self._take(update, phase)
         if phase is not FailurePhase.COMMITTED:
             if fault is not None:
                 perform(fault, data_timeout_s=self.data_timeout_s)
             return
-        self._boundary = fault
+        self._boundary = fault if fault is not None and fault.kind in (FaultKind.SKIP, FaultKind.LATE) else None
         if fault is not None and fault.kind is FaultKind.KILL:
             log.info("injecting %s", fault, extra={"fault": str(fault)})
             kill_self()
@@ -95,6 +101,7 @@ class FaultInjector:
         fault = self._boundary
         if fault is None or label != fault.group:
             return True
+        self._boundary = None  # met by its probe
         log.info("injecting %s", fault, extra={"fault": str(fault)})
         if fault.kind is FaultKind.SKIP:
             return False

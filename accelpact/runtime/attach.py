@@ -26,9 +26,10 @@ from ..fsm.decisions import envelope_facts, envelope_warning
 from ..fsm.phases import FailurePhase
 from ..launch import current_attempt, membership
 from ..observe import observers_for
+from ..observe.hang_watch import HangWatch
 from ..rebind import NotReadyError
 from ..trace import TraceWriter
-from .calibrate import provisional, settle_timeouts
+from .calibrate import adopt_timeouts, provisional, publish_timeouts, settle_timeouts
 from .data_plane import DataPlane
 from .detect import detect_platform, detect_profile
 from .fail_stop import fail_stop
@@ -230,10 +231,8 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     plane.enforce_timeout()
     control = ControlPlane(timeout_s=provisional(config)[1], attempt=attempt)
     plane.scope = control.namespace.rsplit("/", 1)[-1][:8]  # this attach's replacement names
-    joining = membership() is not None and membership().activation is not None
-    try:  # "auto": measured here, the same on every rank, applied to both planes (a spare: not again)
-        config, timeouts = (config, None) if joining else settle_timeouts(config, plane, control, model, rank=rank,
-                                                                          qualified=envelope.timeouts)
+    try:  # "auto": measured here, the same on every rank, applied to both planes (a spare: the survivors')
+        config, timeouts = _settle(config, plane, control, model, rank, envelope)
     except BaseException:
         control.close()
         raise
@@ -257,7 +256,33 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     })
     for observer in observers_for(rt):  # incident log, torchelastic events; spans and metrics if asked
         rt.observers.add(observer)
+    _watch_for_hangs(rt, config)
     return rt
+
+
+def _settle(config: Config, plane: DataPlane, control: ControlPlane, model: nn.Module, rank: int,
+            envelope: Envelope) -> tuple[Config, Any]:
+    """The timeouts of this attach: measured ("auto"), or under spares, the survivors' for a
+    joining spare (published by rank 0 when the job first attached)."""
+    m = membership()
+    if m is not None and m.activation is not None:
+        return adopt_timeouts(m.store, config, plane, control), None
+    config, timeouts = settle_timeouts(config, plane, control, model, rank=rank, qualified=envelope.timeouts)
+    if m is not None and rank == 0:
+        publish_timeouts(m.store, config)
+    return config, timeouts
+
+
+def _watch_for_hangs(rt: Runtime, config: Config) -> None:
+    """The hang watch's thread runs from here to `close` (an observer's close); it arms at every
+    phase as the first listener, so it is armed before a drill's fault stalls the phase."""
+    if not config.hang_watch_fraction:
+        return
+    watch = HangWatch(config.hang_watch_fraction * float(config.data_timeout_s))
+    rt.hang_watch = watch
+    rt.listeners.insert(0, watch)
+    rt.observers.add(watch)
+    watch.start()
 
 
 def _isolate_ddp_buckets(model: nn.Module, rank: int) -> str:

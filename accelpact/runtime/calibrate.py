@@ -13,6 +13,7 @@ real updates, is what the policy's factor and floor cover; the straggler signal 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import sys
 import time
@@ -25,23 +26,38 @@ from torch import nn
 from ..config import AUTO, Config
 from ..control import ControlPlane
 from ..errors import ConfigError
-from ..timeouts import DerivedTimeouts, derive_timeouts
+from ..timeouts import DerivedTimeouts, announce, derive_timeouts
 from .data_plane import DataPlane
 
 log = logging.getLogger("accelpact.runtime")
 
-#: Timed all-reduces per group (one more runs first, untimed: it pays one-time buffer set-up).
-WARMUP_ROUNDS = 20
+#: Timed all-reduces per group and control-plane round trips (one more runs first, untimed: it
+#: pays one-time buffer set-up). 8, not 20: the warm-up is part of every attach now that "auto"
+#: is the default, and 4 ranks x 8 = 32 samples per group still put the p99 at the slowest
+#: sample seen (nearest rank: any count under 100 does); measured in `bench/timeouts.py`.
+WARMUP_ROUNDS = 8
+#: A big model's warm-up takes fewer rounds: at most this many bytes per group (25 MiB
+#: collectives: 2 rounds would do, MIN_ROUNDS run), so attach does not pay seconds to measure.
+WARMUP_BYTES_PER_GROUP = 64 * 1024 * 1024
+MIN_ROUNDS = 3
 #: DDP's default bucket: no single collective of an update moves more than this.
 BUCKET_CAP_BYTES = 25 * 1024 * 1024
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Config)}
+#: The timeouts attach sets up with until the measurement has run (the warm-ups run under them).
+PROVISIONAL_S = {"data_timeout_s": 10.0, "control_timeout_s": 30.0}
+#: Where the survivors leave their settled timeouts for a spare that joins later (under spares).
+TIMEOUTS_KEY = "membership/timeouts"
 
 
 def provisional(config: Config) -> tuple[float, float]:
-    """(data, control) timeouts to set up with until the measurement: given ones, else defaults."""
-    pick = {name: _DEFAULTS[name] if getattr(config, name) == AUTO else getattr(config, name)
-            for name in ("data_timeout_s", "control_timeout_s")}
+    """(data, control) timeouts to set up with until the measurement: given ones, else provisional."""
+    pick = {name: PROVISIONAL_S[name] if getattr(config, name) == AUTO else getattr(config, name)
+            for name in PROVISIONAL_S}
     return float(pick["data_timeout_s"]), float(pick["control_timeout_s"])
+
+
+def warmup_rounds(nbytes: int, rounds: int) -> int:
+    """Timed rounds for collectives of `nbytes`: `rounds`, fewer for big ones, never under MIN_ROUNDS."""
+    return max(min(MIN_ROUNDS, rounds), min(rounds, WARMUP_BYTES_PER_GROUP // max(1, nbytes)))
 
 
 def collective_size(model: nn.Module) -> tuple[int, torch.device]:
@@ -56,10 +72,14 @@ def collective_size(model: nn.Module) -> tuple[int, torch.device]:
 
 def measure(plane: DataPlane, control: ControlPlane, model: nn.Module,
             rounds: int) -> tuple[dict[str, list[float]], list[float], int]:
-    """Seconds of `rounds` all-reduces per data-plane group label and on the control plane (which
-    goes first and lines the ranks up), and the bytes of one data-plane warm-up."""
+    """Seconds of all-reduces per data-plane group label and on the control plane, and the bytes of
+    one data-plane warm-up. The ranks first agree on its size (the largest local shard: FSDP's
+    uneven shards differ, and an all-reduce needs the same size everywhere), which also lines
+    them up; the size sets the rounds (`warmup_rounds`), so every rank runs as many."""
+    local, device = collective_size(model)
+    numel = int(max(row[0] for row in control.gather_floats([float(local)])))
+    rounds = warmup_rounds(numel * 4, rounds)
     control_s = control.round_trips(rounds + 1)[1:]
-    numel, device = collective_size(model)
     buf = torch.zeros(numel, dtype=torch.float32, device=device)
     data: dict[str, list[float]] = {}
     for label in sorted(plane.groups):  # the same order on every rank, as in training
@@ -82,30 +102,68 @@ def settle_timeouts(config: Config, plane: DataPlane, control: ControlPlane, mod
                     qualified: DerivedTimeouts | None = None,
                     rounds: int | None = None) -> tuple[Config, DerivedTimeouts | None]:
     """Derive the "auto" timeouts from every rank's measurements and apply them to both planes.
-    Every rank derives from the same gathered samples, so every rank gets the same values (and a
-    contradiction raises ConfigError on every rank alike). A config without "auto" is unchanged."""
+    Every rank derives from the same gathered samples and the same lower bound (the largest of
+    the ranks' envelope files: each host reads its own), so every rank gets the same values, and
+    a contradiction raises ConfigError on every rank alike. A config without "auto" is unchanged.
+
+    The envelope file's values are a floor, never a reason to skip the warm-up: `accelpact
+    qualify` measured them on its own worlds (4 ranks, a small model's collectives), not this
+    job's collective sizes or width, and a bound that was not measured for this job is how
+    spurious recoveries start; the warm-up costs tens of milliseconds (see README)."""
     if not config.calibrates:
         return config, None
-    rounds = rounds or WARMUP_ROUNDS  # read now: `accelpact qualify` takes more rounds
-    data, ctrl, nbytes = measure(plane, control, model, rounds)
-    labels = sorted(data)
+    data, ctrl, nbytes = measure(plane, control, model, rounds or WARMUP_ROUNDS)  # read now: qualify takes more
+    n, labels = len(ctrl), sorted(data)
+    if any(len(data[label]) != n for label in labels):
+        raise ConfigError(f"timeout {AUTO!r}: the warm-up took {n} control samples but {[len(data[x]) for x in labels]} "
+                          f"data samples")
     tag = float(zlib.crc32("|".join(labels).encode()))  # which groups the samples are of: the same everywhere
-    rows = control.gather_floats([tag, nbytes, *(s for label in labels for s in data[label]), *ctrl])
+    floor = (qualified.data_timeout_s, qualified.control_timeout_s) if qualified else (0.0, 0.0)
+    rows = control.gather_floats([tag, nbytes, *floor, *(s for label in labels for s in data[label]), *ctrl])
     if any(row[0] != tag for row in rows):  # every rank sees the same rows: all refuse together
         raise ConfigError(f"timeout {AUTO!r}: ranks measured different data-plane groups (this rank: {labels})")
-    every = {label: [row[2 + i * rounds + k] for row in rows for k in range(rounds)] for i, label in enumerate(labels)}
-    every_ctrl = [row[2 + len(labels) * rounds + k] for row in rows for k in range(rounds)]
+    every = {label: [row[4 + i * n + k] for row in rows for k in range(n)] for i, label in enumerate(labels)}
+    every_ctrl = [row[4 + len(labels) * n + k] for row in rows for k in range(n)]
     given = {name: None if getattr(config, name) == AUTO else float(getattr(config, name))
              for name in ("data_timeout_s", "control_timeout_s")}
+    highest = (max(row[2] for row in rows), max(row[3] for row in rows))
     derived = derive_timeouts(
         every, every_ctrl, given_data=given["data_timeout_s"], given_control=given["control_timeout_s"],
-        qualified=(qualified.data_timeout_s, qualified.control_timeout_s) if qualified else None,
-        bytes_per_collective=int(max(row[1] for row in rows)))
-    plane.timeout_s = derived.data_timeout_s
-    plane.enforce_timeout()
-    control.set_timeout(derived.control_timeout_s)
+        qualified=highest if highest[0] > 0 else None, bytes_per_collective=int(max(row[1] for row in rows)))
+    config = apply_timeouts(config, plane, control, derived.data_timeout_s, derived.control_timeout_s)
     if rank == 0:
         log.info("timeouts: %s", derived.describe())
-        print(f"[accelpact] timeouts: {derived.describe()}", file=sys.stderr, flush=True)
-    return dataclasses.replace(config, data_timeout_s=derived.data_timeout_s,
-                               control_timeout_s=derived.control_timeout_s), derived
+        print(f"[accelpact] {announce(derived)}", file=sys.stderr, flush=True)
+    return config, derived
+
+
+def apply_timeouts(config: Config, plane: DataPlane, control: ControlPlane, data_s: float,
+                   control_s: float) -> Config:
+    """Both planes use these timeouts from now on; the config says so."""
+    plane.timeout_s = data_s
+    plane.enforce_timeout()
+    control.set_timeout(control_s)
+    return dataclasses.replace(config, data_timeout_s=data_s, control_timeout_s=control_s)
+
+
+def publish_timeouts(store, config: Config) -> None:
+    """Under spares: leave the settled timeouts where a spare that joins later reads them."""
+    store.set(TIMEOUTS_KEY, json.dumps([config.data_timeout_s, config.control_timeout_s]))
+
+
+def adopt_timeouts(store, config: Config, plane: DataPlane, control: ControlPlane) -> Config:
+    """A spare joining a running job takes the survivors' timeouts for its "auto" ones: a warm-up
+    of its own would be a collective the survivors never run, and every rank must time out alike.
+    An explicit value is kept (the survivors' check of it against the other happened at their
+    attach; a spare's own is checked here)."""
+    if not config.calibrates:
+        return config
+    data_s, control_s = (float(v) for v in json.loads(store.get(TIMEOUTS_KEY)))
+    if config.data_timeout_s != AUTO:
+        data_s = float(config.data_timeout_s)
+    if config.control_timeout_s != AUTO:
+        control_s = float(config.control_timeout_s)
+    if not control_s > data_s:
+        raise ConfigError(f"control_timeout_s ({control_s}) must exceed data_timeout_s ({data_s}) (a spare "
+                          f"joining with the survivors' timeouts)")
+    return apply_timeouts(config, plane, control, data_s, control_s)

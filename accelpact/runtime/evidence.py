@@ -1,6 +1,6 @@
 """The evidence one recovery or reject leaves: what this rank saw, what every rank reported,
 what was decided and why, how long each phase took, and for a suspected hang where every
-thread of this rank was. Observers export it (`accelpact.observe`); a Reject also leaves it as
+thread of this rank was: during the hang (the hang watch's stacks) and at recovery. Observers export it (`accelpact.observe`); a Reject also leaves it as
 one JSON file per rank and attempt, with the error and its traceback."""
 
 from __future__ import annotations
@@ -50,7 +50,10 @@ class Evidence:
     timings_s: dict[str, float]
     error: dict | None  # the exception the update raised: type, message, traceback
     sentence: str
-    stacks: dict[str, list[str]] = field(default_factory=dict)  # timeout seen here: every thread
+    stacks: dict[str, list[str]] = field(default_factory=dict)  # timeout seen here: every thread, at recovery
+    #: every thread's stack taken during the hang (`observe.hang_watch`): where this rank waited or
+    #: stalled, with when and how long its phase and update had run; None when no phase ran that long
+    hang_stacks: dict | None = None
     wall_time: float = 0.0  # time.time() when the evidence was taken
     t: float = 0.0  # time.monotonic(), the traces' clock
 
@@ -77,8 +80,14 @@ def evidence_of(rt: Runtime, record: RecoveryRecord, error: BaseException | None
         frontier=record.frontier, generation=record.generation, opt_step=rt.opt_step, detect_s=record.detect_s,
         repair_s=record.repair_s, timings_s=dict(record.timings_s), error=_error(error), sentence=sentence(facts),
         stacks=thread_stacks() if record.saw_failure and kind == "timeout" else {},
-        wall_time=time.time(), t=time.monotonic(),
+        hang_stacks=_hang_stacks(rt, record.update), wall_time=time.time(), t=time.monotonic(),
     )
+
+
+def _hang_stacks(rt: Runtime, update: int) -> dict | None:
+    watch = getattr(rt, "hang_watch", None)  # None: the watch is off (Config.hang_watch_fraction=0)
+    taken = watch.take(update) if watch is not None else None
+    return taken.to_dict() if taken is not None else None
 
 
 def _error(error: BaseException | None) -> dict | None:

@@ -40,6 +40,8 @@ def drive(machine: RecoveryMachine, obs: Observation, executor: Executor) -> Dri
 def observe(rt, phase: FailurePhase, saw: bool, failed: list[GroupId], cause: str,
             bug: BaseException | None) -> Observation:
     """What this rank saw, for agreement (`Runtime._recover`)."""
+    if rt.hang_watch is not None:  # what it took shows the hang; from here on it would show recovery
+        rt.hang_watch.freeze()
     rt.opt_step = applied_steps(rt.opt_step, rt.frontier, phase)
     facts = rt.rewind.facts(frontier=rt.frontier, update=rt.update_index, phase=phase,
                             has_data_cursor=rt.data_state is not None)

@@ -30,11 +30,14 @@ from ..rebind import NotReadyError
 from ..trace import TraceWriter
 from .data_plane import DataPlane
 from .ddp_buckets import release_buckets as release_ddp_buckets
+from .deferred import DeferralCounts, defer, settle_before_step
+from .deferred import settle as settle_deferred
 from .evidence import evidence_of, write_reject_evidence
 from .executor import RecoveryExecutor
 from .fail_stop import fail_stop
 from .history import RecoveryRecord
 from .hooks import PhaseTracker
+from .late_discovery import discover_late
 from .listeners import Observers, UpdateListener
 from .member_change import member_lost, on_lost_member, record_train, release_spares, stop_workers
 from .recovery import drive, observe
@@ -72,8 +75,10 @@ class Runtime:
         self.listeners: list[UpdateListener] = []
         self.observers = Observers()  # exporters of commits, recoveries, rejects (accelpact.observe)
         self.stragglers = StragglerWatch(control, config, rank=rank, world_size=world_size)  # .report(): p50/p90
-        self.timeouts = None  # accelpact.timeouts.DerivedTimeouts when attach measured the timeouts ("auto")
+        #: set by attach: timeouts.DerivedTimeouts ("auto"), observe.hang_watch.HangWatch (stacks during a hang)
+        self.timeouts = self.hang_watch = None
         self._recoveries, self._rewound, self._plans_deferred = 0, False, False
+        self.deferral = DeferralCounts()  # a boundary agreed one step late (Config.boundary)
         self.membership = self.heartbeat = self.replicator = None  # set by attach under ACCELPACT_SPARES
         self.recipe, self.origin_names = None, {}  # what a rebuilt world replays (membership.world)
         self._tracker = PhaseTracker(model, optimizer, on_phase=self._notify, before_step=self._before_step,
@@ -110,6 +115,8 @@ class Runtime:
         """One optimizer update. Its exit is the committed boundary: health check, control-plane
         check, and recovery if any rank saw a failure. The body cannot be run again, so a failure
         inside it is preserved (at the boundary) or rejected, never rewound: see `step`."""
+        if not self.rewind.in_step:  # a boundary left in flight is agreed before a body that cannot run again
+            self.settle()
         self.update_index += 1
         self._tracker.begin()
         error: BaseException | None = None
@@ -119,8 +126,11 @@ class Runtime:
             error = exc
         finally:
             phase_at_error = self._tracker.leave()
+        self._fail_stop_on_reject(self._boundary, error, phase_at_error)
+
+    def _fail_stop_on_reject(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         try:
-            self._boundary(error, phase_at_error)
+            fn(*args, **kwargs)
         except (RecoveryRejected, RankFenced) as rejected:
             fail_stop(rejected, on_reject=self.config.on_reject, rank=self.rank)
 
@@ -130,7 +140,8 @@ class Runtime:
         Unlike `with rt.update():`, the body can be run again: if the update is interrupted and
         every rank agrees to Rewind, the partial update is discarded, RNG and data cursor go back
         to this boundary's snapshot, every group is rebuilt, and `fn()` runs once more."""
-        self.rewind.begin_step(self.data_state, self.frontier, self.model, self.optimizer)
+        self.rewind.begin_step(self.data_state, self.frontier + (self.deferral.pending is not None), self.model,
+                               self.optimizer)  # a boundary in flight is the one this snapshot is of
         if self.replicator is not None and self.rewind.snapshot is not None:  # off the critical path
             self.replicator.offer(self.rewind.snapshot, self.frontier)
         while True:
@@ -144,6 +155,10 @@ class Runtime:
             if not self._rewound:
                 return result
 
+    def settle(self) -> None:
+        """Agree now a deferred boundary still in flight (`Config.boundary`); `close` does too."""
+        self._fail_stop_on_reject(settle_deferred, self, rerun=False)
+
     def restore(self):
         """Restore the newest verified checkpoint now (attach does this when configured)."""
         if self.checkpointer is None:
@@ -151,7 +166,8 @@ class Runtime:
         return self.checkpointer.restore()
 
     def close(self) -> None:
-        """Remove every hook, close trace and control plane; the model may be attached again."""
+        """Agree a deferred boundary; remove every hook, close trace and control plane (attach may follow)."""
+        self.settle()
         self.observers.close()
         stop_workers(self)
         self._tracker.remove()
@@ -167,6 +183,7 @@ class Runtime:
             listener.on_phase(self.update_index, phase)
 
     def _before_step(self) -> None:
+        settle_before_step(self)  # nothing of the next update is applied before its boundary is agreed
         self.rewind.before_optimizer_step(self.model, self.optimizer, self.frontier)
 
     def _after_step(self) -> None:
@@ -178,12 +195,16 @@ class Runtime:
     # ---------------------------------------------------------------- boundary ----------------
     def _boundary(self, error: BaseException | None, phase_at_error: FailurePhase | None) -> None:
         t_detect = time.perf_counter()
+        if self.deferral.pending is not None and settle_deferred(self, error):
+            return  # joined the recovery of the boundary this update went past; it runs again
         if self._plans_deferred:  # first boundary of a lazily initialised wrapper (FSDP1)
             alone, self._plans_deferred = self._plans_deferred == "alone", False  # "alone": a spare that joined
-            error, phase_at_error = self._discover_late(error, phase_at_error, line_up=not alone)
+            error, phase_at_error = discover_late(self, error, phase_at_error, line_up=not alone)
         if error is None:
             phase = FailurePhase.COMMITTED
             self._notify(phase)
+            if defer(self, t_detect):
+                return  # agreed one step late (fsm.deferral): no probe, no wait
             failed, causes = self.data_plane.health_check(self.listeners) if self.config.health_check else ([], [])
             saw, cause, fault = bool(failed), "; ".join(causes), True
         else:
@@ -202,22 +223,6 @@ class Runtime:
             return
         bug = error if error is not None and not fault else None
         self._recover(error, phase, saw, failed, cause, time.perf_counter() - t_detect, bug)
-
-    def _discover_late(self, error, phase, line_up: bool = True):
-        """Discover, then line the ranks up again before the health check (every rank defers
-        alike: the same wrapper type). A discovery failure becomes this boundary's failure."""
-        try:
-            self.prepare()
-        except Exception as exc:  # RebindError and whatever the walk meets; it goes to the evidence
-            log.error("rebind discovery failed: %s: %s", type(exc).__name__, exc)
-            if error is None:
-                error, phase = exc, FailurePhase.COMMITTED
-        try:
-            if line_up:
-                self.control.boundary_check(0)
-        except ControlPlaneError as exc:
-            self._reject_without_protocol(f"control plane failed after discovery: {exc}", error or exc)
-        return error, phase
 
     def _commit(self) -> None:
         if self.membership is not None:  # update F+1 trained from F in this world

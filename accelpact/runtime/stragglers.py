@@ -29,19 +29,34 @@ class StragglerWatch:
         self.control, self.rank = control, rank
         self.window = StragglerWindow(world_size, window=config.straggler_window, factor=config.straggler_factor)
         self._released: float | None = None
+        self._elapsed: float | None = None  # this rank's update time in the check in flight
 
     def check(self, flag: int, arrived: float | None = None) -> int:
         """`ControlPlane.boundary_check(flag)` carrying this rank's update time (up to `arrived`,
         a `time.perf_counter()` reading; default now); records the boundary's times when it is
         clean. ControlPlaneError propagates."""
-        end = time.perf_counter() if arrived is None else arrived
-        elapsed = None if self._released is None else max(0.0, end - self._released)
-        self._released = None
-        result = self.control.boundary_check(flag, elapsed)
+        result = self.settle(self.post(flag, arrived))
         if result == 0:
             self._released = time.perf_counter()
+        return result
+
+    def post(self, flag: int, arrived: float | None = None):
+        """The check started, not waited for (a deferred boundary): the rank goes on at once, so
+        its next update is timed from here. `settle` finishes it."""
+        end = time.perf_counter() if arrived is None else arrived
+        self._elapsed = None if self._released is None else max(0.0, end - self._released)
+        work = self.control.boundary_post(flag, self._elapsed)
+        self._released = time.perf_counter()
+        return work
+
+    def settle(self, work) -> int:
+        """The agreed flag of a posted check; a clean boundary's times go into the window."""
+        self._released, released = None, self._released
+        result = self.control.boundary_result(work)
+        if result == 0:
+            self._released = released
             times = self.control.update_times
-            if elapsed is not None and all(t is not None for t in times):
+            if self._elapsed is not None and all(t is not None for t in times):
                 self._say(*self.window.add(times))  # type: ignore[arg-type]
         return result
 

@@ -38,6 +38,7 @@ class Drill:
     tamper_frontier: dict[int, int] = field(default_factory=dict)
     tamper_at: int = 0
     health_check: bool = True
+    boundary: str = "sync"  # Config.boundary
     #: verified checkpoints every K updates into this directory (L2 fallback); with
     #: `restart_after_reject`, a rejected run is followed by a restart in the same processes:
     #: fresh groups, model and optimizer, restore of the newest verified checkpoint, replay.
@@ -105,6 +106,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
         rebind=drill.rebind,
         on_reject="raise",
         health_check=drill.health_check,
+        boundary=drill.boundary,
         checkpoint_dir=drill.checkpoint_dir,
         checkpoint_every=drill.checkpoint_every,
         run_id="drill",
@@ -126,6 +128,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
             else:
                 with rt.update():
                     _update(model, optimizer, data, sched)
+        rt.settle()  # a deferred last boundary is agreed before anyone reads F
     except RecoveryRejected as rej:
         rejected = rej
     return rt, (model, optimizer, data, sched), rejected, restored_step
@@ -153,6 +156,7 @@ def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
         opt_step=rt.opt_step,
         history=[r.to_dict() for r in rt.history],
         edges=list(rt.machine.taken),
+        deferral={"deferred": rt.deferral.deferred, "joined": rt.deferral.joined},
         references=rt.prepare() if out["rejected"] is None else {},
     )
     if out["rejected"] is not None:

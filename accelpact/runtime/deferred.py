@@ -1,0 +1,140 @@
+"""The deferred committed boundary: its effects (the rule is `fsm.deferral`, pure).
+
+A clean rank inside ``rt.step`` posts its boundary flag without waiting and goes on into the
+next update. The flag is settled before that update makes anything permanent: in its
+optimizer.step() pre-hook, at its failure or boundary, at ``rt.update()`` entry, or at close.
+
+- Flag 0: the boundary commits then, as a synchronous one would have (F+1, the FSM edge, metrics).
+- Flag > 0: a peer needs the recovery of that boundary. This rank throws the next update's partial
+  work away (the Rewind discard, then the boundary snapshot's RNG, data cursor and buffers) and
+  joins the recovery with the state it had at the boundary: agreement sees what a synchronous
+  boundary would have shown. If the next update failed in a collective meanwhile (it met a peer
+  that had gone to the recovery), that group's connections may be closed for good, and this rank
+  cannot tell which: it reports every group it holds as failed, so a Preserve rebuilds them.
+
+The price is detection: a rank that went past the boundary learns of a peer's recovery at its
+next optimizer step, or after a data timeout when its next collective waits on that peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import AccelPactError, ControlPlaneError
+from ..fsm.deferral import DeferralFacts, why_synchronous
+from ..fsm.effects import Quiesce
+from ..fsm.phases import FailurePhase
+
+log = logging.getLogger("accelpact.runtime")
+
+
+class PeerNeedsRecovery(AccelPactError, RuntimeError):
+    """Raised in the next update's optimizer.step() pre-hook: a peer needs the recovery of the
+    boundary this rank went past, so the step must not be applied."""
+
+    failure_cause = "a peer needs the recovery of the deferred boundary"
+
+
+@dataclass
+class PendingBoundary:
+    update: int  # the update whose boundary was posted
+    work: Any  # the control plane's all-reduce in flight
+    posted: float  # time.perf_counter() at the post
+
+
+@dataclass
+class DeferralCounts:
+    """`rt.deferral`: the boundary in flight, and how many were deferred / joined a recovery."""
+
+    pending: PendingBoundary | None = None
+    deferred: int = 0
+    joined: int = 0
+
+
+def defer(rt, arrived: float) -> bool:
+    """At a clean committed boundary: post the check without waiting when the rule allows it.
+    True: posted (nothing is committed until `settle`)."""
+    checkpoint = rt.checkpointer
+    facts = DeferralFacts(mode=rt.config.boundary, in_step=rt.rewind.in_step,
+                          rewind_phases=rt.envelope.rewind_phases, step_copy=rt.config.step_copy,
+                          checkpoint_due=bool(checkpoint is not None and checkpoint.every
+                                              and (rt.frontier + 1) % checkpoint.every == 0))
+    if why_synchronous(facts) is not None:
+        return False
+    try:
+        work = rt.stragglers.post(0, arrived)
+    except ControlPlaneError as exc:
+        rt._reject_without_protocol(f"control plane failed at the boundary: {exc}", exc)
+    rt.deferral.pending = PendingBoundary(rt.update_index, work, time.perf_counter())
+    rt.deferral.deferred += 1
+    return True
+
+
+def settle(rt, error: BaseException | None = None, *, rerun: bool = True) -> bool:
+    """Settle the boundary in flight: commit it (False), or join its recovery (True; with
+    `rerun`, the thrown-away update runs again afterwards: `rt.step`'s loop)."""
+    pending, rt.deferral.pending = rt.deferral.pending, None
+    if pending is None:
+        return False
+    try:
+        flag = rt.stragglers.settle(pending.work)
+    except ControlPlaneError as exc:
+        rt._reject_without_protocol(f"control plane failed at the deferred boundary of update {pending.update}: "
+                                    f"{exc}", error or exc)
+    if flag == 0:
+        rt._commit()
+        return False
+    _join(rt, pending, error, rerun=rerun)
+    return True
+
+
+def settle_before_step(rt) -> None:
+    """The optimizer.step() pre-hook of the next update: its step must not be applied before
+    the boundary it went past is agreed."""
+    if rt.deferral.pending is not None and settle(rt):
+        raise PeerNeedsRecovery("a peer needs the recovery of the boundary of update "
+                                f"{rt.update_index}: this update is thrown away and runs again")
+
+
+def _join(rt, pending: PendingBoundary, error: BaseException | None, *, rerun: bool) -> None:
+    failed: list = []
+    cause = f"a peer needs the recovery of the boundary of update {pending.update}"
+    if error is not None and not isinstance(error, PeerNeedsRecovery):
+        cause_of_next, communication = rt.data_plane.diagnose(error)
+        if communication:
+            failed = list(rt.data_plane.held())
+        cause += f"; update {pending.update + 1} thrown away after {cause_of_next}"
+    _abandon(rt, failed, next_update_ran=rt.update_index > pending.update)
+    rt.update_index = pending.update
+    rt.deferral.joined += 1
+    log.warning("rank %d joins the recovery of the deferred boundary of update %d: %s", rt.rank, pending.update, cause)
+    rt._recover(None, FailurePhase.COMMITTED, bool(failed), failed, cause, time.perf_counter() - pending.posted, None)
+    rt._rewound = rerun
+
+
+def _abandon(rt, failed: list, *, next_update_ran: bool) -> None:
+    """Back to the boundary: the next update's partial work discarded, then RNG, data cursor
+    and buffers from the boundary snapshot. After a failed collective the guard's order holds
+    (abort the failed groups on a GPU, then synchronise, then discard); without one nothing is
+    stuck and no group may be aborted (a Preserve keeps the groups nobody reported)."""
+    if not next_update_ran:
+        return
+    from .discard import discard_partial_update, partial_state
+    from .guard import guard
+
+    if failed:
+        verdict, _ = guard(rt.model, rt.optimizer, Quiesce(discard=True, failed=tuple(failed)), rt.data_plane)
+        left = [] if verdict.ok else [verdict.reason]
+    else:
+        try:
+            discard_partial_update(rt.model, rt.optimizer)
+            left = partial_state(rt.model, rt.optimizer)
+        except (RuntimeError, AttributeError, ValueError) as exc:  # framework state we cannot reset
+            left = [f"discarding it failed: {type(exc).__name__}: {exc}"]
+    if left:  # the recovery's own guard finds it again, and the decision rejects with the reason
+        log.error("rank %d could not throw the update after a deferred boundary away: %s", rt.rank, "; ".join(left))
+    if rt.rewind.snapshot is not None:
+        rt.rewind.snapshot.restore(rt.data_state)

@@ -1,0 +1,29 @@
+"""Rebind plans discovered at the first boundary (FSDP1 builds its flat parameters lazily, in
+its first forward, so the references to rebind exist only then)."""
+
+from __future__ import annotations
+
+import logging
+
+from ..errors import ControlPlaneError
+from ..fsm.phases import FailurePhase
+
+log = logging.getLogger("accelpact.runtime")
+
+
+def discover_late(rt, error: BaseException | None, phase: FailurePhase | None, *, line_up: bool = True):
+    """Discover, then line the ranks up again before the health check (every rank defers
+    alike: the same wrapper type). A discovery failure becomes this boundary's failure:
+    returns the boundary's (error, phase)."""
+    try:
+        rt.prepare()
+    except Exception as exc:  # RebindError and whatever the walk meets; it goes to the evidence
+        log.error("rebind discovery failed: %s: %s", type(exc).__name__, exc)
+        if error is None:
+            error, phase = exc, FailurePhase.COMMITTED
+    try:
+        if line_up:
+            rt.control.boundary_check(0)
+    except ControlPlaneError as exc:
+        rt._reject_without_protocol(f"control plane failed after discovery: {exc}", error or exc)
+    return error, phase

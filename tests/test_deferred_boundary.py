@@ -1,0 +1,105 @@
+"""The deferred committed boundary (`Config.boundary = "deferred"`): the rule, the injector's
+boundary faults without probes, and 4-rank worlds that show it is the synchronous protocol
+agreed one step late: bitwise equal to an uninterrupted run through rewinds, a trace the spec
+accepts, and -- when a peer needs the recovery of a boundary the others went past -- nobody
+commits that boundary, the next update is thrown away, and the outcome is the synchronous one."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelpact.config import Config
+from accelpact.errors import ConfigError
+from accelpact.faults.inject import InjectedFault
+from accelpact.faults.injector import FaultInjector
+from accelpact.fsm import table
+from accelpact.fsm.deferral import DeferralFacts, why_never_deferred, why_synchronous
+from accelpact.fsm.phases import FailurePhase
+from accelpact.testing.drills import Drill, run_drill
+from accelpact.testing.spawn import run_world
+from model_checking.trace_validation import assert_valid_run
+
+QUALIFIED = frozenset({FailurePhase.FORWARD, FailurePhase.BACKWARD})
+ELIGIBLE = DeferralFacts(mode="deferred", in_step=True, rewind_phases=QUALIFIED, step_copy=False,
+                         checkpoint_due=False)
+
+
+def facts(**kw) -> DeferralFacts:
+    return DeferralFacts(**{**ELIGIBLE.__dict__, **kw})
+
+
+def test_a_boundary_is_deferred_only_when_every_condition_holds():
+    assert why_synchronous(ELIGIBLE) is None
+    assert "sync" in why_synchronous(facts(mode="sync"))
+    assert "rt.update()" in why_synchronous(facts(in_step=False))
+    assert "checkpoint" in why_synchronous(facts(checkpoint_due=True))
+    assert "step_copy" in why_synchronous(facts(step_copy=True))
+    why = why_synchronous(facts(rewind_phases=frozenset({FailurePhase.FORWARD})))
+    assert "backward" in why and "forward" not in why.split("Rewind in")[1].split(":")[0]
+    assert why_never_deferred(frozenset(), step_copy=False).count("forward, backward") == 1
+
+
+def test_config_refuses_an_unknown_boundary_mode_by_name():
+    assert Config(boundary="deferred").boundary == "deferred"
+    with pytest.raises(ConfigError, match="boundary must be one of sync, deferred, got 'lazy'"):
+        Config(boundary="lazy")
+    assert Config().with_env({"ACCELPACT_BOUNDARY": "deferred"}).boundary == "deferred"
+
+
+def test_a_boundary_fault_no_probe_met_strikes_in_the_next_forward():
+    injector = FaultInjector("skip@2:committed:0", rank=0, data_timeout_s=0.1)
+    injector.on_phase(2, FailurePhase.COMMITTED)  # a deferred boundary: no probe follows
+    with pytest.raises(InjectedFault):
+        injector.on_phase(3, FailurePhase.FORWARD)
+    injector.on_phase(4, FailurePhase.FORWARD)  # once
+
+    probed = FaultInjector("skip@2:committed:0", rank=0, data_timeout_s=0.1)
+    probed.on_phase(2, FailurePhase.COMMITTED)
+    label = probed._boundary.group
+    assert probed.before_probe(label) is False  # the probe met it (skipped) ...
+    probed.on_phase(3, FailurePhase.FORWARD)  # ... so it does not strike again
+
+
+def _world(tmp_path, faults: str, updates: int = 6):
+    drill = Drill(framework="fsdp2", updates=updates, faults=faults, rewind=True, envelope="permissive",
+                  boundary="deferred", data_timeout_s=1.0, control_timeout_s=6.0, trace_dir=str(tmp_path / "trace"))
+    results = run_world(run_drill, 4, drill, timeout_s=180, pg_timeout_s=30)
+    for r in results:
+        assert {tuple(e) for e in r["edges"]} <= table.edges()
+    return results
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_deferred_boundaries_rewind_what_they_meet_and_end_bitwise_equal(tmp_path):
+    # skip@2:committed -- no probe at a deferred boundary: the skipped collective is update 3's
+    # late@4:optimizer -- rank 2 reaches its boundary after its peers time out in update 5, whose
+    #   pending flag is clean: update 4 commits on settle, update 5 is rewound
+    results = _world(tmp_path, "skip@2:committed:1,late@4:optimizer:2")
+    for r in results:
+        assert r["rejected"] is None and r["mismatches"] == [], r
+        assert r["frontier"] == 6
+        assert [(h["action"], h["frontier"]) for h in r["history"]] == [("rewind", 2), ("rewind", 4)]
+        assert r["deferral"]["deferred"] >= 6 and r["deferral"]["joined"] == 0
+    assert_valid_run(tmp_path / "trace")
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+def test_a_peer_that_needs_the_boundary_recovered_is_joined_and_nobody_commits_it(tmp_path):
+    # Rank 1 fails inside its optimizer step of update 3, after its last collective: its peers
+    # finish update 3, post a clean flag and go into update 4, where they meet rank 1's absence.
+    # Settling then says a peer needs the recovery of boundary 3: they throw update 4 away and
+    # join as at boundary 3 (F = 2, their step of update 3 applied). Without a pre-step copy that
+    # split step cannot be undone: every rank rejects, as a synchronous boundary would have, and
+    # no rank committed update 3 although three of them went past it.
+    results = _world(tmp_path, "skip@3:optimizer:1")
+    reasons = {tuple(r["rejected"] or ()) for r in results}
+    assert len(reasons) == 1 and reasons != {()}, reasons
+    (why,) = reasons
+    assert any("failure outside a committed boundary on ranks [1] (phase ['optimizer'])" in w for w in why), why
+    assert any("no pre-step copy" in w for w in why), why
+    for r in results:
+        assert r["frontier"] == 2, r
+        assert r["deferral"]["joined"] == (0 if r["rank"] == 1 else 1), r
+    assert_valid_run(tmp_path / "trace")
