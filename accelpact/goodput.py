@@ -63,7 +63,10 @@ SOURCES = {
 #: The repository's measured results (the defaults of the measured model's input files).
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
 DEFAULT_CAMPAIGN = RESULTS_DIR / "campaign-spares2-40.json"
-DEFAULT_GUARD = RESULTS_DIR / "guard.json"
+DEFAULT_GUARD = RESULTS_DIR / "guard-4r.json"
+#: The arm of `bench/guard.py` a user pays for: `rt.step` with the default boundary ("step"); files
+#: from before the bench had arms carry one guarded arm ("guarded").
+GUARD_ARMS = ("step", "guarded")
 IN_MEMORY_ACTIONS = ("preserve", "rewind", "replace")
 #: Campaign recoveries that ended in a restart (older summaries say "restart", newer "reject").
 RESTART_ACTIONS = ("reject", "restart")
@@ -290,26 +293,42 @@ def _campaign_label(doc: Mapping[str, Any]) -> str:
 
 
 def guard_from_bench(doc: Any, source: str) -> MeasuredGuard:
-    """The guard's cost per update from `bench/guard.py`'s JSON (``ranks``: plain_s and guarded_s,
-    the medians of each arm on each rank). Pure."""
+    """The guard's cost per update from `bench/guard.py`'s JSON: ``ranks``, each with the median
+    update time of every arm (``plain_s``, ``step_s``, ...). The cost is the user's arm (`GUARD_ARMS`)
+    less plain, median over ranks; the other arms (the one-collective floor, the deferred
+    boundary) are named in the notes. Pure."""
     if not isinstance(doc, Mapping) or not isinstance(doc.get("ranks"), list) or not doc["ranks"]:
         raise GoodputInputError(source, "not a bench/guard.py result: a non-empty 'ranks' list expected "
                                 "(run `python bench/guard.py`)")
-    plain, delta = [], []
-    for i, row in enumerate(doc["ranks"]):
+    rows = doc["ranks"]
+    for i, row in enumerate(rows):
         if not isinstance(row, Mapping):
             raise GoodputInputError(source, f"ranks[{i}] is not an object")
-        p = _number(row, "plain_s", source, where=f"ranks[{i}] ")
-        g = _number(row, "guarded_s", source, where=f"ranks[{i}] ")
-        if p <= 0 or g <= 0:
-            raise GoodputInputError(source, f"ranks[{i}]: update times must be positive, got plain {p}, guarded {g}")
-        plain.append(p)
-        delta.append(g - p)
-    cost = _median(delta)
-    notes = () if cost >= 0 else (f"guarded ran faster than plain by {-cost * 1e3:.3f} ms (noise): cost taken as 0",)
+    arm = next((a for a in GUARD_ARMS if all(f"{a}_s" in row for row in rows)), None)
+    if arm is None:
+        raise GoodputInputError(source, f"no guarded arm on every rank: want one of "
+                                f"{[f'{a}_s' for a in GUARD_ARMS]} beside plain_s")
+    plain = [_positive(row, "plain_s", source, i) for i, row in enumerate(rows)]
+    cost = _median([_positive(row, f"{arm}_s", source, i) - p for i, (row, p) in enumerate(zip(rows, plain))])
+    notes = [] if cost >= 0 else [f"{arm} ran faster than plain by {-cost * 1e3:.3f} ms (noise): cost taken as 0"]
+    for other, what in (("floor", "one bare collective per update (the floor)"),
+                        ("deferred", "the deferred boundary (Config.boundary='deferred')")):
+        if other != arm and all(isinstance(row.get(f"{other}_s"), (int, float)) for row in rows):
+            extra = _median([row[f"{other}_s"] - p for row, p in zip(rows, plain)])
+            notes.append(f"{what}: {extra * 1e3:+.2f} ms per update in the same run")
     args = doc.get("args") if isinstance(doc.get("args"), Mapping) else {}
-    setting = ", ".join(f"{k} {args[k]}" for k in ("framework", "dim", "layers", "updates") if k in args)
-    return MeasuredGuard(source, max(0.0, cost), _median(plain), len(plain), setting or "setting not recorded", notes)
+    setting = ", ".join(f"{k} {args[k]}" for k in ("framework", "dim", "layers", "nproc", "updates") if k in args)
+    if "load_before" in doc:
+        setting += f", load {doc['load_before']}"
+    return MeasuredGuard(source, max(0.0, cost), _median(plain), len(plain),
+                         f"arm {arm}; " + (setting or "setting not recorded"), tuple(notes))
+
+
+def _positive(row: Mapping[str, Any], key: str, source: str, i: int) -> float:
+    value = _number(row, key, source, where=f"ranks[{i}] ")
+    if value <= 0:
+        raise GoodputInputError(source, f"ranks[{i}] {key!r}: update times must be positive, got {value}")
+    return value
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -496,7 +515,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--campaign", default=str(DEFAULT_CAMPAIGN),
       help="campaign summary giving the measured in-memory share (default: bench/results/campaign-spares2-40.json)")
     a("--guard", default=str(DEFAULT_GUARD),
-      help="bench/guard.py result giving the measured guard cost (default: bench/results/guard.json)")
+      help="bench/guard.py result giving the measured guard cost (default: bench/results/guard-4r.json)")
     a("--failures-per-day", type=float, default=None,
       help="failures/day the measured share applies to (default: --comm-failures-per-day)")
     a("--paper-only", action="store_true", help="the paper's model alone, without the measured inputs")

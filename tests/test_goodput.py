@@ -159,8 +159,16 @@ def test_the_guard_cost_is_the_median_over_ranks_of_guarded_minus_plain():
     assert g.ranks == 4 and "fsdp2" in g.setting and g.ratio == pytest.approx((0.0915 + 0.0115) / 0.0915)
     faster = goodput.guard_from_bench({"ranks": [{"plain_s": 0.1, "guarded_s": 0.099}]}, "g.json")
     assert faster.cost_s == 0.0 and "noise" in faster.notes[0]
+    # the bench with arms: rt.step is what a user pays; the floor and the deferred boundary are named
+    arms = {"args": {"nproc": 4}, "load_before": [1.2, 1.0, 0.9],
+            "ranks": [{"plain_s": 0.100, "floor_s": 0.101, "update_s": 0.108, "step_s": 0.109, "deferred_s": 0.1005}
+                      for _ in range(4)]}
+    g = goodput.guard_from_bench(arms, "guard-4r.json")
+    assert g.cost_s == pytest.approx(0.009) and "arm step" in g.setting and "load [1.2" in g.setting
+    assert any("floor" in n and "+1.00 ms" in n for n in g.notes) and any("deferred" in n for n in g.notes)
     for bad, problem in [({}, "'ranks' list"), ({"ranks": [3]}, "not an object"),
-                         ({"ranks": [{"plain_s": 0.1}]}, "guarded_s"),
+                         ({"ranks": [{"plain_s": 0.1}]}, "no guarded arm"),
+                         ({"ranks": [{"plain_s": 0.1, "step_s": 0.1}, {"plain_s": 0.1}]}, "no guarded arm"),
                          ({"ranks": [{"plain_s": 0.0, "guarded_s": 0.1}]}, "positive")]:
         with pytest.raises(goodput.GoodputInputError, match=problem):
             goodput.guard_from_bench(bad, "g.json")
