@@ -64,7 +64,7 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks,
     attempt = rt.attempt
     state: dict[str, Any] = {}
     health = rt.data_plane.health_check
-    boundary_check = rt.control.boundary_check
+    post, result_of = rt.control.boundary_post, rt.control.boundary_result
 
     def timed_health_check(listeners=()):
         state["health_in"] = time.monotonic()
@@ -74,13 +74,24 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks,
         state["causes"] = causes
         return failed, causes
 
-    def timed_boundary_check(flag: int, update_s: float | None = None) -> int:
-        t_in = time.monotonic()
-        record = {"kind": "boundary", "attempt": attempt, "update": rt.update_index, "flag": flag, "t_in": t_in,
-                  "health_in": state.pop("health_in", None), "health_out": state.pop("health_out", None),
-                  "failed": state.pop("failed", []), "causes": state.pop("causes", [])}
+    # the boundary check is posted, then settled (at once, or one update later for a deferred
+    # boundary): one mark per check, written when it settles (`boundary_check` calls both)
+    def timed_post(flag: int, update_s: float | None = None):
+        state["check"] = {"kind": "boundary", "attempt": attempt, "update": rt.update_index, "flag": flag,
+                          "t_in": time.monotonic(), "health_in": state.pop("health_in", None),
+                          "health_out": state.pop("health_out", None), "failed": state.pop("failed", []),
+                          "causes": state.pop("causes", [])}
         try:
-            result = boundary_check(flag, update_s)
+            return post(flag, update_s)
+        except Exception as exc:
+            marks.write({**state.pop("check"), "t_out": time.monotonic(), "error": f"{type(exc).__name__}: {exc}"[:300]})
+            raise
+
+    def timed_result(work) -> int:
+        record = state.pop("check", {"kind": "boundary", "attempt": attempt, "update": rt.update_index,
+                                     "t_in": time.monotonic()})
+        try:
+            result = result_of(work)
         except Exception as exc:
             marks.write({**record, "t_out": time.monotonic(), "error": f"{type(exc).__name__}: {exc}"[:300]})
             raise
@@ -88,7 +99,8 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks,
         return result
 
     rt.data_plane.health_check = timed_health_check
-    rt.control.boundary_check = timed_boundary_check
+    rt.control.boundary_post = timed_post
+    rt.control.boundary_result = timed_result
 
     if dwell_phase not in DWELL_PHASES:
         raise ValueError(f"dwell phase must be one of {DWELL_PHASES}, got {dwell_phase!r}")
