@@ -107,9 +107,9 @@ def default_campaign(seed: int = 7, *, quick: bool = False, envelope: str | None
     mixed = replace(base, updates=24, dwell_updates=tuple(c.update for c in mixed_cuts if c.aligned),
                     run_id="chaos-mixed", rdzv_port=29421)
     # unaligned: wherever training happens to be, with a seed: the honest landing distribution
-    # (mostly backward, where HSDP's only cross-node collectives are: rewound under a qualified
-    # envelope). A restart budget of 1 also shows the stop: a second reject ends the job with a
-    # clear message. The reference run gives the rewound cuts their bitwise verdict.
+    # (backward's gradient all-reduce and the boundary, where HSDP's cross-node collectives are,
+    # or a checkpoint save). A restart budget of 1 also shows the stop: a second reject ends the
+    # job with a clear message. The reference run gives the rewound cuts their bitwise verdict.
     random_cuts = tuple(plan_random(seed, 3, lengths=(L["medium"] + 0.5, L["medium+"]),
                                     methods=(drop, CutMethod.SWITCH_DOWN, CutMethod.NODE_DOWN),
                                     first_update=5, gap=(3, 4), aligned=False, max_offset_s=0.15))
