@@ -655,6 +655,8 @@ class RunCheckResult:
         head = (f"{self.run_dir}: {'PASS' if self.ok else 'FAIL'}: {len(res.verdicts)} segment(s), {records} records, "
                 f"{res.runs} TLC run(s), {res.tlc_s:.1f} s"
                 + ("" if self.clocked else " (no vector clocks: merged by seq and stage, causality unchecked)"))
+        if not res.verdicts:
+            head += " (no edge records: no rank committed an update or took a recovery step)"
         lines = [head] + [f"causality: {v.describe()}" for v in self.causal[:10]]
         if len(self.causal) > 10:
             lines.append(f"causality: ... and {len(self.causal) - 10} more")
@@ -672,9 +674,10 @@ def check_runs(run_dirs: Sequence[str | Path], **kw: Any) -> list[RunCheckResult
         causal[n] = [v for logs in attempts for v in causal_violations(logs)]
         clocked[n] = all(has_clocks({r: lg.records for r, lg in logs.items()}) for logs in attempts)
         segs += [(n, s) for s in segments_of_run(d)]
-    if not segs:
-        raise TraceFormatError(f"no edge records in {', '.join(map(str, run_dirs))}")
-    res = validate_segments([s for _, s in segs], **kw)
+    # A run may end before any edge: a deferred first boundary whose all-reduce a rank's death left
+    # unsettled rejects without a commit. Its traces exist (read_run refuses a run without any);
+    # the spec has nothing to check there, and the report says so.
+    res = validate_segments([s for _, s in segs], **kw) if segs else BatchResult([], 0.0, 0)
     reports = []
     for n, d in enumerate(run_dirs):
         mine = [v for (m, _), v in zip(segs, res.verdicts) if m == n]

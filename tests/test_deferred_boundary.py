@@ -135,3 +135,16 @@ def test_a_rank_killed_before_settling_a_deferred_boundary_is_committed_by_impli
     commits = [(rec.rank, rec.source is None) for rec in segment.records if rec.action == "commit_update"]
     assert commits == [(0, False), (1, True), (2, False), (3, False)], commits
     assert_valid_run(run, workers=1)
+
+
+def test_a_run_that_ended_before_any_edge_has_nothing_for_the_spec_to_check(tmp_path):
+    """A rank killed right after posting the first deferred boundary leaves that all-reduce
+    unsettled: every survivor rejects before any commit, and the traces hold no edge at all."""
+    import json
+
+    from model_checking.trace_validation import check_run
+
+    for r in range(2):
+        (tmp_path / f"trace-rank{r}.jsonl").write_text(json.dumps({"kind": "attach", "rank": r, "attempt": 0}) + "\n")
+    report = check_run(tmp_path, workers=1)
+    assert report.ok and "no edge records" in report.describe()
