@@ -97,14 +97,18 @@ qualify: install
 	$(VENV)/bin/accelpact qualify $(if $(QUICK),--quick)
 
 # Real link cuts between 2 emulated nodes (network namespaces; needs root): a bounded campaign
-# (<= 5 min) that prints one row per cut. nftables is installed for the bridge drop rule if missing.
+# (<= 5 min) that prints one row per cut (where it landed, what the runtime did, the bitwise verdict)
+# and the fraction of cuts recovered in memory. The workers obey a qualified envelope, as a user
+# would: the default envelope file if usable here, else `accelpact qualify --quick` first (134 s
+# here, outside the budget); ENVELOPE=builtin|permissive|<file> overrides. nftables is installed
+# for the bridge drop rule if missing.
 # Then chaos-nodeloss (<= 4 min, about 1.5 here): node 1 of 3 lost for good (killed; then off the
 # fabric and killed), the spare node takes over its ranks, bitwise.
 .PHONY: chaos chaos-nodeloss
 chaos: install
 	@command -v nft >/dev/null 2>&1 || { echo "nft missing: installing nftables with apt"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables >/dev/null; }
-	$(PY) -m accelpact.chaos campaign --budget-s 290 --out runs/chaos
+	$(PY) -m accelpact.chaos campaign --budget-s 290 --out runs/chaos $(if $(ENVELOPE),--envelope $(ENVELOPE))
 	$(MAKE) --no-print-directory chaos-nodeloss
 
 chaos-nodeloss: install

@@ -215,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     run_report.add_arguments(rep)
     rep.set_defaults(func=_report)
 
-    gp = sub.add_parser("goodput", help="net time saved by in-memory recovery (the paper's model)")
+    gp = sub.add_parser("goodput", help="net time saved by in-memory recovery: the paper's model and the measured one")
     goodput.add_arguments(gp)
     gp.set_defaults(func=_goodput)
 

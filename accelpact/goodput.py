@@ -15,7 +15,20 @@ A = 5, t_update = 220 s, T_repair = 0.77 s, h = 0.2 %, C_reject < 0.1 s). With t
 reproduces the seed's figures: at a 2 % committed share the replay saved (170 s/day) about offsets
 the guard (172.8 s/day); at 10 % the net saving is ≈ 680 s/day.
 
-The model functions are pure (numbers in, numbers out); printing and plotting live below them.
+The same model with this product's measured inputs is printed beside it (`measured_params`):
+
+    N_in_memory = s · F,  N_other = (1 − s) · F,  h = c_guard / t_update
+
+where s is the share of failures the fault campaign recovered in memory (Preserve + Rewind +
+Replace, from its summary file: `make campaign-spares` writes one), F the failures per day it is
+applied to (seed 000's communication-failure rate unless given), and c_guard the boundary's
+measured cost per update (`bench/guard.py`'s guarded − plain, median over ranks). The paper counts
+only committed-boundary failures as recoverable and charges the guard as a share of runtime; the
+boundary's cost is a few small collectives whatever the update computes, so the measured model
+charges it per update (the printout also says what it would be as a share of the bench's own update).
+
+The model functions are pure (numbers in, numbers out); reading the input files, printing and
+plotting live below them.
 """
 
 from __future__ import annotations
@@ -24,9 +37,12 @@ import argparse
 import dataclasses
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
 
 DAY_S = 86_400.0
 
@@ -42,6 +58,18 @@ SOURCES = {
     "c_reject_s": "seed 000: safe rejection overhead C = T_detect + T_reject < 0.1 s (upper bound used)",
     "guard_overhead": "seed 000: h = 0.002, the measured 16-GPU guard overhead of +0.200 %",
 }
+
+
+#: The repository's measured results (the defaults of the measured model's input files).
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "bench" / "results"
+DEFAULT_CAMPAIGN = RESULTS_DIR / "campaign-spares2-40.json"
+DEFAULT_GUARD = RESULTS_DIR / "guard-4r.json"
+#: The arm of `bench/guard.py` a user pays for: `rt.step` with the default boundary ("step"); files
+#: from before the bench had arms carry one guarded arm ("guarded").
+GUARD_ARMS = ("step", "guarded")
+IN_MEMORY_ACTIONS = ("preserve", "rewind", "replace")
+#: Campaign recoveries that ended in a restart (older summaries say "restart", newer "reject").
+RESTART_ACTIONS = ("reject", "restart")
 
 
 @dataclass(frozen=True)
@@ -161,6 +189,200 @@ def sweep(p: GoodputParams, name: str, values: Sequence[float]) -> list[float]:
     return [net_saving(p.replace(**{name: v})) for v in values]
 
 
+# ------------------------------------------------------------------------------ measured -------
+class GoodputInputError(ConfigError):
+    """A measured input file is missing or malformed; the message names the file and the problem."""
+
+    def __init__(self, path: str | Path, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path = str(path)
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class MeasuredEnvelope:
+    """What a fault campaign recovered in memory, per action, of the failures its first attempts met."""
+
+    source: str
+    counts: dict[str, int]  # preserve, rewind, replace, restarted (reject/restart), killed
+    label: str  # envelope, spares, schedules, seed: what was run
+    faults_in_memory_share: float | None = None  # the summary's fault-level share, where it has one
+
+    @property
+    def failures(self) -> int:
+        return sum(self.counts.values())
+
+    @property
+    def shares(self) -> dict[str, float]:
+        return {a: self.counts[a] / self.failures for a in IN_MEMORY_ACTIONS}
+
+    @property
+    def in_memory_share(self) -> float:
+        return sum(self.shares.values())
+
+
+@dataclass(frozen=True)
+class MeasuredGuard:
+    """The boundary's cost per update, from `bench/guard.py`'s paired runs."""
+
+    source: str
+    cost_s: float  # median over ranks of (guarded − plain) median update time, never below 0
+    update_s: float  # median over ranks of the plain update time
+    ranks: int
+    setting: str
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def ratio(self) -> float:
+        return (self.update_s + self.cost_s) / self.update_s
+
+
+def _number(doc: Mapping[str, Any], key: str, source: str, *, where: str = "") -> float:
+    value = doc.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise GoodputInputError(source, f"{where}{key!r} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def envelope_from_summary(doc: Any, source: str) -> MeasuredEnvelope:
+    """The measured envelope from a campaign summary (`accelpact.testing.campaign --summary`). Pure.
+
+    Failures are every recovery of the first attempts plus every schedule a kill ended with none
+    (the summary's own `recovered_in_memory_share` denominator, which is checked against)."""
+    if not isinstance(doc, Mapping):
+        raise GoodputInputError(source, f"not a campaign summary: a JSON object expected, got {type(doc).__name__}")
+    recoveries = doc.get("recoveries")
+    if not isinstance(recoveries, Mapping):
+        raise GoodputInputError(source, "not a campaign summary: no 'recoveries' object (write one with "
+                                "`make campaign` or `make campaign-spares`)")
+    unknown = sorted(set(recoveries) - set(IN_MEMORY_ACTIONS) - set(RESTART_ACTIONS))
+    if unknown:
+        raise GoodputInputError(source, f"'recoveries' has unknown actions {unknown}")
+    counts = {}
+    for action in (*IN_MEMORY_ACTIONS, *RESTART_ACTIONS):
+        n = _number(recoveries, action, source, where="recoveries ") if action in recoveries else 0.0
+        if n < 0 or n != int(n):
+            raise GoodputInputError(source, f"recoveries {action!r} must be a count, got {recoveries[action]!r}")
+        counts[action] = int(n)
+    killed = _number(doc, "killed", source)
+    if killed < 0 or killed != int(killed):
+        raise GoodputInputError(source, f"'killed' must be a count, got {doc['killed']!r}")
+    measured = {**{a: counts[a] for a in IN_MEMORY_ACTIONS},
+                "restarted": counts["reject"] + counts["restart"], "killed": int(killed)}
+    if not sum(measured.values()):
+        raise GoodputInputError(source, "the campaign met no failure: no share can be measured from it")
+    env = MeasuredEnvelope(source, measured, _campaign_label(doc),
+                           doc.get("faults_in_memory_share") if isinstance(doc.get("faults_in_memory_share"),
+                                                                           (int, float)) else None)
+    stated = doc.get("recovered_in_memory_share")
+    if isinstance(stated, (int, float)) and abs(stated - env.in_memory_share) > 0.0015:
+        raise GoodputInputError(source, f"inconsistent: 'recovered_in_memory_share' says {stated}, its counts give "
+                                f"{env.in_memory_share:.3f}")
+    return env
+
+
+def _campaign_label(doc: Mapping[str, Any]) -> str:
+    parts = [f"envelope {doc.get('envelope', '?')}"]
+    if doc.get("spares"):
+        parts.append(f"{doc['spares']} spares")
+    if "schedules" in doc:
+        parts.append(f"{doc['schedules']} schedules")
+    if doc.get("seed") is not None:
+        parts.append(f"seed {doc['seed']}")
+    return ", ".join(parts)
+
+
+def guard_from_bench(doc: Any, source: str) -> MeasuredGuard:
+    """The guard's cost per update from `bench/guard.py`'s JSON: ``ranks``, each with the median
+    update time of every arm (``plain_s``, ``step_s``, ...). The cost is the user's arm (`GUARD_ARMS`)
+    less plain, median over ranks; the other arms (the one-collective floor, the deferred
+    boundary) are named in the notes. Pure."""
+    if not isinstance(doc, Mapping) or not isinstance(doc.get("ranks"), list) or not doc["ranks"]:
+        raise GoodputInputError(source, "not a bench/guard.py result: a non-empty 'ranks' list expected "
+                                "(run `python bench/guard.py`)")
+    rows = doc["ranks"]
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise GoodputInputError(source, f"ranks[{i}] is not an object")
+    arm = next((a for a in GUARD_ARMS if all(f"{a}_s" in row for row in rows)), None)
+    if arm is None:
+        raise GoodputInputError(source, f"no guarded arm on every rank: want one of "
+                                f"{[f'{a}_s' for a in GUARD_ARMS]} beside plain_s")
+    plain = [_positive(row, "plain_s", source, i) for i, row in enumerate(rows)]
+    cost = _median([_positive(row, f"{arm}_s", source, i) - p for i, (row, p) in enumerate(zip(rows, plain))])
+    notes = [] if cost >= 0 else [f"{arm} ran faster than plain by {-cost * 1e3:.3f} ms (noise): cost taken as 0"]
+    for other, what in (("floor", "one bare collective per update (the floor)"),
+                        ("deferred", "the deferred boundary (Config.boundary='deferred')")):
+        if other != arm and all(isinstance(row.get(f"{other}_s"), (int, float)) for row in rows):
+            extra = _median([row[f"{other}_s"] - p for row, p in zip(rows, plain)])
+            notes.append(f"{what}: {extra * 1e3:+.2f} ms per update in the same run")
+    args = doc.get("args") if isinstance(doc.get("args"), Mapping) else {}
+    setting = ", ".join(f"{k} {args[k]}" for k in ("framework", "dim", "layers", "nproc", "updates") if k in args)
+    if "load_before" in doc:
+        setting += f", load {doc['load_before']}"
+    return MeasuredGuard(source, max(0.0, cost), _median(plain), len(plain),
+                         f"arm {arm}; " + (setting or "setting not recorded"), tuple(notes))
+
+
+def _positive(row: Mapping[str, Any], key: str, source: str, i: int) -> float:
+    value = _number(row, key, source, where=f"ranks[{i}] ")
+    if value <= 0:
+        raise GoodputInputError(source, f"ranks[{i}] {key!r}: update times must be positive, got {value}")
+    return value
+
+
+def _median(xs: Sequence[float]) -> float:
+    ordered = sorted(xs)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def measured_params(p: GoodputParams, env: MeasuredEnvelope, guard: MeasuredGuard,
+                    failures_per_day: float | None = None) -> GoodputParams:
+    """The paper's model with the measured inputs: in-memory and rejected events from the
+    campaign's share of `failures_per_day` (default: p's communication-failure rate), and h from
+    the guard's cost per update over p's update time. The workload terms (T0, A, t_update,
+    T_repair, C_reject) stay p's. Pure."""
+    rate = p.comm_failures_per_day if failures_per_day is None else failures_per_day
+    if rate < 0:
+        raise ValueError(f"failures_per_day must be >= 0, got {rate}")
+    if p.t_update_s <= 0:
+        raise ValueError("the measured guard is a cost per update: t_update_s must be positive")
+    failures = rate * p.days
+    return p.replace(n_eligible=env.in_memory_share * failures, n_other=(1 - env.in_memory_share) * failures,
+                     guard_overhead=guard.cost_s / p.t_update_s)
+
+
+def read_json(path: str | Path) -> Any:
+    """A measured input file's JSON, or a `GoodputInputError` naming the file and the problem."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise GoodputInputError(_shown(path), "missing") from None
+    except OSError as exc:
+        raise GoodputInputError(_shown(path), f"unreadable ({exc.strerror or exc})") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise GoodputInputError(_shown(path), f"not JSON ({exc})") from None
+
+
+def load_measured(campaign: str | Path = DEFAULT_CAMPAIGN,
+                  guard: str | Path = DEFAULT_GUARD) -> tuple[MeasuredEnvelope, MeasuredGuard]:
+    """Read and check both measured inputs (each error names its file)."""
+    return (envelope_from_summary(read_json(campaign), _shown(campaign)),
+            guard_from_bench(read_json(guard), _shown(guard)))
+
+
+def _shown(path: str | Path) -> str:
+    """The path as a reader can find it: relative to the working directory when under it."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
 # ------------------------------------------------------------------------------ output ---------
 def format_report(p: GoodputParams) -> str:
     b = breakdown(p)
@@ -178,6 +400,61 @@ def format_report(p: GoodputParams) -> str:
         f"  = dT {b['net_s']:,.1f} s ({b['net_s'] * per_day:,.1f} s/day, {b['net_s'] / p.t0_s:+.3%} of T0)",
         f"  break-even: one eligible failure every {interval:.2f} days"
         + ("" if share is None else f"; committed share {share:.2%} of interruptions"),
+    ]
+    return "\n".join(lines)
+
+
+def format_side_by_side(paper: GoodputParams, env: MeasuredEnvelope, guard: MeasuredGuard,
+                        failures_per_day: float | None = None) -> str:
+    """The paper's model and the measured one in two columns, then every input with its source."""
+    measured = measured_params(paper, env, guard, failures_per_day)
+    rate = paper.comm_failures_per_day if failures_per_day is None else failures_per_day
+    bp, bm = breakdown(paper), breakdown(measured)
+    per_day = 1.0 / paper.days
+    by_action = ", ".join(f"{a} {share * rate:.3f}" for a, share in env.shares.items())
+
+    def interval(q: GoodputParams) -> str:
+        days = break_even_interval_days(q)
+        return "any rate pays" if math.isinf(days) else f"one every {days:.2f} days"
+
+    rows = [
+        ("recovered in memory /day",
+         f"{bp['n_eligible'] * per_day:.3f} ({paper.committed_share:.1%} of {paper.interruptions_per_day:g})",
+         f"{bm['n_eligible'] * per_day:.3f} ({env.in_memory_share:.1%} of {rate:g})"),
+        ("  by action /day", f"preserve {bp['n_eligible'] * per_day:.3f}", by_action),
+        ("rejected (restart) /day", f"{bp['n_other'] * per_day:.3f}", f"{bm['n_other'] * per_day:.3f}"),
+        ("guard h (share of runtime)", f"{paper.guard_overhead:.4%}",
+         f"{measured.guard_overhead:.4%} ({guard.cost_s * 1e3:.2f} ms per {paper.t_update_s:g} s update)"),
+        ("gross saving s/day", f"{bp['gross_s'] * per_day:,.1f}", f"{bm['gross_s'] * per_day:,.1f}"),
+        ("- rejections s/day", f"{bp['reject_cost_s'] * per_day:,.2f}", f"{bm['reject_cost_s'] * per_day:,.2f}"),
+        ("- guard s/day", f"{bp['guard_cost_s'] * per_day:,.1f}", f"{bm['guard_cost_s'] * per_day:,.1f}"),
+        ("= net saving dT s/day", f"{bp['net_s'] * per_day:,.1f}", f"{bm['net_s'] * per_day:,.1f}"),
+        ("break-even (recoveries)", interval(paper), interval(measured)),
+    ]
+    head = ("", "paper's model (seed 000)", "measured (this product)")
+    widths = [max(len(r[i]) for r in (head, *rows)) for i in range(3)]
+    lines = ["dT = N_in_memory*(A*t_update - T_repair) - N_other*C_reject - h*T0, per day:",
+             "  " + "  ".join(c.ljust(w) for c, w in zip(head, widths)).rstrip()]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    fault_share = ("" if env.faults_in_memory_share is None
+                   else f"; of fired faults {env.faults_in_memory_share:.1%} (the summary's fault-level share)")
+    if_relative = measured.replace(guard_overhead=guard.ratio - 1)
+    lines += [
+        "inputs of the measured column:",
+        f"  in-memory share {env.in_memory_share:.1%} ("
+        + ", ".join(f"{a} {share:.1%}" for a, share in env.shares.items())
+        + f") of {env.failures} failures the campaign's first attempts met ({env.counts['restarted']} restarted, "
+        f"{env.counts['killed']} killed){fault_share}: {env.source} ({env.label})",
+        f"  applied to {rate:g} failures/day: "
+        + (SOURCES["comm_failures_per_day"] if failures_per_day is None else "given (--failures-per-day)"),
+        f"  guard cost {guard.cost_s * 1e3:.2f} ms per update: median over {guard.ranks} ranks of guarded - plain "
+        f"at a {guard.update_s * 1e3:.1f} ms update ({guard.setting}; ratio {guard.ratio:.3f}): {guard.source}",
+        f"    charged per update of the model's {paper.t_update_s:g} s; were it a share of every update "
+        f"(h {guard.ratio - 1:.1%}), dT would be {net_saving(if_relative) * per_day:,.0f} s/day",
+        *(f"    note: {n}" for n in guard.notes),
+        f"  workload (both columns): T0 {paper.t0_s:,.0f} s, A {paper.age:g}, t_update {paper.t_update_s:g} s, "
+        f"T_repair {paper.t_repair_s:g} s, C_reject {paper.c_reject_s:g} s (seed 000; --sources)",
+        "  the campaign draws faults (skip/late/kill of a rank, any phase) uniformly, not in production's mix",
     ]
     return "\n".join(lines)
 
@@ -235,6 +512,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--png", default=None, help="plot dT against the share and against A here")
     a("--json", dest="json_out", default=None, help="write the breakdown as JSON here")
     a("--sources", action="store_true", help="print where every default comes from")
+    a("--campaign", default=str(DEFAULT_CAMPAIGN),
+      help="campaign summary giving the measured in-memory share (default: bench/results/campaign-spares2-40.json)")
+    a("--guard", default=str(DEFAULT_GUARD),
+      help="bench/guard.py result giving the measured guard cost (default: bench/results/guard-4r.json)")
+    a("--failures-per-day", type=float, default=None,
+      help="failures/day the measured share applies to (default: --comm-failures-per-day)")
+    a("--paper-only", action="store_true", help="the paper's model alone, without the measured inputs")
 
 
 def params_from_args(args: argparse.Namespace) -> GoodputParams:
@@ -249,10 +533,18 @@ def params_from_args(args: argparse.Namespace) -> GoodputParams:
 def run(args: argparse.Namespace) -> int:
     try:
         p = params_from_args(args)
+        measured = None if args.paper_only else load_measured(args.campaign, args.guard)
+        if measured is not None:
+            measured_params(p, *measured, args.failures_per_day)  # refuse bad combinations before printing
+    except GoodputInputError as exc:
+        print(f"accelpact goodput: measured input {exc} (--paper-only prints the paper's model alone)")
+        return 2
     except ValueError as exc:
         print(f"accelpact goodput: {exc}")
         return 2
     print(format_report(p))
+    if measured is not None:
+        print("\n" + format_side_by_side(p, *measured, args.failures_per_day))
     if args.sources:
         print("\ndefaults:")
         for key, text in SOURCES.items():
@@ -260,6 +552,8 @@ def run(args: argparse.Namespace) -> int:
     if args.json_out:
         doc = {"params": dataclasses.asdict(p), **breakdown(p), "break_even_interval_days": break_even_interval_days(p),
                "break_even_share": break_even_share(p) if p.n_eligible is None else None}
+        if measured is not None:
+            doc["measured"] = measured_document(p, *measured, args.failures_per_day)
         Path(args.json_out).write_text(json.dumps(doc, indent=2))
     if args.png:
         try:
@@ -267,6 +561,19 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("matplotlib is not installed: no plot (pip install matplotlib)")
     return 0
+
+
+def measured_document(p: GoodputParams, env: MeasuredEnvelope, guard: MeasuredGuard,
+                      failures_per_day: float | None = None) -> dict[str, Any]:
+    """The measured column as JSON, with its inputs and their sources."""
+    q = measured_params(p, env, guard, failures_per_day)
+    return {"params": dataclasses.asdict(q), **breakdown(q), "break_even_interval_days": break_even_interval_days(q),
+            "inputs": {"campaign": {"source": env.source, "label": env.label, "counts": env.counts,
+                                    "shares": env.shares, "in_memory_share": env.in_memory_share,
+                                    "faults_in_memory_share": env.faults_in_memory_share},
+                       "guard": {"source": guard.source, "cost_s": guard.cost_s, "update_s": guard.update_s,
+                                 "ratio": guard.ratio, "ranks": guard.ranks, "setting": guard.setting},
+                       "failures_per_day": p.comm_failures_per_day if failures_per_day is None else failures_per_day}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -325,3 +325,19 @@ def test_a_deferred_boundary_hands_its_unprobed_faults_to_the_next_forward():
     # the fault that never struck is not counted as fired
     shares = fault_shares([("skip@5:committed:1,skip@2:backward:0", "rewind")], rewind=True, deferred_updates=5)
     assert (shares["faults_fired"], shares["faults_in_memory"]) == (1, 1)
+
+
+def test_a_split_step_before_a_deferred_boundary_may_end_killed_by_the_next_updates_kill():
+    """Found by the deferred campaign: rank 0 fails inside its step of update 3, its peers go past
+    the deferred boundary into update 4, and rank 2's kill planned in update 4's forward strikes
+    before they learn of it. The attempt ends either way, at update 3."""
+    from accelpact.testing.campaign import expected_deferred
+
+    faults = (Fault(3, "optimizer", 0, "skip"), Fault(4, "forward", 2, "kill"))
+    exp = expected_deferred(faults, updates=6)
+    assert (exp.outcome, exp.reject_update) == ("reject", 3)
+    assert [(a.outcome, a.reject_update) for a in exp.alternatives] == [("killed", 3)]
+    assert exp.branch((), observed="killed") is exp.alternatives[0]
+    assert not expected_deferred(faults, updates=6, checkpoint_every=3).alternatives  # boundary 3 is synchronous
+    assert not expected_deferred((Fault(3, "optimizer", 0, "skip"), Fault(4, "optimizer", 2, "kill")),
+                                 updates=6).alternatives  # the step waits for the settle: never reached

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -27,9 +28,10 @@ from accelpact.chaos.campaign import (
     run_node_loss,
     run_scenario,
 )
-from accelpact.chaos.job import JobPaths, JobSpec, torchrun_argv, worker_env
+from accelpact.chaos.job import JobPaths, JobSpec, torchrun_argv, worker_args, worker_env
 from accelpact.chaos.nemesis import Cut, CutMethod, anchor_time, cut_commands, parse_schedule, plan_random
 from accelpact.chaos.nodeloss import LossMethod, NodeLoss, loss_commands, parse_loss, placement_of, victims
+from accelpact.chaos.qualified import EnvelopeUnavailable, plan_envelope, qualify_argv, resolve_envelope
 from accelpact.chaos.topology import (
     ChaosUnavailable,
     TopologySpec,
@@ -151,6 +153,79 @@ def test_analysis_classifies_preserve_absorbed_and_restart():
     assert rep.cuts[2].replayed == 2 and rep.cuts[2].landed == "control"
     assert rep.bitwise == "IDENTICAL" and rep.placement == {0: "0", 1: "0", 2: "1", 3: "1"}
     assert "synthetic" in analysis.format_table([rep])
+
+
+def test_a_cut_rewound_inside_backward_counts_as_recovered_in_memory_with_its_verdict():
+    """Per cut: where it landed (phase), what happened (action) and the run's bitwise verdict; the
+    share counts only the cuts that caused a failure."""
+    sched = [{"method": "switch-down", "length_s": 3.0, "update": 5, "aligned": False},
+             {"method": "port-block", "length_s": 2.5, "update": 8, "aligned": True},
+             {"method": "port-block", "length_s": 0.3, "update": 11, "aligned": True},
+             {"method": "switch-down", "length_s": 9.0, "update": 14, "aligned": False}]
+    nemesis = [{"kind": "schedule", "cuts": sched}]
+    for i, t in enumerate((100.0, 110.0, 120.0, 130.0)):
+        nemesis += [{"kind": "cut", "index": i, "t_start": t, "t": t + 0.01},
+                    {"kind": "restore", "index": i, "t": t + sched[i]["length_s"]}]
+    traces, marks = {}, {}
+    for r in range(4):
+        pair = "replicate[0,2]" if r % 2 == 0 else "replicate[1,3]"
+        traces[r] = [{"kind": "attach", "attempt": 0, "t": 1.0, "rank": r},
+                     {"kind": "recovery", "action": "rewind", "failure_phase": "backward", "t": 103.2,
+                      "repair_s": 0.06, "failed_groups": [pair]},
+                     _edge(r, 103.5, 6),
+                     {"kind": "recovery", "action": "preserve", "failure_phase": "committed", "t": 112.7,
+                      "repair_s": 0.05, "failed_groups": [pair]},
+                     _edge(r, 113.0, 9), _edge(r, 121.0, 12), _edge(r, 130.5, 14),
+                     {"kind": "attach", "attempt": 1, "t": 141.0, "rank": r}, _edge(r, 143.0, 13)]
+        marks[r] = [{"kind": "start", "node": str(r // 2)},
+                    {"kind": "boundary", "flag": 1, "t_in": 112.4, "t_out": 112.6, "failed": [pair]}]
+    save_failed = {"event": "fail_stop", "frontier": 14, "reason": "checkpoint save at F=14 failed: timed out"}
+    rec = analysis.RunRecords(nemesis=nemesis, traces=traces, marks=marks, attempts=[save_failed],
+                              result={"verdicts": [{"rank": r, "mismatches": []} for r in range(4)]},
+                              returncodes=[0, 0])
+    rep = analysis.analyse(rec, "synthetic")
+    assert [c.outcome for c in rep.cuts] == ["rewind", "preserve", "absorbed", "restart"]
+    assert rep.cuts[3].landed == "checkpoint"  # the save of step 14 met the cut: fail-stop, restart
+    rewound = rep.cuts[0]
+    assert rewound.landed == "backward" and rewound.bitwise == "IDENTICAL"
+    assert rewound.repair_s == pytest.approx(0.06) and rewound.detect_s == pytest.approx(103.14 - 100.01)
+    assert rewound.restore_to_progress_s == pytest.approx(103.5 - 103.0)
+    share = analysis.in_memory_share(rep.cuts)
+    assert (share.in_memory, share.failed, share.bitwise_identical) == (2, 3, 2)
+    assert share.aligned == (1, 1) and share.unaligned == (1, 2) and share.fraction == pytest.approx(2 / 3)
+    line = analysis.format_share(share)
+    assert "2/3" in line and "rewind 1" in line and "preserve 1" in line and "restart 1" in line
+    table = analysis.format_table([rep])
+    assert "rewind" in table and "backward" in table
+    assert analysis.in_memory_outcome(["rewind", "preserve", "rewind"]) == "rewind+preserve"
+    assert analysis.in_memory_outcome(["rewind", "restart"]) is None and analysis.in_memory_outcome([]) is None
+
+
+def test_the_campaign_obeys_a_qualified_envelope_or_qualifies_first(tmp_path):
+    default = tmp_path / "default.json"
+    use = plan_envelope(None, default_path=default, default_problem=None, out=tmp_path)
+    assert use.envelope == str(default) and use.qualify_out is None and use.qualified
+    first = plan_envelope("auto", default_path=default, default_problem="stale: torch 2.12.0", out=tmp_path)
+    assert first.qualify_out == tmp_path / "envelope.json" == Path(first.envelope) and "stale" in first.source
+    assert plan_envelope("builtin", default_path=default, default_problem=None, out=tmp_path).qualified is False
+    assert plan_envelope("/x/env.json", default_path=default, default_problem=None, out=tmp_path).envelope == "/x/env.json"
+    argv = qualify_argv(tmp_path / "e.json", python="py")
+    assert argv[0] == "py" and argv[-4:] == ["qualify", "--quick", "--out", str(tmp_path / "e.json")]
+    # every scenario's workers get the envelope, and the unaligned scenario keeps its reference (verdict)
+    for sc in default_campaign(envelope="/q/env.json"):
+        assert sc.job.envelope == "/q/env.json" and sc.job.reference, sc.name
+        assert "--envelope=/q/env.json" in worker_args(sc.job, JobPaths(tmp_path))
+    assert not any(a.startswith("--envelope") for a in worker_args(JobSpec(), JobPaths(tmp_path)))
+
+
+def test_an_explicit_envelope_that_is_unusable_stops_the_campaign_before_it_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("ACCELPACT_ENVELOPE_DIR", str(tmp_path))
+    with pytest.raises(EnvelopeUnavailable, match="accelpact qualify"):
+        resolve_envelope(str(tmp_path / "missing.json"), tmp_path, log=lambda *_: None)
+    ran = []
+    with pytest.raises(EnvelopeUnavailable, match="exited 1"):  # no default file: qualify first, which fails
+        resolve_envelope(None, tmp_path, log=lambda *_: None, run=lambda argv: ran.append(argv) or 1)
+    assert ran and ran[0][-1] == str(tmp_path / "envelope.json")
 
 
 def test_node_loss_plans_parse_and_never_touch_the_store_host():
@@ -275,6 +350,38 @@ def test_cut_at_the_boundary_restored_in_budget_is_preserved_bitwise(fabric, tmp
     assert report.restarts == 0
     assert (tmp_path / sc.name / "trace" / "nemesis.jsonl").exists()
     assert all((tmp_path / sc.name / "trace" / f"trace-rank{r}.jsonl").exists() for r in range(4))
+
+
+def _qualified_envelope(path: Path) -> Path:
+    """An envelope file for this platform as `accelpact qualify` writes it: Preserve at committed
+    boundaries, Rewind in forward, backward and the step (tests never read the machine's own)."""
+    from accelpact.envelope import file as ef
+
+    rows = [ef.QualifiedRow("cpu-gloo", profile, phase, ("preserve" if phase == "committed" else "rewind", "reject"),
+                            {"runs": 1}) for profile in ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
+            for phase in ("committed", "forward", "backward", "optimizer")]
+    return ef.write_envelope(path, rows, ef.platform_fingerprint("gloo", "cpu"))
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(150)
+def test_a_cut_inside_an_update_is_rewound_bitwise_under_a_qualified_envelope(fabric, tmp_path):
+    """The trainer runs `rt.step` under a qualified envelope; the ranks dwell before update 4's
+    forward and the cut starts in that dwell, so it first meets backward's cross-node gradient
+    all-reduce (forward's collectives stay inside a node): every rank rewinds update 4 instead of
+    restarting, and the end state is bitwise equal to the uninterrupted reference."""
+    (sc,) = default_campaign(quick=True, envelope=str(_qualified_envelope(tmp_path / "envelope.json")))
+    cut = Cut(CutMethod.PORT_BLOCK, length_classes(sc.job)["medium"] + 0.3, 4)
+    sc = replace(sc, name="inside", cuts=(cut,), timeout_s=110,
+                 job=replace(sc.job, updates=7, dwell_updates=(4,), dwell_phase="forward", checkpoint_every=0,
+                             run_id="chaos-inside", rdzv_port=29415))
+    report = run_scenario(sc, tmp_path, topo=fabric, log=lambda *_: None)
+    (got,) = report.cuts
+    why = f"{got}\n{report.message}\n{_tails(tmp_path / sc.name)}"
+    assert report.completed and report.restarts == 0, why
+    assert got.outcome == "rewind" and got.landed == "backward", why
+    assert got.bitwise == report.bitwise == "IDENTICAL", why
+    assert analysis.in_memory_share(report.cuts).fraction == 1.0
 
 
 @pytest.fixture

@@ -53,6 +53,39 @@ def test_injector_fires_each_fault_once_on_its_rank_and_holds_back_the_targeted_
     inj.on_phase(4, FailurePhase.FORWARD)  # once only: a rewound update runs clean
 
 
+def test_a_kill_or_stall_can_be_planned_inside_a_recovery_and_strikes_at_that_step(monkeypatch):
+    from accelpact.faults import injector as injector_module
+    from accelpact.faults.plan import RECOVERY_STEPS, FaultPlan
+
+    plan = FaultPlan.parse("kill@5:agree:2,stall@6:rebind:1,skip@5:forward:0")
+    assert {str(f) for f in plan.faults} == {"skip@5:forward:0", "kill@5:agree:2", "stall@6:rebind:1"}
+    with pytest.raises(ConfigError, match="only kill or stall can strike inside a recovery"):
+        FaultPlan.parse("skip@5:agree:2")
+    with pytest.raises(ConfigError, match="or a recovery step: guard, agree"):
+        FaultPlan.parse("kill@5:elsewhere:2")
+    assert RECOVERY_STEPS[:2] == ("guard", "agree")
+    struck = []
+    monkeypatch.setattr(injector_module, "perform", lambda fault, **kw: struck.append(str(fault)))
+    inj = FaultInjector(plan, rank=2, data_timeout_s=0.01)
+    inj.on_recovery_step(5, "guard")
+    inj.on_recovery_step(4, "agree")
+    assert struck == []
+    inj.on_recovery_step(5, "agree")
+    inj.on_recovery_step(5, "agree")  # once
+    assert struck == ["kill@5:agree:2"]
+
+
+def test_the_recovery_driver_tells_the_executor_each_step_it_enters():
+    from accelpact.runtime.executor import RecoveryExecutor
+
+    heard = []
+    executor = RecoveryExecutor.__new__(RecoveryExecutor)
+    executor.update, executor.listeners = 7, (SimpleNamespace(on_recovery_step=lambda u, s: heard.append((u, s))),
+                                              SimpleNamespace())  # a listener without the hook is skipped
+    executor.before_effect("agree")
+    assert heard == [(7, "agree")]
+
+
 def test_injector_from_the_environment_fires_in_the_first_attempt_only_unless_asked():
     env = {"ACCELPACT_FAULTS": "skip@2:committed:1"}
     kw = dict(rank=1, world_size=4, data_timeout_s=1.0)

@@ -69,6 +69,20 @@ def test_a_second_loss_without_a_spare_left_rejects_with_the_reason():
     assert "spare 4 takes over rank 2" in text and "1 rank(s) lost ([0]) but 0 spare(s) free" in text
 
 
+def test_a_loss_during_a_recovery_rejects_cleanly_and_releases_the_spare():
+    """Rank 1 skips its collectives in update 3 (a Rewind begins); rank 2 dies as that recovery
+    enters agreement. A member lost inside a recovery is not replaced (the membership change runs
+    at a boundary, as spec/Membership.tla models it): the survivors' agreement fails on the
+    control plane and every one of them rejects, and the unused spare ends with the job's code
+    so that the supervisor restarts the whole job. Nobody waits out a timeout it need not."""
+    job = run_spare_job(framework="fsdp2", faults="skip@3:forward:1,kill@3:agree:2", updates=6, spares=1)
+    assert job.codes[2] == -9, _explain(job)
+    assert [job.codes[r] for r in (0, 1, 3, 4)] == [75, 75, 75, 75], _explain(job)
+    for r in (0, 1, 3):
+        assert f"rank {r}: recovery rejected (exit 75): gather" in job.output[r], _explain(job)
+    assert "takes over" not in "\n".join(job.output)
+
+
 def test_a_rank_cut_off_but_alive_is_fenced_when_it_wakes_and_a_spare_holds_its_place():
     """A `stall` freezes rank 2 (alive, heartbeating) past detection and agreement: the survivors
     declare it lost, a spare takes over; when it wakes it reads the register, learns that it was

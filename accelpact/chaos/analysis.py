@@ -7,16 +7,24 @@ All times are CLOCK_MONOTONIC, shared by every process on the machine whatever i
 
 A cut owns the window from its start to the next cut's start. Within it:
 
-* outcome ``preserve``: recovery records with action preserve on every rank, no restart;
+* outcome ``preserve``, ``rewind`` or ``replace`` (``rewind+preserve`` for a cut that needed
+  both): recovery records with only in-memory actions, no restart — recovered in memory;
   ``restart``: a reject (a recovery record with another action, or a new attempt attached);
   ``absorbed``: no failure at all (the cut only stalled collectives); ``stopped``: the job ended
   without finishing (restart budget, rendezvous lost); ``skipped``: the anchor was never reached.
 * detection: cut → the first rank whose update or health check saw the failure (its boundary
-  check began with flag 1);
+  check began with flag 1); for a failure inside an update that never reached its boundary (a
+  Rewind), cut → the first rank admitted to the recovery;
 * repair: Preserve — the protocol's repair time (slowest rank); restart — reject → first commit of
   the next attempt (restart, rendezvous, restore, replay of nothing yet);
 * restore-to-progress: link restored → the first update committed after it on every rank (after the
-  recovery, for a Preserve): the availability gap the link's return leaves.
+  recovery, for an in-memory one): the availability gap the link's return leaves;
+* bitwise: the run's verdict against its uninterrupted reference (final parameters, optimizer
+  state, step, RNG, data cursor), given to every cut that reached training. It vouches for all of
+  the run's cuts together: a recovery that went wrong would leave the end state different.
+
+`in_memory_share` counts, of the cuts that caused a failure (not skipped, not absorbed), those
+recovered in memory: the fraction `make chaos` prints.
 """
 
 from __future__ import annotations
@@ -29,8 +37,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CutResult", "NodeLossResult", "RunRecords", "ScenarioResult", "analyse", "analyse_node_loss",
-           "format_node_loss", "format_table", "load_run"]
+__all__ = ["IN_MEMORY_ACTIONS", "CutResult", "InMemoryShare", "NodeLossResult", "RunRecords", "ScenarioResult",
+           "analyse", "analyse_node_loss", "format_node_loss", "format_share", "format_table", "in_memory_outcome",
+           "in_memory_share", "load_run", "recovered_in_memory"]
+
+#: The recovery actions that keep the job's state in memory (no restart, no checkpoint reload).
+IN_MEMORY_ACTIONS = ("preserve", "rewind", "replace")
 
 
 @dataclass
@@ -55,8 +67,8 @@ class CutResult:
     planned_s: float
     aligned: bool
     update: int
-    outcome: str
-    landed: str  # where the cut first hit: boundary | forward | backward | optimizer | control | crash | none
+    outcome: str  # preserve | rewind | replace (or joined: rewind+preserve) | restart | stopped | absorbed | skipped
+    landed: str  # where the cut first hit: boundary | forward | backward | optimizer | control | checkpoint | crash | none
     detect_s: float | None = None
     repair_s: float | None = None
     restore_to_progress_s: float | None = None
@@ -66,6 +78,7 @@ class CutResult:
     same_node_replaced: bool = False
     replayed: int | None = None  # updates replayed after a restart (= lost since the checkpoint)
     lost: int | None = None  # updates since the last checkpoint when the job stopped for good
+    bitwise: str = "-"  # the run's verdict vs its uninterrupted reference (see the module docstring)
     note: str = ""
 
 
@@ -155,6 +168,78 @@ def _attempt_traces(traces: dict[int, list[dict[str, Any]]], attempt: int) -> di
     return out
 
 
+def _checkpoint_save_failed(attempts: Iterable[dict[str, Any]], first: int, before: float) -> bool:
+    """A fail-stop because a checkpoint save failed at a frontier in [first, before): a cut
+    anchored there met the save (its collectives run on the world group, outside the protocol)."""
+    return any(a.get("event") == "fail_stop" and str(a.get("reason", "")).startswith("checkpoint save")
+               and isinstance(a.get("frontier"), int) and first <= a["frontier"] < before for a in attempts)
+
+
+def in_memory_outcome(actions: Sequence[str]) -> str | None:
+    """The outcome of a cut whose recoveries took `actions` (in order), if every one of them kept
+    the state in memory: the distinct actions joined ("rewind", "rewind+preserve"); else None."""
+    distinct = list(dict.fromkeys(actions))
+    if not distinct or any(a not in IN_MEMORY_ACTIONS for a in distinct):
+        return None
+    return "+".join(distinct)
+
+
+def recovered_in_memory(outcome: str) -> bool:
+    """Whether a cut's outcome ("rewind", "rewind+preserve", "restart", ...) kept the state in memory."""
+    return in_memory_outcome(outcome.split("+")) is not None
+
+
+@dataclass(frozen=True)
+class InMemoryShare:
+    """Of the cuts that caused a failure, how many were recovered in memory (`in_memory_share`)."""
+
+    failed: int  # cuts that caused a failure: neither skipped nor absorbed
+    in_memory: int
+    bitwise_identical: int  # of the in-memory ones, in a run that ended bitwise IDENTICAL
+    outcomes: dict[str, int]  # every outcome, skipped and absorbed included
+    aligned: tuple[int, int]  # (in memory, failed) for cuts anchored in the committed window
+    unaligned: tuple[int, int]
+
+    @property
+    def fraction(self) -> float | None:
+        return self.in_memory / self.failed if self.failed else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self) | {"fraction": self.fraction}
+
+
+def in_memory_share(cuts: Iterable[CutResult]) -> InMemoryShare:
+    """The share of failure-causing cuts recovered in memory (pure)."""
+    cuts = list(cuts)
+    outcomes: dict[str, int] = {}
+    for c in cuts:
+        outcomes[c.outcome] = outcomes.get(c.outcome, 0) + 1
+    failed = [c for c in cuts if c.outcome not in ("skipped", "absorbed")]
+    kept = [c for c in failed if recovered_in_memory(c.outcome)]
+
+    def split(aligned: bool) -> tuple[int, int]:
+        return (sum(1 for c in kept if c.aligned == aligned), sum(1 for c in failed if c.aligned == aligned))
+
+    return InMemoryShare(failed=len(failed), in_memory=len(kept),
+                         bitwise_identical=sum(1 for c in kept if c.bitwise == "IDENTICAL"),
+                         outcomes=dict(sorted(outcomes.items())), aligned=split(True), unaligned=split(False))
+
+
+def format_share(share: InMemoryShare) -> str:
+    """One line: the fraction recovered in memory, by action, with the rest named."""
+    if not share.failed:
+        return "recovered in memory: no cut caused a failure (" + (
+            ", ".join(f"{k} {v}" for k, v in share.outcomes.items()) or "no cuts") + ")"
+    actions = ", ".join(f"{k} {v}" for k, v in share.outcomes.items() if recovered_in_memory(k))
+    rest = ", ".join(f"{k} {v}" for k, v in share.outcomes.items() if not recovered_in_memory(k))
+    parts = [f"recovered in memory: {share.in_memory}/{share.failed} cuts that caused a failure "
+             f"({share.fraction:.0%}; {actions or 'none'}), {share.bitwise_identical} of them in runs bitwise IDENTICAL"]
+    for label, (kept, failed) in (("aligned", share.aligned), ("unaligned", share.unaligned)):
+        if failed:
+            parts.append(f"{label} {kept}/{failed}")
+    return "; ".join(parts) + (f"; otherwise: {rest}" if rest else "")
+
+
 def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
     cuts_log = {r["index"]: r for r in rec.nemesis if r.get("kind") == "cut"}
     restores = {r["index"]: r for r in rec.nemesis if r.get("kind") == "restore" and r.get("index", -1) >= 0}
@@ -177,6 +262,7 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
             continue
         cut = cuts_log[i]
         lo = cut["t_start"]
+        next_update = schedule[i + 1]["update"] if i + 1 < len(schedule) else math.inf
         later = [s for s in starts if s > lo]
         hi = later[0] if later else math.inf
         restore = restores.get(i)
@@ -188,8 +274,10 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
         flagged = [b for b in boundaries if b.get("flag") == 1 and _in(b["t_in"], lo, hi)]
         errored = [b for b in boundaries if "error" in b and _in(b["t_in"], lo, hi)]
 
-        if recs and all(r["action"] == "preserve" for r in recs) and not new_attempts:
-            outcome = "preserve"
+        actions = [r["action"] for r in sorted(recs, key=lambda r: r["t"])]
+        in_memory = None if new_attempts else in_memory_outcome(actions)
+        if in_memory is not None:
+            outcome = in_memory
         elif recs or new_attempts or errored:
             # a restart counts only if the new attempt trained: one that attached and then hit the
             # restart budget (or never attached) means the job stopped here
@@ -205,10 +293,13 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
             landed = "boundary"
         elif phases:
             landed = "+".join(p for p in phases if p != "committed") or "boundary"
+        elif _checkpoint_save_failed(rec.attempts, planned["update"], next_update):
+            landed = "checkpoint"  # the verified checkpoint's save met the cut: fail-stop (the control
+            # plane then fails on the ranks still waiting for the others: that is not where it landed)
         elif errored:
             landed = "control"
         elif new_attempts or outcome == "stopped":
-            landed = "crash"  # workers died outside the protocol (seen: a checkpoint save under the cut)
+            landed = "crash"  # workers died outside the protocol
         else:
             landed = "none"
 
@@ -217,12 +308,14 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
             detect = min(b["t_in"] for b in flagged) - cut["t"]
         elif errored:
             detect = min(b["t_out"] for b in errored) - cut["t"]
+        elif recs:  # failed inside an update (a Rewind): the first rank admitted to the recovery
+            detect = min(r["t"] - r.get("repair_s", 0.0) for r in recs) - cut["t"]
 
         failed = sorted({g for r in recs for g in r.get("failed_groups", [])})
         report = CutResult(**base, length_s=round(length, 3), outcome=outcome, landed=landed,
                            detect_s=detect, failed_groups=failed,
                            same_node_replaced=any(_same_node(g, placement) for g in failed))
-        if outcome == "preserve":
+        if in_memory is not None:
             report.repair_s = max(r["repair_s"] for r in recs)
             released = max(r["t"] for r in recs)
             progress = _commits_after(rec.traces, max(released, t_restore or 0.0))
@@ -269,7 +362,11 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
     elif not completed:
         message = f"job did not finish (agent exit codes {rec.returncodes})"
     restarts = max([a.get("attempt", 0) for a in attaches] or [0])
-    return ScenarioResult(name=name, cuts=reports, bitwise=mism or ("n/a (no result)" if rec.result is None else "n/a"),
+    bitwise = mism or ("n/a (no result)" if rec.result is None else "n/a")
+    for report in reports:
+        if report.outcome != "skipped":
+            report.bitwise = bitwise
+    return ScenarioResult(name=name, cuts=reports, bitwise=bitwise,
                      completed=completed, returncodes=rec.returncodes, placement=placement, restarts=restarts,
                      trace_dir=rec.trace_dir, message=message)
 
@@ -291,7 +388,7 @@ def table_rows(reports: Iterable[ScenarioResult]) -> list[list[str]]:
                          anchor, c.landed, c.outcome, _fmt(c.detect_s), _fmt(c.repair_s),
                          _fmt(c.restore_to_progress_s),
                          str(c.replayed) if c.replayed is not None else (f"lost {c.lost}" if c.lost is not None else "-"),
-                         run.bitwise.split(" ")[0] if c.outcome != "skipped" else "-"])
+                         c.bitwise.split(" ")[0]])
     return rows
 
 

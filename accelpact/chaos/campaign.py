@@ -1,6 +1,6 @@
 """Bounded campaigns of real link cuts: scenarios (pure), one fresh fabric per scenario, a table.
 
-    python -m accelpact.chaos campaign [--quick] [--seed N] [--out DIR] [--budget-s 300]
+    python -m accelpact.chaos campaign [--quick] [--seed N] [--out DIR] [--budget-s 300] [--envelope auto]
     python -m accelpact.chaos run --schedule "port-block:1.5@8,switch-down:9@14" [--updates 20]
     python -m accelpact.chaos nodeloss [--loss node-vanish:n1~5] [--budget-s 300]
 
@@ -10,6 +10,12 @@ cut's length class means what it says: *short* cuts end before the data-plane ti
 plane's timeout after detection: Preserve), *long* ones outlast the budget (all ranks reject;
 torchrun restarts from the last verified checkpoint once the link is back). Every scenario's traces,
 marks, nemesis log and outputs stay under its own directory for trace validation.
+
+The trainer is the demo's (`rt.step`, so an interrupted update can be run again) under a qualified
+envelope, as the README tells a user to run (`qualified`: the default envelope file if it is
+usable here, else `accelpact qualify` first; ``--envelope builtin`` shows what the built-in envelope
+does instead). Each cut is reported with where it landed, what the runtime did and the run's bitwise
+verdict, and the campaign prints the fraction of failure-causing cuts recovered in memory.
 
 Node loss (`NodeLossScenario`, `default_node_loss`, `make chaos-nodeloss`): three emulated nodes,
 the HSDP 2x2 job on nodes 0 and 1 and a spare node 2 with two hot spares (ACCELPACT_SPARES=2, one
@@ -35,13 +41,16 @@ from .analysis import (
     analyse,
     analyse_node_loss,
     format_node_loss,
+    format_share,
     format_table,
+    in_memory_share,
     load_run,
 )
 from .job import Job, JobSpec
 from .nemesis import Cut, CutMethod, Nemesis, format_schedule, method_available, parse_schedule, plan_random
 from .nodeloss import LossMethod, NodeLoss, Reaper, parse_loss
-from .topology import ChaosUnavailable, Topology, TopologySpec, emulated_nodes
+from .qualified import AUTO, EnvelopePlan, EnvelopeUnavailable, resolve_envelope
+from .topology import ChaosUnavailable, Topology, TopologySpec, emulated_nodes, preflight
 
 __all__ = ["NodeLossScenario", "Scenario", "default_campaign", "default_node_loss", "length_classes", "main",
            "run_campaign", "run_node_loss", "run_node_losses", "run_scenario"]
@@ -75,9 +84,12 @@ def _drop_method() -> CutMethod:
     return CutMethod.BRIDGE_DROP if method_available(CutMethod.BRIDGE_DROP) is None else CutMethod.PORT_BLOCK
 
 
-def default_campaign(seed: int = 7, *, quick: bool = False) -> list[Scenario]:
-    """The `make chaos` campaign (pure). Full: mixed (6 aligned cuts) then random (3 unaligned); quick: one Preserve cut."""
-    base = JobSpec(data_timeout_s=2.0, control_timeout_s=5.0, dwell_s=0.4, checkpoint_every=4)
+def default_campaign(seed: int = 7, *, quick: bool = False, envelope: str | None = None) -> list[Scenario]:
+    """The `make chaos` campaign (pure). Full: mixed (6 cuts aligned to the committed window), random
+    (3 unaligned), inside (2 cuts aligned to a dwell before the forward: they land in backward);
+    quick: one Preserve cut. `envelope`: what every worker obeys (`JobSpec.envelope`;
+    `qualified.resolve_envelope`)."""
+    base = JobSpec(data_timeout_s=2.0, control_timeout_s=5.0, dwell_s=0.4, checkpoint_every=4, envelope=envelope)
     drop = _drop_method()
     if quick:
         cuts = (Cut(CutMethod.PORT_BLOCK, length_classes(base)["medium"], 6),)
@@ -94,18 +106,28 @@ def default_campaign(seed: int = 7, *, quick: bool = False) -> list[Scenario]:
     )
     mixed = replace(base, updates=24, dwell_updates=tuple(c.update for c in mixed_cuts if c.aligned),
                     run_id="chaos-mixed", rdzv_port=29421)
-    # unaligned: wherever training happens to be, with a seed: the honest landing distribution. A
-    # restart budget of 1 also shows the stop: a second reject ends the job with a clear message.
+    # unaligned: wherever training happens to be, with a seed: the honest landing distribution
+    # (backward's gradient all-reduce and the boundary, where HSDP's cross-node collectives are,
+    # or a checkpoint save). A restart budget of 1 also shows the stop: a second reject ends the
+    # job with a clear message. The reference run gives the rewound cuts their bitwise verdict.
     random_cuts = tuple(plan_random(seed, 3, lengths=(L["medium"] + 0.5, L["medium+"]),
                                     methods=(drop, CutMethod.SWITCH_DOWN, CutMethod.NODE_DOWN),
                                     first_update=5, gap=(3, 4), aligned=False, max_offset_s=0.15))
     unaligned = replace(base, updates=random_cuts[-1].update + 2, max_restarts=1, run_id="chaos-random",
-                        rdzv_port=29431, reference=False)
+                        rdzv_port=29431)
+    # inside an update, reproducibly: the ranks dwell before the forward, whose collectives stay
+    # inside a node, so the cut first meets backward's cross-node gradient all-reduce (Rewind)
+    inside_cuts = (Cut(drop, L["medium"] + 0.3, 5), Cut(CutMethod.SWITCH_DOWN, L["medium+"], 10))
+    inside = replace(base, updates=12, dwell_phase="forward", dwell_updates=tuple(c.update for c in inside_cuts),
+                     run_id="chaos-inside", rdzv_port=29441)
     return [
         Scenario("mixed", mixed, mixed_cuts, timeout_s=170,
                  expect="short: absorbed; medium: preserve; long: restart from checkpoint; bitwise identical"),
         Scenario("random", unaligned, random_cuts, timeout_s=120,
-                 expect="unaligned cuts land wherever training is; restart budget 1: a second reject stops"),
+                 expect="unaligned cuts land wherever training is (rewound where qualified); restart budget 1: "
+                        "a second reject stops"),
+        Scenario("inside", inside, inside_cuts, timeout_s=90,
+                 expect="cuts inside the update (backward): rewind where qualified, bitwise identical"),
     ]
 
 
@@ -257,11 +279,19 @@ def landing_summary(reports: Sequence[ScenarioResult]) -> str:
     return "\n".join(lines)
 
 
-def print_summary(reports: Sequence[ScenarioResult], out: Path, log=print) -> bool:
+def print_summary(reports: Sequence[ScenarioResult], out: Path, log=print, *, envelope: str = "") -> bool:
     log("\n" + format_table(reports))
+    if envelope:
+        log(f"envelope: {envelope}")
     log("\nwhere cuts landed → outcome:\n" + landing_summary(reports))
+    log("\n" + format_share(in_memory_share(c for r in reports for c in r.cuts)))
     rtp = [c.restore_to_progress_s for r in reports for c in r.cuts
            if c.outcome == "preserve" and c.restore_to_progress_s is not None]
+    rtp_rewind = sorted(c.restore_to_progress_s for r in reports for c in r.cuts
+                        if c.outcome == "rewind" and c.restore_to_progress_s is not None)
+    if rtp_rewind:
+        log(f"\nrestore→progress after Rewind (the re-run update committed): median "
+            f"{rtp_rewind[len(rtp_rewind) // 2]:.2f}s, max {rtp_rewind[-1]:.2f}s over {len(rtp_rewind)} cuts")
     if rtp:
         rtp.sort()
         log(f"\nrestore→progress after Preserve: median {rtp[len(rtp) // 2]:.2f}s, max {rtp[-1]:.2f}s "
@@ -277,21 +307,28 @@ def print_summary(reports: Sequence[ScenarioResult], out: Path, log=print) -> bo
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m accelpact.chaos", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
+    envelope_help = ("what the workers obey: auto (default: the default envelope file if usable here, else "
+                     "`accelpact qualify --quick` first), qualify, builtin, permissive, or an envelope file")
     c = sub.add_parser("campaign", help="the bounded default campaign (make chaos)")
     c.add_argument("--quick", action="store_true", help="one short Preserve cut (CI-sized)")
     c.add_argument("--seed", type=int, default=7)
     c.add_argument("--budget-s", type=float, default=300.0)
     c.add_argument("--out", default="runs/chaos")
+    c.add_argument("--envelope", default=AUTO, help=envelope_help)
     r = sub.add_parser("run", help="one job under a schedule of your own")
     r.add_argument("--schedule", required=True, help="e.g. 'port-block:1.6@6,switch-down:9@12' (see nemesis)")
     r.add_argument("--updates", type=int, default=20)
     r.add_argument("--data-timeout", type=float, default=1.0)
     r.add_argument("--control-timeout", type=float, default=4.0)
     r.add_argument("--dwell-s", type=float, default=0.4)
+    r.add_argument("--dwell-phase", choices=("committed", "forward"), default="committed",
+                   help="where aligned (@k) cuts land: the committed window (Preserve) or before the forward "
+                        "(the cut meets backward's cross-node all-reduce: Rewind under a qualified envelope)")
     r.add_argument("--checkpoint-every", type=int, default=4)
     r.add_argument("--max-restarts", type=int, default=3)
     r.add_argument("--timeout-s", type=float, default=240)
     r.add_argument("--out", default="runs/chaos")
+    r.add_argument("--envelope", default=AUTO, help=envelope_help)
     n = sub.add_parser("nodeloss", help="a whole node lost, a spare node takes over (make chaos-nodeloss)")
     n.add_argument("--loss", action="append", default=None,
                    help="e.g. node-kill:n1~5 or node-vanish:n1~5+0.1 (repeatable; default: both methods at ~5)")
@@ -304,26 +341,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "nodeloss":
         return _node_loss_main(args, out)
     try:
+        preflight()  # before a qualification that would be wasted on a machine without namespaces
+        envelope = resolve_envelope(args.envelope, out)
+        print(f"chaos: envelope {envelope.source}", flush=True)
         if args.cmd == "campaign":
-            scenarios = default_campaign(args.seed, quick=args.quick)
+            scenarios = default_campaign(args.seed, quick=args.quick, envelope=envelope.envelope)
             reports = run_campaign(scenarios, out, budget_s=args.budget_s)
         else:
             cuts = tuple(parse_schedule(args.schedule))
             job = JobSpec(updates=args.updates, data_timeout_s=args.data_timeout,
-                          control_timeout_s=args.control_timeout, dwell_s=args.dwell_s,
+                          control_timeout_s=args.control_timeout, dwell_s=args.dwell_s, dwell_phase=args.dwell_phase,
                           checkpoint_every=args.checkpoint_every, max_restarts=args.max_restarts,
                           dwell_updates=tuple(c.update for c in cuts if c.aligned), run_id="chaos-run",
-                          rdzv_port=29451)
+                          rdzv_port=29451, envelope=envelope.envelope)
             reports = [run_scenario(Scenario("run", job, cuts, timeout_s=args.timeout_s), out)]
     except ChaosUnavailable as exc:
         print(f"chaos: cannot emulate nodes here: {exc}", file=sys.stderr)
         return 2
+    except EnvelopeUnavailable as exc:
+        print(f"chaos: no usable recovery envelope: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("\nchaos: interrupted; fabric torn down", file=sys.stderr)
         return 130
-    (out / "summary.json").write_text(json.dumps([r.to_dict() for r in reports], indent=2, default=str))
-    ok = print_summary(reports, out)
+    (out / "summary.json").write_text(json.dumps(campaign_summary(reports, envelope), indent=2, default=str))
+    ok = print_summary(reports, out, envelope=envelope.source)
     return 0 if ok and reports else 1
+
+
+def campaign_summary(reports: Sequence[ScenarioResult], envelope: EnvelopePlan) -> dict:
+    """What `summary.json` keeps: the envelope, the in-memory share, and every scenario's cuts."""
+    share = in_memory_share(c for r in reports for c in r.cuts)
+    return {"envelope": envelope.source, "envelope_file": envelope.envelope if envelope.qualified else None,
+            "in_memory": share.to_dict(), "scenarios": [r.to_dict() for r in reports]}
 
 
 def _node_loss_main(args: argparse.Namespace, out: Path) -> int:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._env import ENV_DWELL, ENV_DWELL_S, ENV_MARKS, ENV_NODE
+from ._env import ENV_DWELL, ENV_DWELL_PHASE, ENV_DWELL_S, ENV_MARKS, ENV_NODE
 from .topology import Topology, TopologySpec
 
 __all__ = ["Job", "JobPaths", "JobSpec", "rdzv_endpoint", "torchrun_argv", "worker_env"]
@@ -43,12 +43,19 @@ class JobSpec:
     torchrun_max_restarts: int = 8  # torchrun's own limit stays above it: the budget decides
     dwell_updates: tuple[int, ...] = ()
     dwell_s: float = 0.4
+    #: where the ranks dwell: "committed" (after the step: an aligned cut meets the boundary,
+    #: Preserve) or "forward" (before the forward: it meets backward's all-reduce, Rewind)
+    dwell_phase: str = "committed"
     seed: int = 1234
     rdzv_port: int = 29400
     read_timeout_s: int = 120
     run_id: str = "chaos"
     reference: bool = True
     extra_env: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    #: the recovery envelope the workers obey (`Config.envelope`: the file `accelpact qualify`
+    #: wrote, "builtin" or "permissive"); None: the runtime's default (the default path if a file
+    #: is there, else built-in: Preserve at committed boundaries only, so a cut inside an update restarts)
+    envelope: str | None = None
     #: hot spares (ACCELPACT_SPARES): the launch's last `spares` ranks, i.e. whole spare nodes
     #: placed after the active ones (`spares` a multiple of `nproc`). With spares the recipe is
     #: torchrun's `--max-restarts=0` (a restarted agent would re-rendezvous and restart everyone)
@@ -59,6 +66,8 @@ class JobSpec:
             raise ValueError("control_timeout_s must exceed data_timeout_s (the runtime refuses otherwise)")
         if self.updates < 1 or self.nproc < 1:
             raise ValueError("updates and nproc must be >= 1")
+        if self.dwell_phase not in ("committed", "forward"):
+            raise ValueError(f"dwell_phase must be 'committed' or 'forward', got {self.dwell_phase!r}")
         if self.spares < 0 or self.spares % self.nproc:
             raise ValueError(f"spares must be whole spare nodes (a multiple of nproc={self.nproc}), got {self.spares}")
 
@@ -107,6 +116,8 @@ def worker_args(job: JobSpec, paths: JobPaths) -> list[str]:
         args += [f"--checkpoint-dir={paths.checkpoints}", f"--checkpoint-every={job.checkpoint_every}"]
     if not job.reference:
         args.append("--no-reference")
+    if job.envelope is not None:
+        args.append(f"--envelope={job.envelope}")
     return args
 
 
@@ -153,6 +164,7 @@ def worker_env(job: JobSpec, spec: TopologySpec, node: int, paths: JobPaths,
         ENV_MARKS: str(paths.marks),
         ENV_DWELL: ",".join(str(u) for u in job.dwell_updates),
         ENV_DWELL_S: str(job.dwell_s),
+        ENV_DWELL_PHASE: job.dwell_phase,
         ENV_NODE: str(node),
         **dict(job.extra_env),
     })

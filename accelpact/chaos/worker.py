@@ -13,6 +13,9 @@ It runs `accelpact.demo_worker` unchanged and adds two things around the protect
   cross-node groups first at the boundary, not in backward: the only way to make a Preserve case
   reproducible on a machine whose update time jitters by tens of milliseconds. The dwell is a
   pause, not a change of numerics: the bitwise verdict still compares against the reference.
+  With ``ACCELPACT_CHAOS_DWELL_PHASE=forward`` the ranks hold before the update's forward instead:
+  forward's collectives stay inside a node (HSDP shards within a node), so an aligned cut first
+  meets backward's cross-node gradient all-reduce, inside the update: the Rewind case.
 
 The attempt number is agreed through the job's store by `accelpact.init_process_group` (the
 demo worker uses it): TORCHELASTIC_RESTART_COUNT is counted per agent and diverges across nodes
@@ -29,7 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from accelpact.chaos._env import ENV_DWELL, ENV_DWELL_S, ENV_MARKS, ENV_NODE
+from accelpact.chaos._env import ENV_DWELL, ENV_DWELL_PHASE, ENV_DWELL_S, ENV_MARKS, ENV_NODE
+
+#: Where the ranks hold at a dwell update: after the optimizer step, or before the forward.
+DWELL_PHASES = ("committed", "forward")
 
 
 def parse_dwell(raw: str) -> frozenset[int]:
@@ -52,12 +58,13 @@ class Marks:
             self._fh.write(json.dumps({"rank": self.rank, **record}, default=str) + "\n")
 
 
-def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks) -> None:
+def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks,
+               dwell_phase: str = "committed") -> None:
     """Wrap this runtime's health check and boundary check with marks, and add the dwell hook."""
     attempt = rt.attempt
     state: dict[str, Any] = {}
     health = rt.data_plane.health_check
-    boundary_check = rt.control.boundary_check
+    post, result_of = rt.control.boundary_post, rt.control.boundary_result
 
     def timed_health_check(listeners=()):
         state["health_in"] = time.monotonic()
@@ -67,13 +74,24 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks) 
         state["causes"] = causes
         return failed, causes
 
-    def timed_boundary_check(flag: int, update_s: float | None = None) -> int:
-        t_in = time.monotonic()
-        record = {"kind": "boundary", "attempt": attempt, "update": rt.update_index, "flag": flag, "t_in": t_in,
-                  "health_in": state.pop("health_in", None), "health_out": state.pop("health_out", None),
-                  "failed": state.pop("failed", []), "causes": state.pop("causes", [])}
+    # the boundary check is posted, then settled (at once, or one update later for a deferred
+    # boundary): one mark per check, written when it settles (`boundary_check` calls both)
+    def timed_post(flag: int, update_s: float | None = None):
+        state["check"] = {"kind": "boundary", "attempt": attempt, "update": rt.update_index, "flag": flag,
+                          "t_in": time.monotonic(), "health_in": state.pop("health_in", None),
+                          "health_out": state.pop("health_out", None), "failed": state.pop("failed", []),
+                          "causes": state.pop("causes", [])}
         try:
-            result = boundary_check(flag, update_s)
+            return post(flag, update_s)
+        except Exception as exc:
+            marks.write({**state.pop("check"), "t_out": time.monotonic(), "error": f"{type(exc).__name__}: {exc}"[:300]})
+            raise
+
+    def timed_result(work) -> int:
+        record = state.pop("check", {"kind": "boundary", "attempt": attempt, "update": rt.update_index,
+                                     "t_in": time.monotonic()})
+        try:
+            result = result_of(work)
         except Exception as exc:
             marks.write({**record, "t_out": time.monotonic(), "error": f"{type(exc).__name__}: {exc}"[:300]})
             raise
@@ -81,16 +99,22 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks) 
         return result
 
     rt.data_plane.health_check = timed_health_check
-    rt.control.boundary_check = timed_boundary_check
+    rt.control.boundary_post = timed_post
+    rt.control.boundary_result = timed_result
 
+    if dwell_phase not in DWELL_PHASES:
+        raise ValueError(f"dwell phase must be one of {DWELL_PHASES}, got {dwell_phase!r}")
     if dwell and dwell_s > 0:
-        def dwell_hook(optimizer, args, kwargs):
+        def hold() -> None:
             if rt.update_index in dwell:
                 marks.write({"kind": "dwell", "attempt": attempt, "update": rt.update_index,
-                             "t": time.monotonic(), "dwell_s": dwell_s})
+                             "t": time.monotonic(), "dwell_s": dwell_s, "phase": dwell_phase})
                 time.sleep(dwell_s)
 
-        rt.optimizer.register_step_post_hook(dwell_hook)
+        if dwell_phase == "forward":
+            rt.model.register_forward_pre_hook(lambda module, args: hold())
+        else:
+            rt.optimizer.register_step_post_hook(lambda optimizer, args, kwargs: hold())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(1)
     dwell = parse_dwell(os.environ.get(ENV_DWELL, ""))
     dwell_s = float(os.environ.get(ENV_DWELL_S, "0") or 0)
+    dwell_phase = os.environ.get(ENV_DWELL_PHASE) or "committed"
     marks_dir = os.environ.get(ENV_MARKS)
     attach = accelpact.attach
 
@@ -113,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         marks.write({"kind": "start", "attempt": rt.attempt, "node": os.environ.get(ENV_NODE), "pid": os.getpid(),
                      "netns": os.readlink("/proc/self/ns/net"), "t": time.monotonic(), "frontier": rt.frontier,
                      "agent_restart_count": os.environ.get("ACCELPACT_CHAOS_AGENT_RESTARTS")})
-        instrument(rt, dwell=dwell, dwell_s=dwell_s, marks=marks)
+        instrument(rt, dwell=dwell, dwell_s=dwell_s, marks=marks, dwell_phase=dwell_phase)
         return rt
 
     accelpact.attach = attach_instrumented

@@ -60,7 +60,7 @@ class FaultInjector:
             return None
         return cls(plan, rank=rank, data_timeout_s=data_timeout_s)
 
-    def _take(self, update: int, phase: FailurePhase) -> Fault | None:
+    def _take(self, update: int, phase: FailurePhase | str) -> Fault | None:
         if (update, phase) in self._fired or update <= self.fired_through:
             return None
         fault = self.plan.at(update, phase, self.rank)
@@ -88,6 +88,13 @@ class FaultInjector:
             log.info("injecting %s", fault, extra={"fault": str(fault)})
             kill_self()
         if fault is not None and fault.kind is FaultKind.STALL:
+            perform(fault, data_timeout_s=self.data_timeout_s)
+
+    def on_recovery_step(self, update: int, step: str) -> None:
+        """The recovery that update `update`'s failure started enters `step` (guard, agree, ...):
+        a kill or stall planned there strikes now, a rank lost in the middle of the protocol."""
+        fault = self._take(update, step)
+        if fault is not None:
             perform(fault, data_timeout_s=self.data_timeout_s)
 
     def probe_order(self, labels: list[str]) -> list[str]:

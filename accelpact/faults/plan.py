@@ -2,7 +2,8 @@
 
 Parsing and validation are pure; `inject.py` performs the faults. The textual form is what
 `ACCELPACT_FAULTS` carries, so that any trainer can be drilled unchanged:
-``skip@5:committed:2,late@9:backward:0,kill@12:forward:3``.
+``skip@5:committed:2,late@9:backward:0,kill@12:forward:3``; a kill or stall can also strike
+inside a recovery (``kill@5:agree:2``, `RECOVERY_STEPS`).
 """
 
 from __future__ import annotations
@@ -23,10 +24,16 @@ class FaultKind(StrEnum):
     STALL = "stall"
 
 
+#: Steps of a recovery a `kill` or `stall` can strike in (`kill@5:agree:2`: rank 2 dies when the
+#: recovery that update 5's failure started reaches agreement): the effect phases of
+#: `accelpact.fsm.effects`, in protocol order.
+RECOVERY_STEPS = ("guard", "agree", "restore", "replace", "rebind", "validate", "release")
+
+
 @dataclass(frozen=True, order=True)
 class Fault:
     update: int  # 1-based index of the optimizer update in this process's run
-    phase: FailurePhase
+    phase: FailurePhase | str  # a failure phase, or one of RECOVERY_STEPS
     rank: int
     kind: FaultKind
     group: str = "replicate"  # which data-plane group a skip/late at the boundary targets
@@ -45,9 +52,9 @@ class FaultPlan:
     def __str__(self) -> str:
         return ",".join(map(str, self.faults))
 
-    def at(self, update: int, phase: FailurePhase, rank: int) -> Fault | None:
+    def at(self, update: int, phase: FailurePhase | str, rank: int) -> Fault | None:
         for f in self.faults:
-            if f.update == update and f.phase is phase and f.rank == rank:
+            if f.update == update and f.phase == phase and f.rank == rank:
                 return f
         return None
 
@@ -97,8 +104,13 @@ def _parse_one(item: str) -> Fault:
         raise ConfigError(f"fault {item!r}: update and rank must be integers; expected {form}") from None
     if update < 1:
         raise ConfigError(f"fault {item!r}: update must be >= 1 (updates are counted from 1)")
+    step = phase_text.strip().lower()
+    if step in RECOVERY_STEPS:
+        if kind not in (FaultKind.KILL, FaultKind.STALL):
+            raise ConfigError(f"fault {item!r}: only kill or stall can strike inside a recovery (step {step!r})")
+        return Fault(update, step, rank, kind)
     try:
         phase = FailurePhase.parse(phase_text)
     except ValueError as exc:
-        raise ConfigError(f"fault {item!r}: {exc}") from None
+        raise ConfigError(f"fault {item!r}: {exc}; or a recovery step: {', '.join(RECOVERY_STEPS)}") from None
     return Fault(update, phase, rank, kind)

@@ -6,7 +6,7 @@ owns that handler; none of them decides anything."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -46,6 +46,24 @@ class RecoveryExecutor(Executor):
         self.rebound: dict[str, int] = {}  # references rebound per site kind
         self.discarded: dict = {}  # what the discard of an interrupted update found
         self.reports: list[dict] = []  # what every rank reported to agreement (the evidence)
+        self.update = 0  # the update whose failure started this recovery (listeners are told)
+        self.listeners: Sequence[Any] = ()
+
+    @classmethod
+    def for_runtime(cls, rt: Any, epoch: str) -> RecoveryExecutor:
+        """The executor of one recovery of `rt` (a Runtime)."""
+        executor = cls(rank=rt.rank, epoch=epoch, model=rt.model, optimizer=rt.optimizer, data_state=rt.data_state,
+                       plane=rt.data_plane, control=rt.control, rewind=rt.rewind, rebind=rt.config.rebind,
+                       on_step_undone=rt._step_undone)
+        executor.update, executor.listeners = rt.update_index, tuple(rt.listeners)
+        return executor
+
+    def before_effect(self, phase: str) -> None:
+        """Every listener that wants to know (a fault drill) hears which step the recovery enters."""
+        for listener in self.listeners:
+            hook = getattr(listener, "on_recovery_step", None)
+            if hook is not None:
+                hook(self.update, phase)
 
     def quiesce(self, effect: Quiesce) -> GuardVerdict:
         verdict, self.discarded = guard.guard(self.model, self.optimizer, effect, self.plane)

@@ -26,6 +26,9 @@ log = logging.getLogger("accelpact.runtime")
 
 @runtime_checkable
 class UpdateListener(Protocol):
+    """Hears where an update stands. Optional, looked up by name: `on_recovery_step(update, step)`,
+    called as a recovery enters each step (guard, agree, ...; `RecoveryExecutor.before_effect`)."""
+
     def on_phase(self, update: int, phase: FailurePhase) -> None:
         """Update `update` (1-based) entered `phase`; COMMITTED: its boundary check begins."""
 

@@ -27,11 +27,14 @@ def drive(machine: RecoveryMachine, obs: Observation, executor: Executor) -> Dri
     timings: dict[str, float] = {}
     gen = run_recovery(machine, obs)
     result: object = None
+    before = getattr(executor, "before_effect", None)  # listeners hear each step (fault drills)
     while True:
         try:
             effect = gen.send(result)
         except StopIteration as stop:
             return Driven(stop.value, timings, time.perf_counter() - t0)
+        if before is not None:
+            before(effect.phase)
         t = time.perf_counter()
         result = perform(executor, effect)
         timings[effect.phase] = timings.get(effect.phase, 0.0) + time.perf_counter() - t

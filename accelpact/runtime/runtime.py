@@ -241,10 +241,7 @@ class Runtime:
         self.trace.write({"kind": "observe", "seq": self.control.seq, "update": self.update_index,
                           "phase_failed": str(phase), "saw": saw, "cause": cause,
                           "failed_groups": [g.key for g in failed]})
-        executor = RecoveryExecutor(rank=self.rank, epoch=f"r{self._recoveries}", model=self.model,
-                                    optimizer=self.optimizer, data_state=self.data_state, plane=self.data_plane,
-                                    control=self.control, rewind=self.rewind, rebind=self.config.rebind,
-                                    on_step_undone=self._step_undone)
+        executor = RecoveryExecutor.for_runtime(self, f"r{self._recoveries}")
         driven = drive(self.machine, obs, executor)
         outcome = driven.outcome
         record = RecoveryRecord.of(self._recoveries, self.update_index, obs, detect_s, driven, executor)
