@@ -112,6 +112,10 @@ class Config:
     #: every thread are taken (at most once per phase), so a timeout's evidence shows where the
     #: rank hung, not the recovery code it runs afterwards. 0 turns the watch off.
     hang_watch_fraction: float = 0.5
+    #: Replica digest agreement (silent data corruption): every K commits the holders of each shard
+    #: compare SHA-256 digests of their parameters and optimizer state; a minority is repaired from
+    #: the majority, two holders that differ fail-stop (`accelpact.integrity`). 0 (the default): off.
+    digest_every: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -160,6 +164,10 @@ class Config:
                               f"before the timeout ends the hang; 0: off), got {self.hang_watch_fraction!r}")
         if not (isinstance(self.straggler_window, int) and self.straggler_window >= 1):
             raise ConfigError(f"straggler_window must be an integer >= 1 (boundaries), got {self.straggler_window!r}")
+        if not (isinstance(self.digest_every, int) and not isinstance(self.digest_every, bool)
+                and self.digest_every >= 0):
+            raise ConfigError(f"digest_every must be an integer >= 0 (commits between replica digest checks; "
+                              f"0: off), got {self.digest_every!r}")
         return self
 
     @property

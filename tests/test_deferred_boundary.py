@@ -21,7 +21,7 @@ from model_checking.trace_validation import assert_valid_run
 
 QUALIFIED = frozenset({FailurePhase.FORWARD, FailurePhase.BACKWARD})
 ELIGIBLE = DeferralFacts(mode="deferred", in_step=True, rewind_phases=QUALIFIED, step_copy=False,
-                         checkpoint_due=False)
+                         checkpoint_due=False, digest_due=False)
 
 
 def facts(**kw) -> DeferralFacts:
@@ -33,6 +33,7 @@ def test_a_boundary_is_deferred_only_when_every_condition_holds():
     assert "sync" in why_synchronous(facts(mode="sync"))
     assert "rt.update()" in why_synchronous(facts(in_step=False))
     assert "checkpoint" in why_synchronous(facts(checkpoint_due=True))
+    assert "digest" in why_synchronous(facts(digest_due=True))  # its collectives and Reject stay out of step()
     assert "step_copy" in why_synchronous(facts(step_copy=True))
     why = why_synchronous(facts(rewind_phases=frozenset({FailurePhase.FORWARD})))
     assert "backward" in why and "forward" not in why.split("Rewind in")[1].split(":")[0]

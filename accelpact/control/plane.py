@@ -195,20 +195,27 @@ class ControlPlane:
     def gather_floats(self, values: Sequence[float]) -> list[tuple[float, ...]]:
         """Every rank's `values`, in rank order. Every rank must pass as many values; a mismatch
         is found first (one MAX all-reduce) and raised on every rank alike, never a hang."""
+        return self._gather_equal(values, torch.float64)
+
+    def gather_ints(self, values: Sequence[int]) -> list[tuple[int, ...]]:
+        """`gather_floats` for int64 words (digests: exact bits, no float round trip)."""
+        return self._gather_equal(values, torch.int64)
+
+    def _gather_equal(self, values: Sequence, dtype: torch.dtype) -> list[tuple]:
         n = len(values)
         sizes = torch.tensor([n, -n], dtype=torch.int64)
         try:
             dist.all_reduce(sizes, op=dist.ReduceOp.MAX, group=self.group)
             if (int(sizes[0]), -int(sizes[1])) != (n, n):
                 raise ControlPlaneError(f"ranks gathered between {-int(sizes[1])} and {int(sizes[0])} values, "
-                                        f"this rank {n}: every rank must measure the same groups")
-            mine = torch.tensor(list(values), dtype=torch.float64)
+                                        f"this rank {n}: every rank must pass as many (the same groups, the same tensors)")
+            mine = torch.tensor(list(values), dtype=dtype)
             out = [torch.empty_like(mine) for _ in range(self.world_size)]
             dist.all_gather(out, mine, group=self.group)
         except ControlPlaneError:
             raise
         except Exception as exc:
-            raise ControlPlaneError(f"gathering measurements failed: {type(exc).__name__}: {exc}") from exc
+            raise ControlPlaneError(f"gathering {dtype} values failed: {type(exc).__name__}: {exc}") from exc
         return [tuple(t.tolist()) for t in out]
 
     def set_timeout(self, timeout_s: float) -> None:

@@ -18,7 +18,10 @@ probe collective meet a peer's training collective), decided here from facts alo
   throw-away uses the same discard the envelope qualified;
 - no pre-step copy (``step_copy``, and spares, which force it): with one, agreement could
   decide to rewind the deferred update itself, which the rank has already left;
-- no checkpoint due at this frontier: the save needs the commit first.
+- no checkpoint due at this frontier: the save needs the commit first;
+- no replica digest check due at this frontier (`Config.digest_every`): the check runs after the
+  commit, with collectives and a possible Reject, which must not land inside the user's
+  optimizer.step() where a deferred boundary commits.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ class DeferralFacts:
     rewind_phases: Collection[FailurePhase]  # the envelope's qualified Rewind phases
     step_copy: bool  # Config.step_copy (spares force it)
     checkpoint_due: bool  # a checkpoint is saved at the frontier this boundary commits
+    digest_due: bool  # the replicas compare digests at the frontier this boundary commits
 
 
 def why_synchronous(facts: DeferralFacts) -> str | None:
@@ -51,6 +55,8 @@ def why_synchronous(facts: DeferralFacts) -> str | None:
         return "the update ran in `with rt.update()`, which cannot be thrown away and run again"
     if facts.checkpoint_due:
         return "a checkpoint is due at this frontier"
+    if facts.digest_due:
+        return "a replica digest check is due at this frontier"
     return None
 
 

@@ -70,7 +70,18 @@ def pack(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
 
 
 def digest(buf: torch.Tensor) -> str:
-    return hashlib.sha256(buf.numpy().tobytes()).hexdigest()
+    return hashlib.sha256(buf.numpy()).hexdigest()  # hashes the buffer in place, no copy
+
+
+def tensor_words(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list[str], list[int]]:
+    """Every moved tensor's name and the first 64 bits of its SHA-256 (a signed int64): enough to
+    name the tensors in which two copies differ (`accelpact.integrity`)."""
+    names, words = [], []
+    for name, t in _entries(model, optimizer):
+        raw = t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
+        names.append(name)
+        words.append(int.from_bytes(hashlib.sha256(raw).digest()[:8], "little", signed=True))
+    return names, words
 
 
 def materialise(model: nn.Module, optimizer: torch.optim.Optimizer, layout: dict) -> None:
@@ -145,6 +156,15 @@ def send(buf: torch.Tensor, *, to: int, group: dist.ProcessGroup) -> float:
     return time.perf_counter() - t
 
 
+def recv(source: int, *, group: dist.ProcessGroup) -> torch.Tensor:
+    """What `send` sent from `source`: the size, then the packed bytes."""
+    size = torch.zeros(1, dtype=torch.int64)
+    dist.recv(size, src=source, group=group)
+    buf = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.recv(buf, src=source, group=group)
+    return buf
+
+
 def receive(store: dist.Store, world: int, lost: int, source: int, holders: tuple[int, ...], *,
             model: nn.Module, optimizer: torch.optim.Optimizer, group: dist.ProcessGroup,
             timeout_s: float) -> TransferReport:
@@ -157,10 +177,7 @@ def receive(store: dist.Store, world: int, lost: int, source: int, holders: tupl
     layout = posted[source]["layout"]
     materialise(model, optimizer, layout)
     t = time.perf_counter()
-    size = torch.zeros(1, dtype=torch.int64)
-    dist.recv(size, src=source, group=group)
-    buf = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(buf, src=source, group=group)
+    buf = recv(source, group=group)
     report.transport_s = time.perf_counter() - t
     t = time.perf_counter()
     got = digest(buf)

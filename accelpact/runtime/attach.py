@@ -32,6 +32,7 @@ from ..trace import TraceWriter
 from .calibrate import adopt_timeouts, provisional, publish_timeouts, settle_timeouts
 from .data_plane import DataPlane
 from .detect import detect_platform, detect_profile
+from .digests import ReplicaDigests
 from .fail_stop import fail_stop
 from .rewind import RewindState, schedulers_of
 from .runtime import ATTACHED, Runtime
@@ -244,6 +245,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
                  world_size=world_size, attempt=attempt, profile=profile, platform=platform, envelope=facts,
                  envelope_source=source, data_plane=plane, control=control, trace=trace, rewind=rewind)
     rt.timeouts = timeouts
+    rt.digests = ReplicaDigests(config.digest_every) if config.digest_every else None
     _membership_workers(rt, plane, control, config)
     trace.write({
         "kind": "config", "world_size": world_size, "profile": profile, "platform": platform,
@@ -252,6 +254,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
         "groups": {label: gid.key for label, gid in plane.gids.items()}, "envelope": source,
         "rewind_phases": [str(p) for p in facts.rewind_phases], "preserve": facts.preserve,
         "step_copy": config.step_copy, "ddp_buckets_not_isolated": rewind.unisolated_ddp,
+        "digest_every": config.digest_every,
         "rewind_restores": [type(obj).__name__ for obj in stateful],
     })
     for observer in observers_for(rt):  # incident log, torchelastic events; spans and metrics if asked

@@ -59,11 +59,12 @@ class DeferralCounts:
 def defer(rt, arrived: float) -> bool:
     """At a clean committed boundary: post the check without waiting when the rule allows it.
     True: posted (nothing is committed until `settle`)."""
-    checkpoint = rt.checkpointer
+    checkpoint, digests = rt.checkpointer, rt.digests
     facts = DeferralFacts(mode=rt.config.boundary, in_step=rt.rewind.in_step,
                           rewind_phases=rt.envelope.rewind_phases, step_copy=rt.config.step_copy,
                           checkpoint_due=bool(checkpoint is not None and checkpoint.every
-                                              and (rt.frontier + 1) % checkpoint.every == 0))
+                                              and (rt.frontier + 1) % checkpoint.every == 0),
+                          digest_due=digests is not None and digests.due(rt.frontier + 1))
     if why_synchronous(facts) is not None:
         return False
     try:

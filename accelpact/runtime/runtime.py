@@ -28,6 +28,7 @@ from ..fsm.machine import RecoveryContext, RecoveryMachine
 from ..fsm.phases import FailurePhase, RecoveryAction
 from ..rebind import NotReadyError
 from ..trace import TraceWriter
+from .after_commit import after_commit
 from .data_plane import DataPlane
 from .ddp_buckets import release_buckets as release_ddp_buckets
 from .deferred import DeferralCounts, defer, settle_before_step
@@ -71,7 +72,7 @@ class Runtime:
         self.opt_step = 0  # tau: optimizer steps applied
         self.update_index = 0  # 1-based index of the update in progress (this process)
         self.history: list[RecoveryRecord] = []
-        self.checkpointer = None  # set by attach when Config.checkpoint_dir is given
+        self.checkpointer = self.digests = None  # set by attach: Config.checkpoint_dir, Config.digest_every
         self.listeners: list[UpdateListener] = []
         self.observers = Observers()  # exporters of commits, recoveries, rejects (accelpact.observe)
         self.stragglers = StragglerWatch(control, config, rank=rank, world_size=world_size)  # .report(): p50/p90
@@ -230,12 +231,7 @@ class Runtime:
         self.frontier += 1
         self.machine.fire("commit_update")
         self.observers.commit(self.frontier, self.generation)
-        if self.checkpointer is not None:
-            try:
-                self.checkpointer.after_commit(self)
-            except Exception as exc:  # every rank gets the same agreed save error: fail-stop
-                self._reject_without_protocol(f"checkpoint save at F={self.frontier} failed: "
-                                              f"{type(exc).__name__}: {exc}", exc)
+        after_commit(self)  # replica digests (every Config.digest_every), then the checkpoint: may reject
 
     # ---------------------------------------------------------------- recovery ----------------
     def _recover(self, error, phase, saw, failed, cause, detect_s, bug: BaseException | None) -> None:

@@ -20,6 +20,7 @@ from ..config import Config
 from ..errors import RecoveryRejected
 from ..runtime.ddp_buckets import is_isolated
 from ..workloads import build_hsdp_job, seed_everything, stochastic_update
+from .bitflip import BitFlip
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,10 @@ class Drill:
     ddp_user_comm_hook: bool = False
     #: step a warm-up LR scheduler inside every update (attach finds it through the optimizer)
     scheduler: bool = False
+    #: Config.digest_every; and test-only corruption: (update, rank) whose exp_avg gets one bit
+    #: flipped at that update's committed boundary (`testing.bitflip`)
+    digest_every: int = 0
+    flip_bit: tuple[int, int] | None = None
 
 
 _seed = seed_everything
@@ -114,10 +119,13 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
         envelope=drill.envelope,
         step_copy=drill.step_copy,
         max_rewinds_per_update=drill.max_rewinds,
+        digest_every=drill.digest_every,
     )
     if drill.ddp_user_comm_hook:
         model.register_comm_hook(weakref.ref(model), _users_allreduce_hook)
     rt = accelpact.attach(model, optimizer, data_state=data, config=config, faults=faults)
+    if drill.flip_bit is not None and drill.flip_bit[1] == dist.get_rank() and generation == 0:  # first attempt
+        rt.add_listener(BitFlip(optimizer, update=drill.flip_bit[0], rank=drill.flip_bit[1]))
     rejected = None
     restored_step = rt.checkpointer.restored.step if rt.checkpointer and rt.checkpointer.restored else None
     rt.update_seconds = []  # wall time of each call, recovery included (bench/repair.py)
@@ -162,6 +170,7 @@ def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
         edges=list(rt.machine.taken),
         deferral={"deferred": rt.deferral.deferred, "joined": rt.deferral.joined},
         update_seconds=list(getattr(rt, "update_seconds", [])),
+        digests=[c.to_dict() for c in rt.digests.checks] if rt.digests is not None else [],
         references=rt.prepare() if out["rejected"] is None else {},
     )
     if out["rejected"] is not None:

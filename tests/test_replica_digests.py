@@ -1,0 +1,129 @@
+"""Replica digest agreement (silent data corruption): the pure decision, the config, and spawned
+worlds where one bit of one replica's Adam exp_avg is flipped at a chosen update -- with two
+holders per shard (HSDP 2x2) every rank fails stop naming the ranks and the tensor; with three
+holders (DDP on 3 ranks) the corrupt rank is repaired in memory and the run ends bitwise equal
+to an uninterrupted one, also with deferred boundaries (a digest-due boundary is synchronous)."""
+
+from __future__ import annotations
+
+import pytest
+
+from accelpact.config import Config
+from accelpact.errors import ConfigError
+from accelpact.integrity import HolderDigest, decide_agreement
+from accelpact.testing.drills import Drill, run_drill
+from accelpact.testing.spawn import run_world
+from model_checking.trace_validation import assert_valid_run
+
+NAMES = ("param:w", "optim:0:exp_avg", "optim:0:step")
+
+
+def reports(holders_of: dict[int, tuple[int, ...]], digests: dict[int, str]) -> list[HolderDigest]:
+    return [HolderDigest(r, holders_of[r], digests[r]) for r in sorted(digests)]
+
+
+def hsdp(digests: dict[int, str]) -> list[HolderDigest]:  # 2x2: replicate groups {0,2}, {1,3}
+    return reports({0: (0, 2), 2: (0, 2), 1: (1, 3), 3: (1, 3)}, digests)
+
+
+def ddp(digests: dict[int, str]) -> list[HolderDigest]:
+    group = tuple(sorted(digests))
+    return reports(dict.fromkeys(digests, group), digests)
+
+
+# ---------------------------------------------------------------- the pure decision ------------
+def test_equal_replicas_agree_and_a_single_holder_has_nothing_to_compare():
+    assert decide_agreement(hsdp({0: "a", 2: "a", 1: "b", 3: "b"})).outcome == "agree"
+    assert decide_agreement(reports({0: (0,), 1: (1,)}, {0: "x", 1: "y"})).outcome == "agree"  # fully sharded
+
+
+def test_the_minority_of_three_or_more_holders_is_repaired_from_the_majority():
+    v = decide_agreement(ddp({0: "a", 1: "bad", 2: "a"}), names=NAMES,
+                         words={0: [1, 2, 3], 1: [1, 9, 3], 2: [1, 2, 3]})
+    assert v.outcome == "repair"
+    (shard,) = v.shards
+    assert shard.majority == (0, 2) and shard.source == {1: 0} and shard.agreed_digest == "a"
+    assert shard.tensors == {1: ("optim:0:exp_avg",)}
+    assert "rank(s) [1]" in v.reasons[0] and "optim:0:exp_avg" in v.reasons[0]
+    # two corrupt ranks of five: each gets its own source, round-robin over the majority
+    v = decide_agreement(ddp({0: "a", 1: "x", 2: "a", 3: "y", 4: "a"}))
+    assert v.outcome == "repair" and v.shards[0].source == {1: 0, 3: 2}
+
+
+def test_two_holders_that_differ_reject_naming_the_ranks_and_the_tensors():
+    v = decide_agreement(hsdp({0: "a", 2: "flipped", 1: "b", 3: "b"}), names=NAMES,
+                         words={0: [1, 2, 3], 2: [1, 7, 3], 1: [4, 5, 6], 3: [4, 5, 6]})
+    assert v.outcome == "reject"
+    assert v.reasons == ("shard replicate[0,2]: replicas differ, ranks [0, 2] hold 2 different digests; "
+                         "differing tensors: rank 2 vs rank 0: optim:0:exp_avg; two holders cannot tell which "
+                         "copy is corrupt",)
+    assert [s.outcome for s in v.shards] == ["reject", "agree"]
+
+
+def test_without_a_strict_majority_even_many_holders_reject():
+    assert decide_agreement(ddp({0: "a", 1: "a", 2: "b", 3: "b"})).outcome == "reject"  # a tie
+    v = decide_agreement(ddp({0: "a", 1: "b", 2: "c"}))
+    assert v.outcome == "reject" and "no strict majority" in v.reasons[0]
+
+
+def test_several_shards_are_decided_each_and_a_reject_anywhere_wins():
+    holders = {0: (0, 2, 4), 2: (0, 2, 4), 4: (0, 2, 4), 1: (1, 3), 3: (1, 3)}
+    repair_only = decide_agreement(reports(holders, {0: "a", 2: "a", 4: "z", 1: "b", 3: "b"}))
+    assert repair_only.outcome == "repair" and [s.outcome for s in repair_only.shards] == ["repair", "agree"]
+    both = decide_agreement(reports(holders, {0: "a", 2: "a", 4: "z", 1: "b", 3: "c"}))
+    assert both.outcome == "reject" and len(both.reasons) == 1 and "replicate[1,3]" in both.reasons[0]
+
+
+def test_reports_that_do_not_fit_reject_rather_than_guess():
+    v = decide_agreement(reports({0: (0, 2), 2: (1, 2), 1: (1,)}, {0: "a", 2: "a", 1: "a"}))
+    assert v.outcome == "reject" and any("different replicate groups" in r for r in v.reasons)
+    v = decide_agreement(reports({0: (0, 2)}, {0: "a"}))
+    assert v.outcome == "reject" and v.reasons == ("rank 0's replica peer 2 sent no digest",)
+
+
+def test_digest_every_is_off_by_default_comes_from_the_environment_and_refuses_bad_values():
+    assert Config().digest_every == 0
+    assert Config().with_env({"ACCELPACT_DIGEST_EVERY": "10"}).digest_every == 10
+    with pytest.raises(ConfigError, match="digest_every must be an integer >= 0.*got -1"):
+        Config(digest_every=-1)
+    with pytest.raises(ConfigError, match="digest_every"):
+        Config().with_env({"ACCELPACT_DIGEST_EVERY": "-3"})
+
+
+# ---------------------------------------------------------------- spawned worlds ----------------
+@pytest.mark.multiproc
+@pytest.mark.timeout(200)
+def test_two_holders_that_differ_fail_stop_naming_the_ranks_and_the_tensor(tmp_path):
+    drill = Drill(framework="fsdp2", updates=4, digest_every=1, flip_bit=(2, 2), reference=False,
+                  data_timeout_s=1.5, control_timeout_s=8.0, trace_dir=str(tmp_path / "trace"))
+    results = run_world(run_drill, 4, drill, timeout_s=180, pg_timeout_s=30)
+    for r in results:
+        assert r["rejected"] is not None, r
+        (why,) = r["rejected"]
+        assert why.startswith("replica digest check at F=2: shard replicate[0,2]: replicas differ, ranks [0, 2]"), why
+        assert "rank 2 vs rank 0:" in why and "exp_avg" in why and "two holders cannot tell" in why
+        assert r["frontier"] == 2 and r["history"][-1]["action"] == "reject"
+        assert [c["outcome"] for c in r["digests"]] == ["agree", "reject"]  # F=1 agreed, F=2 did not
+        assert r["evidence"]  # the fail-stop left its evidence
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("boundary", ["sync", "deferred"])
+def test_a_corrupt_replica_among_three_is_repaired_in_memory_bitwise(tmp_path, boundary):
+    drill = Drill(framework="ddp", local=1, layers=1, updates=5, digest_every=2, flip_bit=(4, 1),
+                  boundary=boundary, rewind=boundary == "deferred", envelope="permissive",
+                  data_timeout_s=1.5, control_timeout_s=8.0, trace_dir=str(tmp_path / "trace"))
+    results = run_world(run_drill, 3, drill, timeout_s=200, pg_timeout_s=30)
+    for r in results:
+        assert r["rejected"] is None, r["rejected"]
+        assert r["frontier"] == r["opt_step"] == 5 and r["history"] == []
+        assert r["mismatches"] == [], f"rank {r['rank']}: {r['mismatches']}"
+        outcomes = [(c["frontier"], c["outcome"]) for c in r["digests"]]
+        assert outcomes == [(2, "agree"), (4, "repair")], outcomes
+        (shard,) = r["digests"][1]["verdict"]["shards"]
+        assert shard["source"] == {"1": 0} and shard["tensors"] == {"1": ["optim:0:exp_avg"]}
+        assert r["digests"][1]["repaired_bytes"] > 0 if r["rank"] in (0, 1) else True
+        if boundary == "deferred":  # every boundary but the digest-due ones (F=2, 4) was deferred
+            assert r["deferral"]["deferred"] == 3, r["deferral"]
+    assert_valid_run(tmp_path / "trace")
