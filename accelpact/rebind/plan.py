@@ -28,7 +28,7 @@ __all__ = ["DeepCheck", "ProofResult", "RebindPlan", "RebindResult"]
 class RebindResult:
     """What one ``rebind`` did. ``references``: sites holding the group object (including DDP's
     reducer and mesh registries); ``names``: name-table sites; ``total`` = both. ``elapsed_us``
-    covers the writes and the after-rebind ``actions`` (DTensor cache drop), ``actions_us`` the
+    covers the writes and the after-rebind ``actions`` (DTensor's caches kept or dropped), ``actions_us`` the
     latter alone: it grows with what DTensor cached since the last rebind (≈0.5 ms after a few
     FSDP2 steps), the writes do not."""
 
@@ -77,7 +77,7 @@ class RebindPlan:
         roots: Sequence[tuple[str, Any]] = (),
         discover_us: float = 0.0,
         visited: int = 0,
-        after_rebind: Mapping[str, Callable[[], None]] | None = None,
+        after_rebind: Mapping[str, Callable[[str], None]] | None = None,
     ) -> None:
         self._group = group
         self._name: str = group.group_name
@@ -88,7 +88,7 @@ class RebindPlan:
         self.roots: tuple[tuple[str, Any], ...] = tuple(roots)
         self.discover_us = discover_us
         self.visited = visited
-        self.after_rebind: dict[str, Callable[[], None]] = dict(after_rebind or {})
+        self.after_rebind: dict[str, Callable[[str], None]] = dict(after_rebind or {})
         self._actions = tuple(self.after_rebind.values())
         self.counts: dict[str, int] = dict(collections.Counter(site.kind for site in self.sites))
         self.names = sum(1 for site in self.sites if site.holds_name)
@@ -172,7 +172,7 @@ class RebindPlan:
                 holder[key] = new_name
         writes_done = time.perf_counter_ns()
         for action in self._actions:
-            action()
+            action(old_name)
         end = time.perf_counter_ns()
         elapsed_us, actions_us = (end - start) / 1e3, (end - writes_done) / 1e3
         if new_group is not old:

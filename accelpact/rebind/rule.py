@@ -30,7 +30,7 @@ class RuleContext:
         self.sites: list[Site] = list(walk_result.sites)
         self._by_holder_key = {(id(site.holder), _hashable(site.key)): site for site in self.sites}
         self._claimed_opaque: set[int] = set()
-        self.after_rebind: dict[str, Callable[[], None]] = {}
+        self.after_rebind: dict[str, Callable[[str], None]] = {}
 
     def watched(self, key: str) -> list[tuple[Any, str]]:
         return self.walk.watched.get(key, [])
@@ -51,8 +51,9 @@ class RuleContext:
         self.sites.append(site)
         self._by_holder_key[(id(site.holder), _hashable(site.key))] = site
 
-    def add_action(self, name: str, action: Callable[[], None]) -> None:
-        """Something to do after every rebind of this plan (e.g. drop a cache of stale objects)."""
+    def add_action(self, name: str, action: Callable[[str], None]) -> None:
+        """Something to do after every rebind of this plan, given the replaced group's name (e.g.
+        drop a cache that may hold stale objects)."""
         self.after_rebind[name] = action
 
     def claim_opaque(self, obj: Any) -> None:
