@@ -41,7 +41,7 @@ PROPERTY_TEXT = {
     "ZeroReplay": "Preserve resumes at the committed frontier held at failure, Rewind at the committed F",
     "NoReapply": "a rewound rank's real tau is F until the re-run commits (no update twice)",
     "FailedGroupsRebuilt": "a rank resumed by Preserve holds the new generation in every failed group it belongs to",
-    "RecoveryEnds": "every recovery ends: each rank resumes, rejects or has stopped "
+    "RecoveryEnds": "every recovery ends: each rank trains again, rejects or has stopped "
     "(weak fairness of protocol steps)",
     "ResumePossible": "with no crash and no spurious timeout some recovery resumes (witness NoResumeEver)",
 }

@@ -68,7 +68,7 @@ Mutants == {"none", "release_before_validation", "skip_rebind", "local_frontier"
             "unilateral_release", "no_timeout", "preserve_uncommitted", "blind_outcome",
             "rewind_after_step", "rewind_keeps_step", "same_generation",
             "release_keeps_generation", "rewind_stand_by", "local_reject", "proof_by_epoch",
-            "one_failed_group"}
+            "one_failed_group", "resume_barrier"}
 
 (* Phase names: exactly the values of accelpact.fsm.phases.Phase. *)
 Phases == {"Train", "Observe", "Guard", "Agree", "Replace", "Rebind", "Validate", "Resume", "Reject"}
@@ -428,6 +428,8 @@ abort(r) ==
 
 resume_training(r) ==
     /\ Allowed(r, "resume_training", Ok)
+    \* mutant: a resume barrier that waits for every rank, a crashed one included
+    /\ Mutant = "resume_barrier" => \A q \in Ranks : phase[q] \in {"Resume", "Train"}
     /\ Step(r, "resume_training")
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome, retired,
                    crashed, phi, fr, resumedAt, tau, copy, cut, cpDown>>
@@ -665,12 +667,13 @@ FailedGroupsRebuilt ==
     \A r \in Ranks : Resumed(r) /\ resumedAt[r].kind = "preserve" =>
         \A G \in fr \cap GroupsOf(r) : \A s \in Slots : refs[r][G][s] = resumedAt[r].g
 
-(* Every recovery ends: each rank resumes, rejects or has stopped.  Excludes a hang
-   (no_timeout). *)
+(* Every recovery ends: each rank trains again, rejects or has stopped.  Excludes a hang
+   (no_timeout), also one after the release: a rank released but held before training, by a
+   resume barrier that waits for a peer which crashed after the outcome (resume_barrier). *)
 Settled ==
     \A r \in Ranks : \/ r \in crashed
                      \/ phase[r] = "Reject"
-                     \/ outcome = "resume" /\ phase[r] \in {"Resume", "Train"}
+                     \/ outcome = "resume" /\ phase[r] = "Train"
 RecoveryEnds == (phi # "none") ~> Settled
 
 -----------------------------------------------------------------------------

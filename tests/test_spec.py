@@ -55,6 +55,7 @@ MUTANTS = {
     "local_reject": "OutcomeAgreement",  # a rank cut off from the store (MaxCuts)
     "proof_by_epoch": "NoStaleReference",  # a second fault on another group (R per fault)
     "one_failed_group": "FailedGroupsRebuilt",  # a second group failing before agreement (LateFault)
+    "resume_barrier": "RecoveryEnds",  # a crash after the outcome: survivors released, never training
 }
 
 #: Each witness and the interesting state it must reach (the invariant TLC must violate).
