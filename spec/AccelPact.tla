@@ -68,7 +68,7 @@ Mutants == {"none", "release_before_validation", "skip_rebind", "local_frontier"
             "unilateral_release", "no_timeout", "preserve_uncommitted", "blind_outcome",
             "rewind_after_step", "rewind_keeps_step", "same_generation",
             "release_keeps_generation", "rewind_stand_by", "local_reject", "proof_by_epoch",
-            "one_failed_group", "resume_barrier"}
+            "one_failed_group", "resume_barrier", "control_failure_resumes"}
 
 (* Phase names: exactly the values of accelpact.fsm.phases.Phase. *)
 Phases == {"Train", "Observe", "Guard", "Agree", "Replace", "Rebind", "Validate", "Resume", "Reject"}
@@ -434,12 +434,26 @@ resume_training(r) ==
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome, retired,
                    crashed, phi, fr, resumedAt, tau, copy, cut, cpDown>>
 
+(* Mutant control_failure_resumes: a rank that reported and waits for the decision, whose
+   control-plane collective failed (the group is down), reads the decision that never comes as
+   "nothing to do" and goes back to training at the F it reported.  Only a control-plane
+   failure exposes it. *)
+ControlFailureResumes(r) ==
+    /\ Mutant = "control_failure_resumes" /\ cpDown /\ r \notin crashed
+    /\ phase[r] = "Agree" /\ reports[r].phi # "none" /\ decision.kind = "none"
+    /\ phase' = [phase EXCEPT ![r] = "Train"]
+    /\ resumedAt' = [resumedAt EXCEPT ![r] = [f |-> reports[r].f, g |-> gen[r], kind |-> "preserve"]]
+    /\ edge' = <<"resume_training", phase[r], "Train">>
+    /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome, retired,
+                   crashed, phi, fr, tau, copy, cut, cpDown>>
+
 (* Every protocol step of rank r (training progress, commit_update, is not required). *)
 RankStep(r) ==
     \/ observe_failure(r) \/ join_recovery(r) \/ enter_guard(r) \/ submit_report(r)
     \/ decide_preserve(r) \/ decide_rewind(r) \/ stand_by(r) \/ decide_reject(r)
     \/ replace_comm(r) \/ replace_failed(r) \/ rebind_refs(r) \/ rebind_failed(r)
     \/ release(r) \/ rewind(r) \/ release_reject(r) \/ abort(r) \/ resume_training(r)
+    \/ ControlFailureResumes(r)
 
 -----------------------------------------------------------------------------
 (* Control plane: rank 0 publishes into the store; not rank edges. *)

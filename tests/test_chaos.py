@@ -119,6 +119,27 @@ def _edge(rank, t, update, action="commit_update"):
     return {"kind": "edge", "rank": rank, "t": t, "update": update, "action": action}
 
 
+@pytest.mark.parametrize(("action", "failed", "flagged"), [
+    ("rewind", ["replicate[0,2]", "replicate[1,3]", "shard[0,1]", "shard[2,3]"], False),  # every group, by design
+    ("preserve", ["shard[0,1]"], True),  # a cut between nodes cannot break a group inside node 0
+])
+def test_only_a_preserve_that_repairs_a_same_node_group_is_a_misdiagnosis(action, failed, flagged):
+    """A Rewind rebuilds every group, so its repair set names the same-node groups too: that made
+    `make chaos` fail on every cut it rewound in memory."""
+    nemesis = [{"kind": "schedule", "cuts": [{"method": "port-block", "length_s": 2.5, "update": 5, "aligned": True}]},
+               {"kind": "cut", "index": 0, "t_start": 100.0, "t": 100.01}, {"kind": "restore", "index": 0, "t": 102.5}]
+    traces = {r: [{"kind": "attach", "attempt": 0, "t": 1.0, "rank": r},
+                  {"kind": "recovery", "action": action, "failure_phase": "backward" if action == "rewind" else "committed",
+                   "t": 102.7, "repair_s": 0.05, "failed_groups": failed},
+                  _edge(r, 103.0, 6)] for r in range(4)}
+    marks = {r: [{"kind": "start", "node": str(r // 2)}] for r in range(4)}
+    rec = analysis.RunRecords(nemesis=nemesis, traces=traces, marks=marks, attempts=[],
+                              result={"verdicts": [{"rank": r, "mismatches": []} for r in range(4)]},
+                              returncodes=[0, 0])
+    (cut,) = analysis.analyse(rec, "synthetic").cuts
+    assert cut.outcome == action and cut.same_node_replaced is flagged
+
+
 def test_analysis_classifies_preserve_absorbed_and_restart():
     sched = [{"method": "port-block", "length_s": 2.5, "update": 5, "aligned": True},
              {"method": "switch-down", "length_s": 0.4, "update": 8, "aligned": True},

@@ -56,6 +56,7 @@ MUTANTS = {
     "proof_by_epoch": "NoStaleReference",  # a second fault on another group (R per fault)
     "one_failed_group": "FailedGroupsRebuilt",  # a second group failing before agreement (LateFault)
     "resume_barrier": "RecoveryEnds",  # a crash after the outcome: survivors released, never training
+    "control_failure_resumes": "OutcomeAgreement",  # the control-plane group failing mid-recovery
 }
 
 #: Each witness and the interesting state it must reach (the invariant TLC must violate).

@@ -75,6 +75,8 @@ class CutResult:
     resume_s: float | None = None  # restore → every rank released by the protocol (TCP backoff + repair)
     link_wait_s: float | None = None  # restore → the stalled control-plane check returned on every rank
     failed_groups: list[str] = field(default_factory=list)
+    #: a Preserve repaired a group whose ranks all sit on one node: a cut between nodes cannot
+    #: break it, so the diagnosis was wrong (a Rewind rebuilds every group by design: not counted)
     same_node_replaced: bool = False
     replayed: int | None = None  # updates replayed after a restart (= lost since the checkpoint)
     lost: int | None = None  # updates since the last checkpoint when the job stopped for good
@@ -314,7 +316,8 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
         failed = sorted({g for r in recs for g in r.get("failed_groups", [])})
         report = CutResult(**base, length_s=round(length, 3), outcome=outcome, landed=landed,
                            detect_s=detect, failed_groups=failed,
-                           same_node_replaced=any(_same_node(g, placement) for g in failed))
+                           same_node_replaced="preserve" in outcome and "rewind" not in outcome
+                           and any(_same_node(g, placement) for g in failed))
         if in_memory is not None:
             report.repair_s = max(r["repair_s"] for r in recs)
             released = max(r["t"] for r in recs)
