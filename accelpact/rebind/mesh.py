@@ -82,7 +82,7 @@ def meshes_naming(names: set[str]) -> list[DeviceMesh]:
     """Every live DeviceMesh that names one of `names`. An instance of a Python class refers to
     its class for the collector, so the referrers of the mesh classes are every live mesh, those
     only DTensor's caches hold included (a C-level scan, about half the time of listing every
-    object; tests/test_rebind_units.py pins that a mesh reached by nothing else is found)."""
+    object; tests/test_rebind_units.py pins that a mesh the plans do not reach is found)."""
     kinds = _subclasses(DeviceMesh)  # by type: DeviceMesh's metaclass makes isinstance() slow (and warn)
     return [obj for obj in gc.get_referrers(*kinds)
             if type(obj) in kinds and names.intersection(obj.__dict__.get("_dim_group_names") or ())]
