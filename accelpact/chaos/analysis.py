@@ -142,6 +142,16 @@ def _placement(marks: dict[int, list[dict[str, Any]]]) -> dict[int, str]:
     return dict(sorted(placement.items()))
 
 
+def bitwise_verdict(result: dict[str, Any] | None) -> str | None:
+    """IDENTICAL / DIFFERENT on ranks [...] from the workers' verdicts against their reference;
+    None when the run reported none."""
+    verdicts = (result or {}).get("verdicts", [])
+    if not verdicts or "mismatches" not in verdicts[0]:
+        return None
+    bad = [v["rank"] for v in verdicts if v["mismatches"]]
+    return "IDENTICAL" if not bad else f"DIFFERENT on ranks {bad}"
+
+
 def _same_node(group_key: str, placement: dict[int, str]) -> bool:
     """A group key looks like "replicate[0,2]"; same-node if all its ranks sit on one node."""
     match = re.search(r"\[([\d,\s]*)\]", group_key)
@@ -352,12 +362,7 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
                 report.note = f"stopped at F={fails[-1]}, last checkpoint {max(kept) if kept else 'none'}"
         reports.append(report)
 
-    mism = None
-    if rec.result is not None:
-        verdicts = rec.result.get("verdicts", [])
-        if verdicts and "mismatches" in verdicts[0]:
-            bad = [v["rank"] for v in verdicts if v["mismatches"]]
-            mism = "IDENTICAL" if not bad else f"DIFFERENT on ranks {bad}"
+    mism = bitwise_verdict(rec.result)
     completed = rec.result is not None and all(rc == 0 for rc in rec.returncodes if rc is not None)
     message = ""
     if "restart budget exceeded" in rec.stderr:
@@ -458,12 +463,7 @@ def analyse_node_loss(rec: RunRecords, name: str = "nodeloss", *, world_size: in
     loss = next((r for r in rec.nemesis if r.get("kind") == "loss"), None)
     others = [rc for i, rc in enumerate(rec.returncodes) if i != (node if lost_node_rc_index is None else lost_node_rc_index)]
     completed = rec.result is not None and all(rc == 0 for rc in others)
-    mism = None
-    if rec.result is not None:
-        verdicts = rec.result.get("verdicts", [])
-        if verdicts and "mismatches" in verdicts[0]:
-            bad = [v["rank"] for v in verdicts if v["mismatches"]]
-            mism = "IDENTICAL" if not bad else f"DIFFERENT on ranks {bad}"
+    mism = bitwise_verdict(rec.result)
     bitwise = mism or ("n/a (no result)" if rec.result is None else "n/a")
     waits = [float(x) for x in _BARRIER_DONE.findall(rec.stderr)]
     base = dict(name=name, spec=spec, node=node, bitwise=bitwise, completed=completed, returncodes=rec.returncodes,

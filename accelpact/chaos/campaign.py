@@ -34,6 +34,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from .analysis import (
     NodeLossResult,
@@ -163,6 +164,12 @@ def run_scenario(sc: Scenario, out: Path, *, topo: Topology | None = None, log=p
 
 def run_campaign(scenarios: Sequence[Scenario], out: Path, *, budget_s: float = 300.0, log=print) -> list[ScenarioResult]:
     """Scenarios in order, one at a time, skipping those that no longer fit in `budget_s`."""
+    return _within_budget(scenarios, out, run_scenario, budget_s=budget_s, log=log)
+
+
+def _within_budget(scenarios: Sequence[Any], out: Path, run: Any, *, budget_s: float, log) -> list[Any]:
+    """Run each scenario (`run(scenario, out, log=log)`) with the budget left as its timeout,
+    skipping one that no longer fits (under 60 % of its own timeout left)."""
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     reports = []
@@ -171,7 +178,7 @@ def run_campaign(scenarios: Sequence[Scenario], out: Path, *, budget_s: float = 
         if left < sc.timeout_s * 0.6:
             log(f"\n== {sc.name}: skipped, {left:.0f}s left of the {budget_s:.0f}s budget")
             continue
-        reports.append(run_scenario(replace(sc, timeout_s=min(sc.timeout_s, left)), out, log=log))
+        reports.append(run(replace(sc, timeout_s=min(sc.timeout_s, left)), out, log=log))
     return reports
 
 
@@ -248,16 +255,7 @@ def run_node_loss(sc: NodeLossScenario, out: Path, *, topo: Topology | None = No
 def run_node_losses(scenarios: Sequence[NodeLossScenario], out: Path, *, budget_s: float = 300.0,
                     log=print) -> list[NodeLossResult]:
     """Node-loss scenarios in order, skipping those that no longer fit in `budget_s`."""
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.monotonic()
-    reports = []
-    for sc in scenarios:
-        left = budget_s - (time.monotonic() - t0)
-        if left < sc.timeout_s * 0.6:
-            log(f"\n== {sc.name}: skipped, {left:.0f}s left of the {budget_s:.0f}s budget")
-            continue
-        reports.append(run_node_loss(replace(sc, timeout_s=min(sc.timeout_s, left)), out, log=log))
-    return reports
+    return _within_budget(scenarios, out, run_node_loss, budget_s=budget_s, log=log)
 
 
 def node_loss_ok(r: NodeLossResult) -> bool:
