@@ -119,6 +119,20 @@ def _edge(rank, t, update, action="commit_update"):
     return {"kind": "edge", "rank": rank, "t": t, "update": update, "action": action}
 
 
+def _nemesis(sched, starts):
+    """The nemesis log of `sched`: each cut starts at its time and is restored after its length."""
+    out = [{"kind": "schedule", "cuts": sched}]
+    for i, t in enumerate(starts):
+        out += [{"kind": "cut", "index": i, "t_start": t, "t": t + 0.01},
+                {"kind": "restore", "index": i, "t": t + sched[i]["length_s"]}]
+    return out
+
+
+def _recovery(action, phase, t, repair_s, failed):
+    return {"kind": "recovery", "action": action, "failure_phase": phase, "t": t, "repair_s": repair_s,
+            "failed_groups": failed}
+
+
 @pytest.mark.parametrize(("action", "failed", "flagged"), [
     ("rewind", ["replicate[0,2]", "replicate[1,3]", "shard[0,1]", "shard[2,3]"], False),  # every group, by design
     ("preserve", ["shard[0,1]"], True),  # a cut between nodes cannot break a group inside node 0
@@ -126,11 +140,9 @@ def _edge(rank, t, update, action="commit_update"):
 def test_only_a_preserve_that_repairs_a_same_node_group_is_a_misdiagnosis(action, failed, flagged):
     """A Rewind rebuilds every group, so its repair set names the same-node groups too: that made
     `make chaos` fail on every cut it rewound in memory."""
-    nemesis = [{"kind": "schedule", "cuts": [{"method": "port-block", "length_s": 2.5, "update": 5, "aligned": True}]},
-               {"kind": "cut", "index": 0, "t_start": 100.0, "t": 100.01}, {"kind": "restore", "index": 0, "t": 102.5}]
+    nemesis = _nemesis([{"method": "port-block", "length_s": 2.5, "update": 5, "aligned": True}], (100.0,))
     traces = {r: [{"kind": "attach", "attempt": 0, "t": 1.0, "rank": r},
-                  {"kind": "recovery", "action": action, "failure_phase": "backward" if action == "rewind" else "committed",
-                   "t": 102.7, "repair_s": 0.05, "failed_groups": failed},
+                  _recovery(action, "backward" if action == "rewind" else "committed", 102.7, 0.05, failed),
                   _edge(r, 103.0, 6)] for r in range(4)}
     marks = {r: [{"kind": "start", "node": str(r // 2)}] for r in range(4)}
     rec = analysis.RunRecords(nemesis=nemesis, traces=traces, marks=marks, attempts=[],
@@ -144,19 +156,12 @@ def test_analysis_classifies_preserve_absorbed_and_restart():
     sched = [{"method": "port-block", "length_s": 2.5, "update": 5, "aligned": True},
              {"method": "switch-down", "length_s": 0.4, "update": 8, "aligned": True},
              {"method": "switch-down", "length_s": 9.0, "update": 12, "aligned": True}]
-    nemesis = [{"kind": "schedule", "cuts": sched},
-               {"kind": "cut", "index": 0, "t_start": 100.0, "t": 100.01},
-               {"kind": "restore", "index": 0, "t": 102.5},
-               {"kind": "cut", "index": 1, "t_start": 110.0, "t": 110.01},
-               {"kind": "restore", "index": 1, "t": 110.4},
-               {"kind": "cut", "index": 2, "t_start": 120.0, "t": 120.01},
-               {"kind": "restore", "index": 2, "t": 129.0}]
+    nemesis = _nemesis(sched, (100.0, 110.0, 120.0))
     traces, marks = {}, {}
     for r in range(4):
         pair = "replicate[0,2]" if r % 2 == 0 else "replicate[1,3]"
         traces[r] = [{"kind": "attach", "attempt": 0, "t": 1.0, "rank": r},
-                     {"kind": "recovery", "action": "preserve", "failure_phase": "committed", "t": 102.7,
-                      "repair_s": 0.05, "failed_groups": [pair]},
+                     _recovery("preserve", "committed", 102.7, 0.05, [pair]),
                      _edge(r, 103.0, 6), _edge(r, 111.0, 9),
                      {"kind": "attach", "attempt": 1, "t": 131.0, "rank": r}, _edge(r, 133.0, 11)]
         marks[r] = [{"kind": "start", "node": str(r // 2)},
@@ -183,19 +188,14 @@ def test_a_cut_rewound_inside_backward_counts_as_recovered_in_memory_with_its_ve
              {"method": "port-block", "length_s": 2.5, "update": 8, "aligned": True},
              {"method": "port-block", "length_s": 0.3, "update": 11, "aligned": True},
              {"method": "switch-down", "length_s": 9.0, "update": 14, "aligned": False}]
-    nemesis = [{"kind": "schedule", "cuts": sched}]
-    for i, t in enumerate((100.0, 110.0, 120.0, 130.0)):
-        nemesis += [{"kind": "cut", "index": i, "t_start": t, "t": t + 0.01},
-                    {"kind": "restore", "index": i, "t": t + sched[i]["length_s"]}]
+    nemesis = _nemesis(sched, (100.0, 110.0, 120.0, 130.0))
     traces, marks = {}, {}
     for r in range(4):
         pair = "replicate[0,2]" if r % 2 == 0 else "replicate[1,3]"
         traces[r] = [{"kind": "attach", "attempt": 0, "t": 1.0, "rank": r},
-                     {"kind": "recovery", "action": "rewind", "failure_phase": "backward", "t": 103.2,
-                      "repair_s": 0.06, "failed_groups": [pair]},
+                     _recovery("rewind", "backward", 103.2, 0.06, [pair]),
                      _edge(r, 103.5, 6),
-                     {"kind": "recovery", "action": "preserve", "failure_phase": "committed", "t": 112.7,
-                      "repair_s": 0.05, "failed_groups": [pair]},
+                     _recovery("preserve", "committed", 112.7, 0.05, [pair]),
                      _edge(r, 113.0, 9), _edge(r, 121.0, 12), _edge(r, 130.5, 14),
                      {"kind": "attach", "attempt": 1, "t": 141.0, "rank": r}, _edge(r, 143.0, 13)]
         marks[r] = [{"kind": "start", "node": str(r // 2)},

@@ -59,6 +59,8 @@ class DeferralCounts:
 def defer(rt, arrived: float) -> bool:
     """At a clean committed boundary: post the check without waiting when the rule allows it.
     True: posted (nothing is committed until `settle`)."""
+    if rt.config.boundary != "deferred":  # the default: nothing to look at on the per-update path
+        return False
     checkpoint, digests = rt.checkpointer, rt.digests
     facts = DeferralFacts(mode=rt.config.boundary, in_step=rt.rewind.in_step,
                           rewind_phases=rt.envelope.rewind_phases, step_copy=rt.config.step_copy,
