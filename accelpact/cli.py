@@ -13,6 +13,9 @@ import time
 
 def _demo(args: argparse.Namespace) -> int:
     trace_dir = args.trace_dir or os.path.join(tempfile.gettempdir(), f"accelpact-demo-{int(time.time())}")
+    if args.replicate != "off" and not args.spares:
+        print("--replicate keeps copies for a spare to take over from: add --spares 1 (or more)", file=sys.stderr)
+        return 2
     if args.spares:
         return _demo_with_spares(args, trace_dir)
     cmd = [
@@ -36,7 +39,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _worker_args(args: argparse.Namespace, trace_dir: str) -> list[str]:
     out = ["-m", "accelpact.demo_worker", f"--framework={args.framework}", f"--updates={args.updates}",
-           f"--trace-dir={trace_dir}"]
+           f"--trace-dir={trace_dir}", f"--replicate={args.replicate}"]
     if args.faults is not None:
         out.append(f"--faults={args.faults}")
     if args.envelope is not None:
@@ -183,12 +186,19 @@ def build_parser() -> argparse.ArgumentParser:
     fw.add_argument("--fsdp1", dest="framework", action="store_const", const="fsdp1")
     fw.add_argument("--ddp", dest="framework", action="store_const", const="ddp")
     fw.add_argument("--fsdp2", dest="framework", action="store_const", const="fsdp2")
+    fw.add_argument("--profile", dest="framework", choices=("fsdp2", "fsdp1", "ddp", "fsdp2-full"),
+                    help="the job's shape: fsdp2 (HSDP 2x2, the default), fsdp1, ddp, or fsdp2-full (FSDP2 fully "
+                         "sharded over every rank: no replica holds a shard, see --replicate)")
     demo.set_defaults(framework="fsdp2", func=_demo)
     demo.add_argument("--updates", type=int, default=40)
     demo.add_argument("--nproc", type=int, default=4)
     demo.add_argument("--spares", type=int, default=0,
                       help="hot spares beside the --nproc ranks: one torchrun agent per rank (e.g. --spares 2 "
                            "--faults kill@12:forward:3,kill@25:committed:1)")
+    demo.add_argument("--replicate", default="off", choices=("off", "neighbour"),
+                      help="with --spares: 'neighbour' copies each shard no replica holds to a ring neighbour's "
+                           "memory after every step, so a spare can take over a fully sharded rank "
+                           "(e.g. --profile fsdp2-full --replicate neighbour --spares 1 --faults kill@12:backward:2)")
     demo.add_argument("--faults", default=None, help="fault plan, e.g. skip@8:committed:2 ('none' for none)")
     demo.add_argument("--trace-dir", default=None)
     demo.add_argument("--no-rebind", action="store_true", help="ablation: replace groups without rebinding")

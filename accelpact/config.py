@@ -29,6 +29,8 @@ MAX_TIMEOUT_S = 86_400.0
 AUTO = "auto"
 #: `Config.boundary`: when a committed boundary is agreed (`accelpact.fsm.deferral`).
 BOUNDARY_MODES = ("sync", "deferred")
+#: Where shard state that no replica holds is copied (`Config.replicate`).
+REPLICATE_MODES = ("off", "neighbour")
 
 log = logging.getLogger("accelpact.config")
 
@@ -116,6 +118,15 @@ class Config:
     #: compare SHA-256 digests of their parameters and optimizer state; a minority is repaired from
     #: the majority, two holders that differ fail-stop (`accelpact.integrity`). 0 (the default): off.
     digest_every: int = 0
+    #: Neighbour-memory replication (`accelpact.membership.neighbour`): "neighbour" sends each
+    #: rank's shard state that no replica holds (parameters, buffers, optimizer state) to a ring
+    #: neighbour's host memory after every optimizer step, off the critical path, so that a spare
+    #: can take over a fully sharded rank. Needs spares. "off" (the default): replicas only.
+    replicate: str = "off"
+    #: The ring's stride: rank r's copy goes to rank (r + stride) mod W. 0 (the default): the
+    #: ranks of one host (LOCAL_WORLD_SIZE) when the world spans several hosts, else 1, so that a
+    #: copy never shares its rank's node (the blast radius one lost node may take).
+    replicate_stride: int = 0
 
     def __post_init__(self) -> None:
         self.validate()
@@ -168,6 +179,12 @@ class Config:
                 and self.digest_every >= 0):
             raise ConfigError(f"digest_every must be an integer >= 0 (commits between replica digest checks; "
                               f"0: off), got {self.digest_every!r}")
+        if self.replicate not in REPLICATE_MODES:
+            raise ConfigError(f"replicate must be one of {', '.join(REPLICATE_MODES)}, got {self.replicate!r}")
+        if not (isinstance(self.replicate_stride, int) and not isinstance(self.replicate_stride, bool)
+                and self.replicate_stride >= 0):
+            raise ConfigError(f"replicate_stride must be an integer >= 0 (ranks between a rank and the holder of "
+                              f"its copy; 0: one host's worth), got {self.replicate_stride!r}")
         return self
 
     @property

@@ -48,6 +48,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=0, help="save every K committed updates")
     p.add_argument("--max-restarts", type=int, default=3, help="restart budget enforced at attach")
     p.add_argument("--faults-every-attempt", action="store_true", help="re-inject the faults after restarts")
+    p.add_argument("--replicate", default="off", choices=("off", "neighbour"),
+                   help="Config.replicate: 'neighbour' copies each unreplicated shard to a ring neighbour's memory "
+                        "after every step, so a spare can take over a fully sharded rank (--framework fsdp2-full)")
     p.add_argument("--envelope", default=None,
                    help="Config.envelope: the file `accelpact qualify` wrote (default: its default path, "
                         "else built-in), 'builtin' or 'permissive'")
@@ -85,6 +88,7 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
             checkpoint_every=args.checkpoint_every,
             max_restarts=args.max_restarts,
             envelope=args.envelope,
+            replicate=args.replicate,
         )
         # faults= is the drill's (a trainer of yours drills with ACCELPACT_FAULTS instead)
         rt = accelpact.attach(model, optimizer, data_state=data, config=config,  # <- user line 1
@@ -127,6 +131,8 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
         rep = rt.replicator
         history_extra["replicator"] = {"written": rep.written, "bytes": rep.bytes, "seconds": rep.seconds,
                                        "error": rep.error}
+    if rt is not None and rt.neighbours is not None:  # neighbour copies: what they cost and hold
+        history_extra["neighbours"] = rt.neighbours.stats()
     if rt is not None:
         rt.close()  # <- user line 3
     return snapshot, history, elapsed, history_extra
@@ -142,7 +148,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"world size {world} is not a multiple of --local {args.local}")
     layout = HSDPLayout(nodes=world // args.local, local=args.local)
     if rank == 0:
-        print(f"AccelPact demo: {args.framework} HSDP {layout.nodes}x{layout.local}, "
+        shape = (f"fully sharded over {world}" if args.framework == "fsdp2-full"
+                 else f"HSDP {layout.nodes}x{layout.local}")
+        print(f"AccelPact demo: {args.framework} {shape}, "
               f"{args.layers}-block decoder, {args.updates} updates, faults: "
               f"{DEFAULT_FAULTS if args.faults is None else args.faults}", flush=True)
     protected, history, t_protected, extra = train(args, layout, protected=True, generation=0, progress=True)
@@ -178,7 +186,8 @@ def report(args, verdicts) -> int:
         print(f"       phases (a rank in R): {phases}")
         if rec.get("replacement"):
             r = rec["replacement"]
-            moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', '?')}: {t['bytes']} B" for t in r["transfers"])
+            moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', '?')}: {t['bytes']} B"
+                              f"{' (neighbour copy)' if t.get('via') == 'neighbour' else ''}" for t in r["transfers"])
             print(f"       lost {r['lost']}, spares {r['spares']} took over, state from {r['sources']}"
                   f"{' (' + moved + ')' if moved else ''}")
     ok = True

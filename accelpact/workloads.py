@@ -322,6 +322,21 @@ def wrap_fsdp2(
     return model
 
 
+def wrap_fsdp2_full(model: TinyDecoder, *, timeout: datetime.timedelta = DEFAULT_GROUP_TIMEOUT,
+                    generation: int = 0) -> nn.Module:
+    """FSDP2 ``fully_shard`` over a 1-D mesh of every rank (a "shard" group of the whole world)."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    world = dist.get_world_size()
+    shard = make_group(list(range(world)), label="shard", generation=generation, timeout=timeout)
+    mesh = DeviceMesh.from_group(shard, "cpu", mesh=torch.arange(world, dtype=torch.int), mesh_dim_names=("shard",))
+    for block in model.layers:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
 def wrap_ddp(
     model: nn.Module,
     layout: HSDPLayout,
@@ -346,7 +361,9 @@ def make_adam(model: nn.Module, lr: float = 1e-2) -> torch.optim.Optimizer:
 # --------------------------------------------------------------------------------------------
 # one job: the shape the demo, the drills and the benches share
 
-FRAMEWORKS = ("fsdp2", "fsdp1", "fsdp1-orig", "ddp")
+#: "fsdp2-full": FSDP2 `fully_shard` over one mesh dimension of every rank: each shard exists once
+#: (no replica peer can send it to a spare; `Config.replicate="neighbour"` can).
+FRAMEWORKS = ("fsdp2", "fsdp1", "fsdp1-orig", "ddp", "fsdp2-full")
 
 
 def build_hsdp_job(
@@ -371,17 +388,20 @@ def build_hsdp_job(
     world = dist.get_world_size()
     if world % local:
         raise ValueError(f"world size {world} is not a multiple of {local} ranks per node")
+    model = TinyDecoder(dim=dim, n_layers=layers, seed=seed)
+    data = SyntheticTokens(vocab=model.vocab, seq_len=seq_len, batch_size=batch_size, seed=seed,
+                           shard=dist.get_rank())
+    if framework == "fsdp2-full":
+        wrapped = wrap_fsdp2_full(model, timeout=setup_timeout, generation=generation)
+        return wrapped, make_adam(wrapped), data
     layout = HSDPLayout(nodes=world // local, local=local)
     groups = layout.build_groups(timeout=setup_timeout, generation=generation)
-    model = TinyDecoder(dim=dim, n_layers=layers, seed=seed)
     if framework == "fsdp2":
         wrapped = wrap_fsdp2(model, layout, groups=groups)
     elif framework in ("fsdp1", "fsdp1-orig"):
         wrapped = wrap_fsdp1(model, layout, use_orig_params=framework == "fsdp1-orig", groups=groups)
     else:
         wrapped = wrap_ddp(model, layout, groups=groups)
-    data = SyntheticTokens(vocab=model.vocab, seq_len=seq_len, batch_size=batch_size, seed=seed,
-                           shard=dist.get_rank())
     return wrapped, make_adam(wrapped), data
 
 

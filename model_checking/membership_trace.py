@@ -25,8 +25,11 @@ one), empty when the run keeps every rule. Only the order inside one file is kno
 - [DecisionComplete] a replace decision assigns every lost position a distinct spare and a source
   position that is present; lost and present are disjoint; a present position posted PRESENT.
 - [StateFromReplica] the source of a lost position is a member of its replica set (the sets passed
-  in as `replicas`, or carried by the decided record as "replicas"); a transfer is sent by the
-  decision's source of its destination.
+  in as `replicas`, or carried by the decided record as "replicas"), or, where the decision says
+  the state comes from a neighbour copy (`via`), the holder of that position's copy (`copies`:
+  position -> holder, when given) that reported in its PRESENT a complete copy of it at the
+  decision's frontier (a copy of another update is NoSplitFrontier's violation); a transfer is
+  sent by the decision's source of its destination.
 - [NoSplitFrontier] a replace decision's present reports all hold its frontier; a process's first
   train record in a replaced world is at the decision's frontier.
 - [SpareValidatedBeforeRelease] a spare votes ok only after it verified a transfer whose digest is
@@ -116,10 +119,25 @@ def load_membership_traces(run_dir: Path | str) -> dict[str, list[dict]]:
     return out
 
 
+def _copy_source_violations(where: str, lost: int, source: int, frontier: Any, copies: Mapping[int, int] | None,
+                            reported: set[tuple[int, int]]) -> list[str]:
+    """A lost position's state from a neighbour copy: its holder, with a copy of the frontier."""
+    bad = []
+    if copies is not None and copies.get(lost) != source:
+        bad.append(f"[StateFromReplica] {where}: lost position {lost} gets a neighbour copy from position {source}, "
+                   f"but its copies go to position {copies.get(lost)}")
+    if (lost, frontier) not in reported:
+        held = sorted(f for i, f in reported if i == lost)
+        bad.append(f"[NoSplitFrontier] {where}: lost position {lost} is replaced from position {source}'s neighbour "
+                   f"copy, which reported no complete copy of it at F={frontier} (held: {held or 'none'})")
+    return bad
+
+
 def check_membership_traces(
     records_by_process: Mapping[str, Sequence[Mapping[str, Any]]],
     *,
     replicas: Iterable[Iterable[int]] | None = None,
+    copies: Mapping[int, int] | None = None,
 ) -> list[str]:
     """The violations of the membership rules by a recorded run (empty: none). See the module doc."""
     bad: list[str] = []
@@ -174,6 +192,7 @@ def check_membership_traces(
     # who posted PRESENT for which position of which world; who activated into which position
     presenter: dict[tuple[int, int], set[str]] = defaultdict(set)
     present_f: dict[tuple[int, int], list[int]] = defaultdict(list)
+    present_copies: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)  # the copies reported
     activated: dict[tuple[int, int], dict[str, int]] = defaultdict(dict)  # (new world, pos) -> {proc: spare}
     for proc, recs in procs.items():
         for rec in recs:
@@ -181,6 +200,7 @@ def check_membership_traces(
             if rec["event"] == "present":
                 presenter[key].add(proc)
                 present_f[key].append(rec["frontier"])
+                present_copies[key] |= {(int(a), int(b)) for a, b in rec.get("copies") or ()}
             elif rec["event"] == "activated":
                 activated[key][proc] = int(rec["spare"])
 
@@ -216,7 +236,10 @@ def check_membership_traces(
                        "(pass replicas= or record them in the decided record)")
         elif sets is not None:
             for i in sorted(lost):
-                if i in source:
+                if i in source and (rec.get("via") or {}).get(str(i)) == "neighbour":
+                    bad += _copy_source_violations(where, i, source[i], rec.get("frontier"), copies,
+                                                   present_copies[(w, source[i])])
+                elif i in source:
                     mine = [r for r in sets if i in r]
                     if not mine or source[i] not in mine[0] or source[i] == i:
                         bad.append(f"[StateFromReplica] {where}: lost position {i} gets its state from position "

@@ -66,6 +66,8 @@ CONSTANTS
     W,            \* active positions 0..W-1
     S,            \* spare processes W..W+S-1
     Replicas,     \* the replica sets: a partition of the positions (a shard coordinate each)
+    CopyStride,   \* neighbour copies (issue 16): 0 none; else an unreplicated position i's state is
+                  \* copied to position (i + CopyStride) % W's memory (the runtime's ring)
     MaxLosses,    \* at most this many losses (crashes and partitions) in a run
     MaxFrontier,  \* training is bounded: at most MaxFrontier committed updates
     Corruption,   \* TRUE: a state transfer may arrive corrupted (its digest check fails)
@@ -84,11 +86,15 @@ Corrupt == -2                 \* a state whose digest does not match
 
 Mutants == {"none", "release_before_transfer_verified", "partition_not_fenced",
             "two_claim_one_position", "transfer_from_non_replica", "frontier_split",
-            "blind_release", "train_on_old_world", "late_present_joins"}
+            "blind_release", "train_on_old_world", "late_present_joins", "stale_neighbour_copy"}
 
 Min(X) == CHOOSE x \in X : \A y \in X : x <= y
 ReplicaOf(i) == CHOOSE R \in Replicas : i \in R
 ShardOf(i) == Min(ReplicaOf(i))   \* the shard coordinate a position holds: its replica set's id
+(* <<i, h>>: position h's memory keeps the neighbour copy of position i, a position no replica
+   peer shares a shard with (replicate="neighbour" sends nothing where a replica holds it). *)
+Copies == IF CopyStride = 0 THEN {}
+          ELSE {<<i, (i + CopyStride) % W>> : i \in {j \in Positions : ReplicaOf(j) = {j}}}
 (* The k-th smallest element of X (k from 0). *)
 Nth(X, k) == CHOOSE x \in X : Cardinality({y \in X : y < x}) = k
 
@@ -97,6 +103,7 @@ ASSUME /\ W \in Nat \ {0} /\ S \in Nat /\ MaxLosses \in Nat /\ MaxFrontier \in N
        /\ \A R1, R2 \in Replicas : R1 = R2 \/ R1 \cap R2 = {}
        /\ Corruption \in BOOLEAN /\ InFlight \in BOOLEAN /\ Spurious \in BOOLEAN
        /\ Mutant \in Mutants
+       /\ CopyStride \in Nat /\ (CopyStride % W # 0 \/ CopyStride = 0)
 
 Phases == {"Spare",   \* a spare waiting for an assignment
            "Train",   \* in the training loop of world[p] (blocked if its world is broken)
@@ -108,7 +115,7 @@ Phases == {"Spare",   \* a spare waiting for an assignment
            "Reject",  \* fail-stop (exit 75)
            "Dead"}    \* crashed
 
-NoReport == [proc |-> None, f |-> 0, applied |-> FALSE]
+NoReport == [proc |-> None, f |-> 0, applied |-> FALSE, held |-> None]
 NoDecision == [kind |-> "none", present |-> {}, holder |-> [i \in Positions |-> None],
                src |-> [i \in Positions |-> None], f |-> 0, rewind |-> FALSE, why |-> "none"]
 NotResumed == [w |-> None, f |-> 0, stepped |-> FALSE]
@@ -134,11 +141,13 @@ VARIABLES
     notReady,  \* notReady[e]: members of world e not validated when release=resume was written
     zombie,    \* processes that wrote a train record while fenced
     stale,     \* processes that wrote a train record outside their world or in a superseded one
-    resumedAt  \* resumedAt[p]: [w, f, stepped] of p's last train record after a release
+    resumedAt, \* resumedAt[p]: [w, f, stepped] of p's last train record after a release
+    held       \* held[p]: the frontier of the newest complete neighbour copy in p's memory
+               \* (of the position <<i, pos[p]>> \in Copies names), None if none arrived yet
 
-procVars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote>>
+procVars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, held>>
 vars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
-          seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+          seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -154,10 +163,18 @@ Present(e) == {i \in Positions : rep[e][i].proc # None}
 (* Spares named by earlier registers (the decider reads them in the store). *)
 Assigned(d) == IF d.kind = "replace" THEN {d.holder[i] : i \in Positions \ d.present} ELSE {}
 FreeSpares(e) == Spares \ UNION {Assigned(reg[x]) : x \in 0 .. (e - 1)}
-(* Where the lost shard of position i may come from; mutant transfer_from_non_replica: any
-   present position. *)
-SourcesOf(e, i) == IF Mutant = "transfer_from_non_replica" THEN Present(e)
-                   ELSE Present(e) \cap ReplicaOf(i)
+(* Where the lost shard of position i may come from: a present member of its replica set, or
+   a present holder of its neighbour copy that reported a complete copy at the agreed frontier
+   f (a copy of another update would put the spare out of step with its peers).  Mutant
+   transfer_from_non_replica: any present position; stale_neighbour_copy: a copy of any
+   frontier. *)
+ReplicaSources(e, i) == IF Mutant = "transfer_from_non_replica" THEN Present(e)
+                        ELSE Present(e) \cap ReplicaOf(i)
+CopySources(e, i, f) == {h \in Present(e) : /\ <<i, h>> \in Copies /\ rep[e][h].held # None
+                                             /\ (rep[e][h].held = f \/ Mutant = "stale_neighbour_copy")}
+SourcesOf(e, i, f) == IF ReplicaSources(e, i) # {} THEN ReplicaSources(e, i) ELSE CopySources(e, i, f)
+(* The copy holder of position h is a neighbour (not a replica) source of i. *)
+ViaCopy(i, h) == h \notin ReplicaOf(i) /\ <<i, h>> \in Copies
 
 (* The decision computed purely from the present reports of epoch e. *)
 Decision(e) ==
@@ -167,13 +184,14 @@ Decision(e) ==
         okF == \/ \A i, j \in P : rep[e][i].f = rep[e][j].f
                \/ Mutant = "frontier_split"
         okSpare == Cardinality(free) >= Cardinality(L)
-        okReplica == \A i \in L : SourcesOf(e, i) # {}
+        f == IF P = {} THEN 0 ELSE Min({rep[e][i].f : i \in P})
+        okReplica == \A i \in L : SourcesOf(e, i, f) # {}
     IN IF okF /\ okSpare /\ okReplica
        THEN [kind |-> "replace", present |-> P,
              holder |-> [i \in Positions |-> IF i \in P THEN rep[e][i].proc
                                              ELSE Nth(free, Cardinality({j \in L : j < i}))],
-             src |-> [i \in Positions |-> IF i \in P THEN None ELSE Min(SourcesOf(e, i))],
-             f |-> Min({rep[e][i].f : i \in P}),
+             src |-> [i \in Positions |-> IF i \in P THEN None ELSE Min(SourcesOf(e, i, f))],
+             f |-> f,
              rewind |-> \E i \in P : rep[e][i].applied,
              why |-> "ok"]
        ELSE [NoDecision EXCEPT !.kind = "reject", !.present = P,
@@ -228,6 +246,7 @@ Init ==
     /\ stale = {}
     /\ resumedAt = [p \in Procs |-> IF p \in Positions THEN [w |-> 0, f |-> 0, stepped |-> FALSE]
                                     ELSE NotResumed]
+    /\ held = [p \in Procs |-> None]
 
 -----------------------------------------------------------------------------
 (* Training: a synchronous update commits in position order (a loss can strike between two
@@ -242,12 +261,13 @@ Commit(p) ==
     /\ frontier' = [frontier EXCEPT ![p] = @ + 1]
     /\ TrainRecord(p, refs[p], TRUE, KnowsFenced(p))
     /\ UNCHANGED <<phase, pos, world, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, resumedAt>>
+                   seen, relSeen, claims, notReady, resumedAt, held>>
 
 (* p's collective fails: it posts PRESENT for its world.  Mid-update it may already have applied
    the step of update F+1 (applied); it reports its committed F either way. *)
 PostPresent(p, applied) ==
-    /\ rep' = [rep EXCEPT ![world[p]][pos[p]] = [proc |-> p, f |-> frontier[p], applied |-> applied]]
+    /\ rep' = [rep EXCEPT ![world[p]][pos[p]] = [proc |-> p, f |-> frontier[p], applied |-> applied,
+                                                  held |-> held[p]]]
     /\ stepped' = [stepped EXCEPT ![p] = applied]
     /\ phase' = [phase EXCEPT ![p] = "Wait"]
 
@@ -255,7 +275,7 @@ Detect(p) ==
     /\ phase[p] = "Train" /\ Broken(world[p])
     /\ \E a \in BOOLEAN : (a => InFlight /\ frontier[p] < MaxFrontier) /\ PostPresent(p, a)
     /\ UNCHANGED <<pos, world, frontier, shard, groups, refs, vote, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
 
 (* p obeys decision d of its epoch: reject -> exit 75; its position not in the present set ->
    fenced, exit; else it joins world e+1 at its position, restoring its boundary snapshot (an
@@ -266,10 +286,10 @@ Obey(p, d) ==
     /\ seen' = [seen EXCEPT ![p][e] = d]
     /\ IF d.kind = "reject"
        THEN /\ phase' = [phase EXCEPT ![p] = "Reject"]
-            /\ UNCHANGED <<world, stepped, claims, vote>>
+            /\ UNCHANGED <<world, stepped, claims, vote, held>>
        ELSE IF pos[p] \notin d.present /\ Mutant # "late_present_joins"
        THEN /\ phase' = [phase EXCEPT ![p] = "Exit"]
-            /\ UNCHANGED <<world, stepped, claims, vote>>
+            /\ UNCHANGED <<world, stepped, claims, vote, held>>
        ELSE /\ phase' = [phase EXCEPT ![p] = "Build"]
             /\ world' = [world EXCEPT ![p] = e + 1]
             /\ stepped' = [stepped EXCEPT ![p] = FALSE]
@@ -286,14 +306,14 @@ Decide(p) ==
     /\ reg' = [reg EXCEPT ![world[p]] = Decision(world[p])]
     /\ Obey(p, Decision(world[p]))
     /\ UNCHANGED <<pos, frontier, shard, groups, refs, rep, rel, losses, relSeen, notReady,
-                   zombie, stale, resumedAt>>
+                   zombie, stale, resumedAt, held>>
 
 (* p reads the register of its epoch, written by another, and obeys it. *)
 Follow(p) ==
     /\ phase[p] = "Wait" /\ reg[world[p]].kind # "none"
     /\ Obey(p, reg[world[p]])
     /\ UNCHANGED <<pos, frontier, shard, groups, refs, rep, reg, rel, losses, relSeen, notReady,
-                   zombie, stale, resumedAt>>
+                   zombie, stale, resumedAt, held>>
 
 (* A spare reads a register that assigns it a lost position: it joins world e+1 holding it. *)
 Activate(s) ==
@@ -307,7 +327,7 @@ Activate(s) ==
           /\ seen' = [seen EXCEPT ![s][e] = reg[e]]
           /\ claims' = [claims EXCEPT ![e + 1] = @ \cup {<<i, s>>}]
     /\ UNCHANGED <<frontier, stepped, shard, groups, refs, rep, reg, rel, losses, relSeen,
-                   notReady, zombie, stale, resumedAt>>
+                   notReady, zombie, stale, resumedAt, held>>
 
 (* Build world e's groups (default, data, control) on a fresh prefix: a rendezvous of every
    member the decision names, so it completes only once each has joined and is alive.  The old
@@ -318,14 +338,15 @@ Build(p) ==
     /\ phase[p] = "Build" /\ groups[p] # world[p] /\ rel[world[p]] = "none"
     /\ \A q \in Members(Formed(p)) : world[q] = world[p] /\ phase[q] \in {"Build", "Voted"}
     /\ groups' = [groups EXCEPT ![p] = world[p]]
-    /\ IF IsSpareIn(p) THEN UNCHANGED <<phase, vote>>
+    /\ IF IsSpareIn(p) THEN UNCHANGED <<phase, vote, held>>
        ELSE /\ phase' = [phase EXCEPT ![p] = "Voted"]
             /\ vote' = [vote EXCEPT ![p] = "ok"]
     /\ UNCHANGED <<pos, world, frontier, stepped, shard, refs, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
 
-(* The source of lost position i sends its state (at F: it restored its snapshot) with a
-   digest to the spare, over world e's groups; the bytes may arrive corrupted. *)
+(* The source of lost position i sends its state (at F: it restored its snapshot), or the
+   neighbour copy of i it holds, with a digest to the spare, over world e's groups; the bytes
+   may arrive corrupted. *)
 Transfer(p) ==
     /\ phase[p] \in {"Build", "Voted"} /\ groups[p] = world[p]
     /\ \E i \in Positions \ Formed(p).present :
@@ -334,11 +355,13 @@ Transfer(p) ==
           /\ phase[q] = "Build" /\ world[q] = world[p] /\ groups[q] = world[p] /\ shard[q] = NoShard
           /\ \E ok \in BOOLEAN :
                 /\ ok \/ Corruption
-                /\ shard' = [shard EXCEPT ![q] = IF ok THEN shard[p] ELSE Corrupt]
-          /\ frontier' = [frontier EXCEPT ![q] = frontier[p]]
-          /\ stepped' = [stepped EXCEPT ![q] = stepped[p]]
+                /\ shard' = [shard EXCEPT ![q] = IF ~ok THEN Corrupt
+                                                 ELSE IF ViaCopy(i, pos[p]) THEN ShardOf(i) ELSE shard[p]]
+          \* a neighbour copy carries the lost rank's state of the update it was taken at
+          /\ frontier' = [frontier EXCEPT ![q] = IF ViaCopy(i, pos[p]) THEN held[p] ELSE frontier[p]]
+          /\ stepped' = [stepped EXCEPT ![q] = IF ViaCopy(i, pos[p]) THEN FALSE ELSE stepped[p]]
     /\ UNCHANGED <<phase, pos, world, groups, refs, vote, rep, reg, rel, losses, seen, relSeen,
-                   claims, notReady, zombie, stale, resumedAt>>
+                   claims, notReady, zombie, stale, resumedAt, held>>
 
 (* The spare validates: groups built, state arrived, digest checked; it votes. *)
 Vote(p) ==
@@ -347,7 +370,7 @@ Vote(p) ==
     /\ vote' = [vote EXCEPT ![p] = IF shard[p] = Corrupt THEN "fail" ELSE "ok"]
     /\ phase' = [phase EXCEPT ![p] = "Voted"]
     /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
 
 (* A member writes release=resume once every member named by the decision voted ok in this
    world.  Mutant release_before_transfer_verified: the survivors' votes only. *)
@@ -386,14 +409,26 @@ Resume(p) ==
     /\ relSeen' = [relSeen EXCEPT ![p][world[p]] = "resume"]
     /\ resumedAt' = [resumedAt EXCEPT ![p] = [w |-> world[p], f |-> frontier[p], stepped |-> stepped[p]]]
     /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, vote, rep, reg, rel, losses,
-                   seen, claims, notReady>>
+                   seen, claims, notReady, held>>
 
 Abort(p) ==
     /\ phase[p] \in {"Build", "Voted"} /\ rel[world[p]] = "reject"
     /\ phase' = [phase EXCEPT ![p] = "Reject"]
     /\ relSeen' = [relSeen EXCEPT ![p][world[p]] = "reject"]
     /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
-                   seen, claims, notReady, zombie, stale, resumedAt>>
+                   seen, claims, notReady, zombie, stale, resumedAt, held>>
+
+(* Neighbour replication (issue 16): after a commit, p's state at its frontier reaches the
+   memory of the process holding p's copy position in p's world, asynchronously: a loss may
+   strike before it arrives, and the holder then keeps the copy of an earlier update (or none). *)
+Replicate(p) ==
+    /\ phase[p] = "Train"
+    /\ \E h \in Positions, q \in Procs :
+          /\ <<pos[p], h>> \in Copies /\ <<h, q>> \in claims[world[p]] /\ world[q] = world[p]
+          /\ phase[q] = "Train" /\ held[q] # frontier[p]
+          /\ held' = [held EXCEPT ![q] = frontier[p]]
+    /\ UNCHANGED <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
 
 -----------------------------------------------------------------------------
 (* Faults *)
@@ -404,7 +439,7 @@ Crash(p) ==
     /\ phase' = [phase EXCEPT ![p] = "Dead"]
     /\ losses' = losses + 1
     /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
 
 (* A training process is partitioned: alive, reaching neither its peers nor the store. *)
 Partition(p) ==
@@ -412,7 +447,7 @@ Partition(p) ==
     /\ phase' = [phase EXCEPT ![p] = "Cut"]
     /\ losses' = losses + 1
     /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
 
 (* The partitioned process reaches the store again.  Register of its epoch still empty: the
    partition was transient, it posts PRESENT like any survivor.  Written: it reads it, learns it
@@ -424,17 +459,17 @@ Heal(p) ==
     /\ LET e == world[p] IN
        IF reg[e].kind = "none" \/ Mutant = "two_claim_one_position"
        THEN /\ \E a \in BOOLEAN : (a => InFlight /\ frontier[p] < MaxFrontier) /\ PostPresent(p, a)
-            /\ UNCHANGED <<seen, zombie, stale>>
+            /\ UNCHANGED <<seen, zombie, stale, held>>
        ELSE /\ seen' = [seen EXCEPT ![p][e] = reg[e]]
-            /\ UNCHANGED <<rep, stepped>>
+            /\ UNCHANGED <<rep, stepped, held>>
             /\ IF Mutant = "partition_not_fenced"
                THEN /\ phase' = [phase EXCEPT ![p] = "Train"]
                     /\ TrainRecord(p, refs[p], FALSE,
                                    reg[e].kind = "replace" /\ pos[p] \notin reg[e].present)
                ELSE /\ phase' = [phase EXCEPT ![p] = IF reg[e].kind = "reject" THEN "Reject" ELSE "Exit"]
-                    /\ UNCHANGED <<zombie, stale>>
+                    /\ UNCHANGED <<zombie, stale, held>>
     /\ UNCHANGED <<pos, world, frontier, shard, groups, refs, vote, reg, rel, losses, relSeen,
-                   claims, notReady, resumedAt>>
+                   claims, notReady, resumedAt, held>>
 
 (* Legitimate ends: nothing in a recovery any more.  Stuttering there is not a deadlock. *)
 Done ==
@@ -445,7 +480,7 @@ Next ==
     \/ \E p \in Procs :
           \/ Commit(p) \/ Detect(p) \/ Decide(p) \/ Follow(p) \/ Activate(p) \/ Build(p)
           \/ Transfer(p) \/ Vote(p) \/ ReleaseResume(p) \/ ReleaseReject(p) \/ Resume(p)
-          \/ Abort(p) \/ Crash(p) \/ Partition(p) \/ Heal(p)
+          \/ Abort(p) \/ Crash(p) \/ Partition(p) \/ Heal(p) \/ Replicate(p)
     \/ Done
 
 Spec == Init /\ [][Next]_vars
@@ -466,7 +501,8 @@ TypeOK ==
     /\ shard \in [Procs -> {ShardOf(i) : i \in Positions} \cup {NoShard, Corrupt}]
     /\ groups \in [Procs -> Epochs \cup {None}] /\ refs \in [Procs -> Epochs \cup {None}]
     /\ vote \in [Procs -> {"none", "ok", "fail"}]
-    /\ rep \in [Epochs -> [Positions -> [proc : Procs \cup {None}, f : Frontiers, applied : BOOLEAN]]]
+    /\ rep \in [Epochs -> [Positions -> [proc : Procs \cup {None}, f : Frontiers, applied : BOOLEAN,
+                                          held : Frontiers \cup {None}]]]
     /\ reg \in [Epochs -> Decisions]
     /\ rel \in [Epochs -> {"none", "resume", "reject"}]
     /\ losses \in 0 .. MaxLosses
@@ -476,6 +512,7 @@ TypeOK ==
     /\ notReady \in [Epochs -> SUBSET Procs]
     /\ zombie \subseteq Procs /\ stale \subseteq Procs
     /\ resumedAt \in [Procs -> [w : Epochs \cup {None}, f : Frontiers, stepped : BOOLEAN]]
+    /\ held \in [Procs -> Frontiers \cup {None}]
 
 (* release=resume of a world was written only when every member the decision names had joined,
    built the world's groups and held an intact, verified state (the spare's transfer checked).
@@ -484,8 +521,9 @@ SpareValidatedBeforeRelease ==
     \A e \in Epochs : rel[e] = "resume" => notReady[e] = {}
 
 (* Every process holding a position holds that position's shard: a spare's state came from a
-   member of the lost position's replica set.  Excludes a source outside it
-   (transfer_from_non_replica). *)
+   member of the lost position's replica set, or from the neighbour copy of that position.
+   Excludes a source outside them (transfer_from_non_replica).  That a copy is of the agreed
+   frontier is NoSplitFrontier's business (stale_neighbour_copy). *)
 StateFromReplica ==
     \A p \in Procs : pos[p] # None /\ shard[p] >= 0 => shard[p] = ShardOf(pos[p])
 
@@ -514,7 +552,9 @@ OutcomeAgreement ==
         /\ relSeen[p][e] # "none" /\ relSeen[q][e] # "none" => relSeen[p][e] = relSeen[q][e]
 
 (* Processes that trained after the release of the same world hold the same state: frontier and
-   no half-applied step.  Excludes a decision that ignores differing frontiers (frontier_split). *)
+   no half-applied step.  Excludes a decision that ignores differing frontiers (frontier_split),
+   and one that takes a neighbour copy of another update than the survivors' frontier
+   (stale_neighbour_copy: the lost rank committed, its copy of that commit never arrived). *)
 NoSplitFrontier ==
     \A p, q \in Procs : resumedAt[p].w # None /\ resumedAt[p].w = resumedAt[q].w =>
         resumedAt[p].f = resumedAt[q].f /\ resumedAt[p].stepped = resumedAt[q].stepped
@@ -533,6 +573,11 @@ NoReplacementEver == ~ \E s \in Spares : phase[s] = "Train" /\ resumedAt[s].w # 
 NeverTwoReplacements ==
     ~ \E s, t \in Spares : /\ s # t /\ resumedAt[s].w # None /\ resumedAt[t].w # None
                            /\ resumedAt[s].w # resumedAt[t].w
+(* A position no replica shares is lost, and a spare trains in its place with the state of the
+   neighbour copy (CopyStride > 0). *)
+NoNeighbourReplacement ==
+    ~ \E s \in Spares : /\ phase[s] = "Train" /\ resumedAt[s].w # None /\ pos[s] # None
+                       /\ ReplicaOf(pos[s]) = {pos[s]}
 (* A partitioned rank reaches the store, learns it was replaced, exits; its spare trains. *)
 NeverFencedExit ==
     ~ \E p \in Positions, s \in Spares : phase[p] = "Exit" /\ phase[s] = "Train" /\ pos[s] = pos[p]

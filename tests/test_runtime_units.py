@@ -53,6 +53,16 @@ def test_injector_fires_each_fault_once_on_its_rank_and_holds_back_the_targeted_
     inj.on_phase(4, FailurePhase.FORWARD)  # once only: a rewound update runs clean
 
 
+def test_a_boundary_skip_targets_the_rank_own_group_where_it_has_no_replicate_group():
+    """A fully sharded job has one "shard" group: the boundary's skip is of its probe (without
+    the retarget no probe met it, and it struck in the next forward as a Rewind)."""
+    inj = FaultInjector("skip@2:committed:1", rank=1, data_timeout_s=0.01)
+    inj.on_phase(2, FailurePhase.COMMITTED)
+    assert inj.probe_order(["shard"]) == ["shard"]
+    assert not inj.before_probe("shard")
+    inj.on_phase(3, FailurePhase.FORWARD)  # met by its probe: nothing left for the next forward
+
+
 def test_a_kill_or_stall_can_be_planned_inside_a_recovery_and_strikes_at_that_step(monkeypatch):
     from accelpact.faults import injector as injector_module
     from accelpact.faults.plan import RECOVERY_STEPS, FaultPlan

@@ -33,6 +33,7 @@ MUTANTS = {
     "blind_release": "OutcomeAgreement",
     "train_on_old_world": "NoTrainOnRetiredWorld",
     "late_present_joins": "OnePositionOneProcess",
+    "stale_neighbour_copy": "NoSplitFrontier",
 }
 
 #: Each witness and the interesting state it must reach (the invariant TLC must violate).
@@ -42,6 +43,7 @@ WITNESSES = {
     "fenced_exit": "NeverFencedExit",
     "loss_before_release_rejects": "NeverLossBeforeReleaseRejects",
     "fenced_member_resumes": "NeverFencedMemberResumes",
+    "neighbour_copy_replacement": "NoNeighbourReplacement",
 }
 
 
@@ -120,12 +122,24 @@ def test_check_runs_the_membership_model_with_the_default_check(monkeypatch):
 @pytest.mark.timeout(120)
 def test_a_reduced_membership_model_passes():
     """Two positions, one spare, one loss: replacement, fencing, a corrupted transfer."""
-    cfg = render_cfg({"W": 2, "S": 1, "Replicas": {frozenset({0, 1})}, "MaxLosses": 1, "MaxFrontier": 1,
+    cfg = render_cfg({"W": 2, "S": 1, "Replicas": {frozenset({0, 1})}, "CopyStride": 0, "MaxLosses": 1, "MaxFrontier": 1,
                       "Corruption": True, "InFlight": True, "Spurious": True, "Mutant": "none"},
                      invariants=SAFETY)
     result = run_tlc(models.spec_dir() / "Membership.tla", cfg, workers=1, timeout_s=100)
     assert result.status is Status.PASS, _explain(result)
     assert result.distinct_states and result.distinct_states > 100
+
+
+@pytest.mark.tlc
+@pytest.mark.timeout(120)
+def test_the_neighbour_copy_model_passes():
+    """Position 2 alone holds its shard and copies it to position 0 asynchronously (issue 16):
+    every property holds with a loss at any time, mid-update too, and corrupted transfers."""
+    model = ModelConfig.load(models.membership_dir() / "MC3copies.cfg")
+    assert model.expect == "pass" and model.constants["CopyStride"] == "1"
+    result = models.check_model(model, workers=1, timeout_s=100)
+    assert result.status is Status.PASS, _explain(result)
+    assert result.distinct_states and result.distinct_states > 10_000
 
 
 @pytest.mark.tlc

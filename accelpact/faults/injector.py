@@ -9,6 +9,7 @@ trainers while the production path holds no sleep and no self-kill.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -98,7 +99,12 @@ class FaultInjector:
             perform(fault, data_timeout_s=self.data_timeout_s)
 
     def probe_order(self, labels: list[str]) -> list[str]:
-        """The group a boundary fault targets goes last, so a late rank does not stall the others."""
+        """The group a boundary fault targets goes last, so a late rank does not stall the others.
+        A rank without a group of that label (a fully sharded job has no "replicate" group) is
+        skipped or late for its last probed group instead: the boundary's health check is the
+        collective it misses either way."""
+        if self._boundary is not None and labels and self._boundary.group not in labels:
+            self._boundary = dataclasses.replace(self._boundary, group=sorted(labels)[-1])
         target = self._boundary.group if self._boundary is not None else None
         return sorted(labels, key=lambda label: (label == target, label))
 

@@ -6,7 +6,10 @@ A lost position can be taken over only when
 - a live replica peer holds its shard: a survivor whose replicate group contains the lost
   position (HSDP/HYBRID_SHARD: the rank with the same shard coordinate in another replica group;
   DDP: any rank) — sources are chosen round-robin over the live holders so that two lost
-  positions of one shard do not load one peer twice;
+  positions of one shard do not load one peer twice; or, where no replica holds it (a fully
+  sharded job), a survivor holds a complete neighbour copy of it (`neighbour.py`) taken at the
+  agreed frontier F whose bytes still verify — a copy of another update, or a partial one, is
+  never used;
 - every survivor stands at the same committed frontier F and can re-run update F+1: the lost
   rank's own small state (RNG, data cursor, schedulers) is replicated at the boundary of F, so the
   whole new world re-runs F+1 from F (a Replace always rewinds the update in flight);
@@ -39,6 +42,10 @@ class Presence:
     #: recoveries this rank has counted, this one included: they name the control plane's
     #: recovery epochs, so a spare that joins must count on from the same number
     recoveries: int = 0
+    #: (source position, frontier) of every complete neighbour copy this rank holds that verifies
+    copies: tuple[tuple[int, int], ...] = ()
+    #: held neighbour copies that no longer match their digest, each named
+    copy_faults: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -48,7 +55,9 @@ class Presence:
         return cls(position=int(d["position"]), frontier=int(d["frontier"]), generation=int(d["generation"]),
                    rerun_ok=bool(d["rerun_ok"]), rerun_reason=str(d.get("rerun_reason", "")),
                    replicas=tuple(int(r) for r in d.get("replicas", ())), replace_ok=bool(d.get("replace_ok", True)),
-                   replace_reason=str(d.get("replace_reason", "")), recoveries=int(d.get("recoveries", 0)))
+                   replace_reason=str(d.get("replace_reason", "")), recoveries=int(d.get("recoveries", 0)),
+                   copies=tuple((int(s), int(f)) for s, f in d.get("copies", ())),
+                   copy_faults=tuple(str(x) for x in d.get("copy_faults", ())))
 
 
 @dataclass(frozen=True)
@@ -65,6 +74,9 @@ class MembershipDecision:
     source: dict[int, int] = field(default_factory=dict)
     #: lost position -> every live holder of its shard (each posts the digest it would send)
     holders: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    #: lost position -> where its state comes from: "replica" (a peer's own state) or
+    #: "neighbour" (a copy the lost rank sent to the source's host memory)
+    via: dict[int, str] = field(default_factory=dict)
     frontier: int = 0
     generation: int = 0
     reasons: tuple[str, ...] = ()
@@ -81,7 +93,7 @@ class MembershipDecision:
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for key in ("assign", "source", "holders"):
+        for key in ("assign", "source", "holders", "via"):
             d[key] = {str(k): v for k, v in d[key].items()}
         return d
 
@@ -91,6 +103,7 @@ class MembershipDecision:
                    lost=tuple(d["lost"]), assign={int(k): int(v) for k, v in d["assign"].items()},
                    source={int(k): int(v) for k, v in d["source"].items()},
                    holders={int(k): tuple(v) for k, v in d["holders"].items()},
+                   via={int(k): str(v) for k, v in d.get("via", {}).items()},
                    frontier=int(d["frontier"]), generation=int(d["generation"]), reasons=tuple(d["reasons"]),
                    recoveries=int(d.get("recoveries", 0)))
 
@@ -127,11 +140,15 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     assign = dict(zip(lost, free_spares))
     holders: dict[int, tuple[int, ...]] = {}
     source: dict[int, int] = {}
+    via: dict[int, str] = {}
     for i, p in enumerate(lost):
         holders[p] = tuple(sorted({r.position for r in reports if p in r.replicas and r.position != p}))
+        via[p] = "replica"
         if not holders[p]:
-            reasons.append(f"no live replica peer holds the shard of lost rank {p} (its replicas are lost too, "
-                           "or the model keeps a single copy of it)")
+            holders[p] = tuple(sorted({r.position for r in reports if (p, frontier) in r.copies}))
+            via[p] = "neighbour"
+        if not holders[p]:
+            reasons.append(_no_holder(p, frontier, reports))
             continue
         source[p] = holders[p][i % len(holders[p])]
         at = small_state_at.get(p)
@@ -140,5 +157,19 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
                            f" (newest: {'none' if at is None else f'F={at}'})")
     if reasons:
         return MembershipDecision(outcome="reject", frontier=frontier, reasons=tuple(reasons), **base)
-    return MembershipDecision(outcome="replace", assign=assign, source=source, holders=holders, frontier=frontier,
-                              generation=generations[0] + 1, recoveries=max(r.recoveries for r in reports), **base)
+    return MembershipDecision(outcome="replace", assign=assign, source=source, holders=holders, via=via,
+                              frontier=frontier, generation=generations[0] + 1,
+                              recoveries=max(r.recoveries for r in reports), **base)
+
+
+def _no_holder(lost: int, frontier: int, reports: Sequence[Presence]) -> str:
+    """Why nobody can send `lost`'s shard: no replica, and what neighbour copies there are."""
+    held = sorted((r.position, f) for r in reports for s, f in r.copies if s == lost)
+    faults = [x for r in reports for x in r.copy_faults if x.startswith(f"the copy of rank {lost} ")]
+    why = (f"no live replica peer holds the shard of lost rank {lost} (its replicas are lost too, or the model "
+           f"keeps a single copy of it), and no survivor holds a complete neighbour copy of it at F={frontier}")
+    if held:
+        why += " (copies held: " + ", ".join(f"rank {h} at F={f}" for h, f in held) + ")"
+    elif not faults:
+        why += " (none held: its holder is lost too, or Config.replicate is off)"
+    return why + "".join(f"; {x}" for x in faults)

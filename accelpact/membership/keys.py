@@ -88,6 +88,12 @@ def small_state(position: int) -> str:
     return f"membership/small/{position}"
 
 
+def neighbour_address(position: int) -> str:
+    """Where `position`'s holder of neighbour copies listens (host:port, JSON); a spare that takes
+    the position over writes its own."""
+    return f"membership/neighbour/{position}"
+
+
 def world_prefix(world: int) -> str:
     """The default group of world `world` keys its rendezvous under this prefix."""
     return f"world{world}/"

@@ -31,7 +31,7 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def _entries(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
+def entries(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
     """(name, local tensor) of everything that moves, in the order both sides agree on."""
     out: list[tuple[str, torch.Tensor]] = []
     for name, p in model.named_parameters():
@@ -50,9 +50,12 @@ def _entries(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[s
     return out
 
 
-def manifest(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-    """The sender's layout: what the spare must materialise before it can receive."""
-    tensors = [[name, list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in _entries(model, optimizer)]
+def manifest(model: nn.Module, optimizer: torch.optim.Optimizer,
+             moved: list[tuple[str, torch.Tensor]] | None = None) -> dict:
+    """The sender's layout: what the spare must materialise before it can receive (`moved`:
+    `entries(model, optimizer)` when the caller has them already)."""
+    moved = entries(model, optimizer) if moved is None else moved
+    tensors = [[name, list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in moved]
     scalars = {}
     index = 0
     for group in optimizer.param_groups:
@@ -65,7 +68,7 @@ def manifest(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
 
 
 def pack(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
-    parts = [t.contiguous().cpu().reshape(-1).view(torch.uint8) for _, t in _entries(model, optimizer)]
+    parts = [t.contiguous().cpu().reshape(-1).view(torch.uint8) for _, t in entries(model, optimizer)]
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.uint8)
 
 
@@ -77,7 +80,7 @@ def tensor_words(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[li
     """Every moved tensor's name and the first 64 bits of its SHA-256 (a signed int64): enough to
     name the tensors in which two copies differ (`accelpact.integrity`)."""
     names, words = [], []
-    for name, t in _entries(model, optimizer):
+    for name, t in entries(model, optimizer):
         raw = t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
         names.append(name)
         words.append(int.from_bytes(hashlib.sha256(raw).digest()[:8], "little", signed=True))
@@ -107,7 +110,7 @@ def materialise(model: nn.Module, optimizer: torch.optim.Optimizer, layout: dict
 
 
 def unpack(model: nn.Module, optimizer: torch.optim.Optimizer, buf: torch.Tensor, layout: dict) -> None:
-    mine = _entries(model, optimizer)
+    mine = entries(model, optimizer)
     theirs = [(n, tuple(s), d) for n, s, d in layout["tensors"]]
     have = [(n, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for n, t in mine]
     if have != theirs:
@@ -144,9 +147,16 @@ def post_digest(store: dist.Store, world: int, lost: int, position: int, model: 
     """A holder of `lost`'s shard: pack its copy, post the digest (and the layout); returns both."""
     buf = pack(model, optimizer)
     value = digest(buf)
-    store.set(keys.digest(world, lost, position), json.dumps({"digest": value, "nbytes": int(buf.numel()),
-                                                              "layout": manifest(model, optimizer)}))
+    post_held_digest(store, world, lost, position, value, int(buf.numel()), manifest(model, optimizer))
     return buf, value
+
+
+def post_held_digest(store: dist.Store, world: int, lost: int, position: int, value: str, nbytes: int,
+                     layout: dict) -> None:
+    """A holder posts the digest and layout of the copy it will send (its own state, or a
+    neighbour copy: then the lost rank's own digest and layout, so that the spare checks the bytes
+    against what the lost rank hashed, end to end)."""
+    store.set(keys.digest(world, lost, position), json.dumps({"digest": value, "nbytes": nbytes, "layout": layout}))
 
 
 def send(buf: torch.Tensor, *, to: int, group: dist.ProcessGroup) -> float:

@@ -108,6 +108,10 @@ def _with_spares(config: Config, model: nn.Module) -> Config:
     from torch.nn.parallel import DistributedDataParallel
 
     m = membership()
+    if m is None and config.replicate != "off":
+        raise ConfigError(f"Config.replicate={config.replicate!r} keeps copies for a spare to take over from, but the "
+                          "job was not launched with spares: set ACCELPACT_SPARES (and start the processes with "
+                          "accelpact.init_process_group), or leave replicate off")
     if m is None:
         if config.spares:
             raise ConfigError(f"Config.spares={config.spares}, but the job was not launched with spares: set "
@@ -151,6 +155,7 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     from ..membership import world
     from ..membership.register import Heartbeat
     from ..membership.small_state import Replicator
+    from . import neighbours
 
     m = membership()
     if m is None:
@@ -169,6 +174,7 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     rt.heartbeat = Heartbeat(m.store, rt.rank, config.heartbeat_s)
     rt.replicator = Replicator(m.store, rt.rank)
     rt.listeners.insert(0, rt.replicator)  # joins its write before any other listener sees the forward
+    neighbours.start(rt, m, plane, config)
 
 
 def _stepped_with_the_update(optimizer, schedulers, scalers) -> tuple[Any, ...]:

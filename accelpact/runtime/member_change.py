@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ..comm import _c10d, validate_group
 from ..control import ControlPlane
 from ..errors import EXIT_REJECTED, ControlPlaneError, RankFenced
@@ -27,6 +29,7 @@ from ..launch import Membership
 from ..membership import keys, mirror, pool, register, small_state, transfer, world
 from ..membership.decide import MembershipDecision, Presence
 from ..membership.pool import Activation
+from . import neighbours
 from .history import RecoveryRecord
 from .restore import restore_boundary
 
@@ -95,9 +98,11 @@ def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
     qualified = phase in rt.envelope.replace_phases
     unqualified = "" if qualified else (f"not qualified for {rt.profile} on {rt.platform} at {phase} "
                                         f"(envelope {rt.envelope_source}; `accelpact qualify` probes it)")
+    copies, copy_faults = neighbours.audit(rt)
     return Presence(position=rt.rank, frontier=rt.frontier, generation=rt.generation, rerun_ok=ok,
                     rerun_reason=why, replicas=tuple(replicas), replace_ok=qualified,
-                    replace_reason=unqualified, recoveries=rt._recoveries), undo
+                    replace_reason=unqualified, recoveries=rt._recoveries, copies=copies,
+                    copy_faults=copy_faults), undo
 
 
 def presence_grace_s(control_timeout_s: float, data_timeout_s: float) -> float:
@@ -120,11 +125,13 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     timings: dict[str, float] = {}
     clock = _Clock(timings)
     failed_world = m.world
+    if rt.neighbours is not None:
+        rt.neighbours.wait_packed()  # the restore below may write what the sender still reads
     presence, undo = presence_of(rt, phase)
     rt.trace.write({"kind": "observe", "seq": rt.control.seq, "update": rt.update_index, "phase_failed": str(phase),
                     "saw": True, "cause": "a member is missing", "failed_groups": []})
     _record(rt, "present", world=failed_world, position=rt.rank, frontier=rt.frontier, applied=undo,
-            rerun_ok=presence.rerun_ok)
+            rerun_ok=presence.rerun_ok, copies=[list(c) for c in presence.copies])
     register.post_presence(m.store, failed_world, presence)
     decision = register.await_decision(
         m.store, failed_world, m.world_size, grace_s=presence_grace_s(rt.config.control_timeout_s,
@@ -196,16 +203,25 @@ def _fresh_reducers(rt: Runtime) -> None:
 
 
 def _send_lost_shards(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange) -> None:
-    """As a holder of a lost shard: post the digest of this copy; as its source: send it."""
+    """As a holder of a lost shard: post the digest of this copy; as its source: send it. A
+    neighbour copy goes out as it arrived, under the lost rank's own digest and layout."""
     decision = change.decision
     for lost in decision.lost:
         if rt.rank not in decision.holders.get(lost, ()):
             continue
-        buf, digest = transfer.post_digest(m.store, m.world, lost, rt.rank, rt.model, rt.optimizer)
+        if decision.via.get(lost) == "neighbour":
+            held = rt.neighbours.held.get(lost, decision.frontier) if rt.neighbours is not None else None
+            if held is None:  # audited at presence; a copy is never dropped once complete at F
+                raise transfer.TransferError(f"rank {rt.rank} reported a neighbour copy of rank {lost} at "
+                                             f"F={decision.frontier} but holds none now")
+            buf, digest = torch.frombuffer(held.data, dtype=torch.uint8), held.digest
+            transfer.post_held_digest(m.store, m.world, lost, rt.rank, digest, int(buf.numel()), held.layout)
+        else:
+            buf, digest = transfer.post_digest(m.store, m.world, lost, rt.rank, rt.model, rt.optimizer)
         if decision.source[lost] == rt.rank:
             seconds = transfer.send(buf, to=lost, group=control.group)
             change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
-                                     "digest": digest, "send_s": seconds})
+                                     "digest": digest, "send_s": seconds, "via": decision.via.get(lost, "replica")})
             _record(rt, "transfer_sent", world=m.world, position=rt.rank, to=lost, bytes=int(buf.numel()),
                     digest=digest)
 
@@ -227,7 +243,8 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     lost = activation.position
     got = transfer.receive(m.store, m.world, lost, decision.source[lost], decision.holders[lost], model=rt.model,
                            optimizer=rt.optimizer, group=rt.control.group, timeout_s=rt.config.control_timeout_s)
-    change.transfers.append({"lost": lost, "from": decision.source[lost], **got.to_dict()})
+    change.transfers.append({"lost": lost, "from": decision.source[lost], "via": decision.via.get(lost, "replica"),
+                             **got.to_dict()})
     _record(rt, "transfer_verified", world=m.world, position=lost, digest=got.digest, ok=True, bytes=got.nbytes,
             holders=got.holders_agreeing)
     clock.lap("transfer")
@@ -374,3 +391,4 @@ def stop_workers(rt: Runtime) -> None:
     for worker in (rt.heartbeat, rt.replicator):
         if worker is not None:
             worker.stop()
+    neighbours.stop(rt)

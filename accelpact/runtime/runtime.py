@@ -80,7 +80,7 @@ class Runtime:
         self.timeouts = self.hang_watch = None
         self._recoveries, self._rewound, self._plans_deferred = 0, False, False
         self.deferral = DeferralCounts()  # a boundary agreed one step late (Config.boundary)
-        self.membership = self.heartbeat = self.replicator = None  # set by attach under ACCELPACT_SPARES
+        self.membership = self.heartbeat = self.replicator = self.neighbours = None  # set by attach under ACCELPACT_SPARES
         self.recipe, self.origin_names = None, {}  # what a rebuilt world replays (membership.world)
         self._tracker = PhaseTracker(model, optimizer, on_phase=self._notify, before_step=self._before_step,
                                      after_step=self._after_step)

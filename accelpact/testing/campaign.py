@@ -15,7 +15,10 @@ spec/AccelPact.tla (TLC).
 
 With `--spares S` every schedule runs on 4 active ranks + S hot spares (each a process, the store
 hosted here as torchrun's agent would): a killed rank's position is taken over in memory
-(Replace), and the summary counts it as recovered in memory (`expected_with_spares`).
+(Replace), and the summary counts it as recovered in memory (`expected_with_spares`). With
+`--profile fsdp2-full` the job is FSDP2 fully sharded over the 4 ranks (no replica holds a
+shard) with `Config.replicate="neighbour"`: a killed rank's state comes from the copy in its ring
+successor's memory.
 
 The expectation (`expected`) is pure; `run_schedule` is the effectful part. A failing schedule is
 shrunk by hypothesis and printed with the seed (and a @reproduce_failure blob) to replay it.
@@ -48,6 +51,9 @@ WORLD = 4
 #: share `rank % LOCAL`
 LOCAL = 2
 PHASES = ("forward", "backward", "optimizer", "committed")
+#: the campaign's job shapes: HSDP 2x2 (replica peers hold each shard), or FSDP2 fully sharded
+#: over the 4 ranks with neighbour copies (rank r's copy in rank r+1's memory)
+PROFILES = ("hsdp", "fsdp2-full")
 KINDS = ("skip", "late", "kill")
 
 
@@ -139,7 +145,7 @@ def parse_plan(text: str) -> tuple[Fault, ...]:
 
 
 def fault_shares(results: Sequence[tuple[str, str] | tuple[str, str, Sequence[str]]], *, rewind: bool,
-                 spares: int = 0, deferred_updates: int = 0) -> dict[str, int | float]:
+                 spares: int = 0, deferred_updates: int = 0, profile: str = "hsdp") -> dict[str, int | float]:
     """Of the faults that fired in first attempts, how many were recovered in memory.
 
     `results` are (schedule plan, observed outcome[, the first attempt's recoveries: with spares
@@ -154,7 +160,7 @@ def fault_shares(results: Sequence[tuple[str, str] | tuple[str, str, Sequence[st
     for schedule, observed, *rest in results:
         faults = parse_plan(schedule)
         exp = (expected_deferred(faults, updates=deferred_updates) if deferred_updates
-               else expected(faults, rewind=rewind, spares=spares))
+               else expected(faults, rewind=rewind, spares=spares, profile=profile))
         if deferred_updates:
             faults = deferred_equivalent(faults, updates=deferred_updates)
         if observed in IN_MEMORY:
@@ -232,7 +238,7 @@ def _preempted(kill: Fault, same_update: Sequence[Fault]) -> bool:
     return any(f.kind != "kill" and PHASES.index(f.phase) < PHASES.index(kill.phase) for f in same_update)
 
 
-def expected(faults: Sequence[Fault], *, rewind: bool = True, spares: int = 0) -> Expectation:
+def expected(faults: Sequence[Fault], *, rewind: bool = True, spares: int = 0, profile: str = "hsdp") -> Expectation:
     """Faults fire update by update. An update whose faults all strike at the committed boundary
     is preserved. With Rewind (the envelope qualifies it for forward and backward), an update
     interrupted mid-update is rewound once per firing of its mid-update faults (faults that fire
@@ -245,7 +251,7 @@ def expected(faults: Sequence[Fault], *, rewind: bool = True, spares: int = 0) -
         if not rewind:
             raise ValueError("spares need rt.step (the whole new world re-runs the interrupted update): "
                              "the paper's envelope has no Rewind")
-        return expected_with_spares(faults, spares)
+        return expected_with_spares(faults, spares, profile=profile)
     preserved: list[int] = []
     rewound: list[int] = []
     tokens: list[str] = []
@@ -297,7 +303,16 @@ def _interleavings(min_x: int, max_x: int, max_w: int) -> str:
     return "(?:" + "|".join(sorted(seqs, key=lambda q: (-len(q), q))) + ")"
 
 
-def expected_with_spares(faults: Sequence[Fault], spares: int) -> Expectation:
+def shares_holder(a: int, b: int, profile: str = "hsdp") -> bool:
+    """Ranks `a` and `b` lost together may leave a shard without a live holder: HSDP's replica
+    peers of one shard; fully sharded with neighbour copies, a rank and the ring successor whose
+    memory keeps its copy (in the same update the successor's replacement holds no copy yet)."""
+    if profile == "fsdp2-full":
+        return b == (a + 1) % WORLD or a == (b + 1) % WORLD
+    return a % LOCAL == b % LOCAL
+
+
+def expected_with_spares(faults: Sequence[Fault], spares: int, *, profile: str = "hsdp") -> Expectation:
     """The prescription when the job runs with `spares` hot spares and every update as rt.step.
 
     The runtime then keeps a pre-step copy (`step_copy`, forced with spares), so a skip inside
@@ -317,7 +332,8 @@ def expected_with_spares(faults: Sequence[Fault], spares: int) -> Expectation:
     - more killed ranks than free spares: a loss that cannot be replaced, the survivors reject
       and the job restarts cold ("killed", ending the first attempt in that update);
     - two replica peers of one shard killed in one update may die in the same pass, leaving no
-      holder of their state: the schedule may then end "killed" there (`alternatives`).
+      holder of their state: the schedule may then end "killed" there (`alternatives`); fully
+      sharded, a rank and the holder of its neighbour copy (`shares_holder`).
     """
     free = spares
     preserved: list[int] = []
@@ -358,7 +374,7 @@ def expected_with_spares(faults: Sequence[Fault], spares: int) -> Expectation:
         if len(kills) > free:
             tokens.append(_interleavings(0, free, len(mid)) + "R")
             return out("killed", update)
-        if any(a.rank % LOCAL == b.rank % LOCAL for a, b in itertools.combinations(kills, 2)):
+        if any(shares_holder(a.rank, b.rank, profile) for a, b in itertools.combinations(kills, 2)):
             alternatives.append(Expectation("killed", tuple(preserved), update, False, tuple(rewound),
                                             (*tokens, _interleavings(0, len(kills) - 1, len(mid)) + "R"),
                                             tuple(replaced), tuple(unfired)))
@@ -392,7 +408,7 @@ class ScheduleResult:
 
 def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, data_timeout_s: float = 1.5,
                  control_timeout_s: float = 6.0, timeout_s: float = 240.0, rewind: bool = True,
-                 spares: int = 0, boundary: str = "sync") -> ScheduleResult:
+                 spares: int = 0, boundary: str = "sync", profile: str = "hsdp") -> ScheduleResult:
     """Run one schedule on the real runtime; raise AssertionError when a property fails.
 
     `rewind`: every update runs as rt.step(fn) under an envelope qualifying Rewind for every
@@ -405,7 +421,9 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
     if spares:
         return run_schedule_with_spares(faults, workdir, spares=spares, updates=updates,
                                         data_timeout_s=data_timeout_s, control_timeout_s=control_timeout_s,
-                                        timeout_s=timeout_s)
+                                        timeout_s=timeout_s, profile=profile)
+    if profile != "hsdp":
+        raise ValueError(f"the {profile} profile needs spares (its neighbour copies serve a spare)")
     from model_checking.trace_validation import assert_valid_run
 
     from .drills import Drill, run_drill
@@ -457,7 +475,7 @@ def run_schedule(faults: Sequence[Fault], workdir: Path, *, updates: int = 6, da
 
 def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: int, updates: int = 6,
                              data_timeout_s: float = 1.5, control_timeout_s: float = 6.0,
-                             timeout_s: float = 300.0) -> ScheduleResult:
+                             timeout_s: float = 300.0, profile: str = "hsdp") -> ScheduleResult:
     """One schedule on 4 active ranks + `spares` spare processes, launched as torchrun would (this
     process hosts the store, so every rank may be killed), every update as rt.step(fn).
 
@@ -467,18 +485,21 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
     replaced ("killed"): every survivor rejected (exit 75) with the same recoveries. The
     recoveries fit the prescription (`expected_with_spares`); a spare's history starts at its
     arrival, so it must be a suffix of the survivors'. Traces go through TLC when no rank was
-    lost (spec/AccelPact.tla has no membership change yet)."""
+    lost (spec/AccelPact.tla has no membership change); a run with a loss has its membership
+    records checked against spec/Membership.tla's rules (`model_checking.membership_trace`)."""
     from model_checking.trace_validation import assert_valid_run
 
     from .drills import Drill
     from .spare_drill import drill_json
     from .spares import launch_with_spares
 
-    exp = expected(faults, rewind=True, spares=spares)
+    exp = expected(faults, rewind=True, spares=spares, profile=profile)
     trace = workdir / "trace"
+    full = profile == "fsdp2-full"
     drill = Drill(updates=updates, faults=plan(faults), data_timeout_s=data_timeout_s,
                   control_timeout_s=control_timeout_s, trace_dir=str(trace), rewind=True, envelope="permissive",
-                  max_rewinds=REWIND_BUDGET + spares)
+                  max_rewinds=REWIND_BUDGET + spares, framework="fsdp2-full" if full else "fsdp2",
+                  replicate="neighbour" if full else "off")
     cmd = [sys.executable, "-m", "accelpact.testing.spare_drill", "--drill", drill_json(drill), "--out", str(workdir)]
     t0 = time.monotonic()
     codes, output, _ = launch_with_spares(cmd, active=WORLD, spares=spares, log_dir=workdir, timeout_s=timeout_s)
@@ -523,6 +544,14 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
             assert r.get("mismatches") == [], f"rank {r['position']} differs from the reference: {r.get('mismatches')}"
     if -9 not in codes:  # a lost rank is a membership change, which the spec does not model yet
         assert_valid_run(trace)  # TLC: every attempt is a behaviour of the spec
+    else:  # the membership records against spec/Membership.tla's rules
+        from model_checking.membership_trace import check_membership_traces, load_membership_traces
+
+        replicas = [[p] for p in range(WORLD)] if full else [[p for p in range(WORLD) if p % LOCAL == i]
+                                                               for i in range(LOCAL)]
+        copies = {p: (p + 1) % WORLD for p in range(WORLD)} if full else None
+        broken = check_membership_traces(load_membership_traces(trace), replicas=replicas, copies=copies)
+        assert not broken, f"the membership records break the spec's rules: {broken}"
     return ScheduleResult(plan(faults), exp.outcome, observed, time.monotonic() - t0, extra=extra, recoveries=actions)
 
 
@@ -530,7 +559,7 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
 def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None,
              summary: Path | None, kinds: Sequence[str] = KINDS, data_timeout_s: float = 1.5,
              rewind: bool = True, runner: Any = None, spares: int = 0, keep_going: bool = False,
-             keep_failed: Path | None = None, boundary: str = "sync") -> int:
+             keep_failed: Path | None = None, boundary: str = "sync", profile: str = "hsdp") -> int:
     """Run `examples` schedules; write the summary; 0 if every property held.
 
     `runner` replaces `run_schedule` (tests of the driver itself: seeds, shrinking, summary).
@@ -551,7 +580,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
         in_memory = recoveries["preserve"] + recoveries["rewind"] + recoveries["replace"]
         summary.write_text(json.dumps({
             "envelope": "rewind" if rewind else "paper (preserve at committed boundaries only)", "spares": spares,
-            "boundary": boundary,
+            "boundary": boundary, "profile": profile,
             "schedules": len(done) + len(failures), "outcomes": dict(Counter(d.observed for d in done)),
             "recoveries": dict(recoveries), "killed": killed,
             # of every recovery the first attempts needed (a kill ends one with no recovery)
@@ -559,7 +588,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
             "schedules_without_restart_share": round(
                 sum(1 for d in done if d.observed in IN_MEMORY) / max(1, len(done)), 3),
             **fault_shares([(d.schedule, d.observed, d.recoveries) for d in done], rewind=rewind, spares=spares,
-                           deferred_updates=updates if boundary == "deferred" else 0),
+                           deferred_updates=updates if boundary == "deferred" else 0, profile=profile),
             "failures": failures, "seed": seed, "derandomize": derandomize,
             "wall_s": round(time.monotonic() - started, 1),
             "per_schedule_s": round(sum(d.wall_s for d in done) / max(1, len(done)), 1),
@@ -574,6 +603,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
             try:
                 res = runner(faults, Path(tmp), updates=updates, data_timeout_s=data_timeout_s, rewind=rewind,
                              **({"spares": spares} if spares else {}),
+                             **({"profile": profile} if profile != "hsdp" else {}),
                              **({"boundary": boundary} if boundary != "sync" else {}))
             except AssertionError as exc:
                 failures.append({"schedule": plan(faults), "error": str(exc)[:4000]})
@@ -593,6 +623,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
     test = one if derandomize else hyp_seed(seed)(one)
     print(f"[campaign] {examples} schedule(s), envelope {'rewind' if rewind else 'paper'}, "
           f"{f'{spares} spare(s), ' if spares else ''}{f'{boundary} boundaries, ' if boundary != 'sync' else ''}"
+          f"{f'profile {profile}, ' if profile != 'hsdp' else ''}"
           f"seed {seed if not derandomize else 'derandomized'} (replay: --seed {seed})", flush=True)
     try:
         test()
@@ -648,12 +679,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--boundary", choices=("sync", "deferred"), default="sync",
                    help="deferred: clean boundaries agreed one step late (Config.boundary; a checkpoint every "
                         f"{DEFERRED_CHECKPOINT_EVERY} updates keeps some synchronous)")
+    p.add_argument("--profile", choices=PROFILES, default="hsdp",
+                   help="hsdp: FSDP2 HSDP 2x2 (default); fsdp2-full: FSDP2 fully sharded over the 4 ranks with "
+                        "neighbour copies (needs --spares)")
     p.add_argument("--keep-going", action="store_true",
                    help="record a failing schedule and go on (no shrinking): one campaign measures every schedule")
     p.add_argument("--keep-failed", type=Path, default=None, help="copy a failing schedule's logs and traces here")
     args = p.parse_args(argv)
     if args.spares and args.envelope == "paper":
         p.error("--spares needs the rewind envelope (a Replace re-runs the interrupted update)")
+    if args.profile != "hsdp" and not args.spares:
+        p.error(f"--profile {args.profile} needs --spares (its neighbour copies serve a spare)")
     if args.boundary == "deferred" and (args.envelope == "paper" or args.spares):
         p.error("--boundary deferred needs the rewind envelope and no spares (accelpact.fsm.deferral)")
     seed = args.seed if args.seed is not None else random.randrange(2**32)
@@ -662,7 +698,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     examples = args.examples or (200 if args.campaign else 2)
     return campaign(examples, updates=args.updates, derandomize=not args.campaign, seed=seed, summary=args.summary,
                     rewind=args.envelope == "rewind", spares=args.spares, keep_going=args.keep_going,
-                    keep_failed=args.keep_failed, boundary=args.boundary)
+                    keep_failed=args.keep_failed, boundary=args.boundary, profile=args.profile)
 
 
 if __name__ == "__main__":

@@ -25,7 +25,7 @@ from .bitflip import BitFlip
 
 @dataclass(frozen=True)
 class Drill:
-    framework: str = "fsdp2"  # fsdp2 | fsdp1 | fsdp1-orig | ddp
+    framework: str = "fsdp2"  # fsdp2 | fsdp1 | fsdp1-orig | ddp | fsdp2-full
     updates: int = 6
     faults: str = ""
     layers: int = 2
@@ -61,6 +61,8 @@ class Drill:
     #: flipped at that update's committed boundary (`testing.bitflip`)
     digest_every: int = 0
     flip_bit: tuple[int, int] | None = None
+    #: Config.replicate ("neighbour": copies of unreplicated shards in a ring neighbour's memory)
+    replicate: str = "off"
 
 
 _seed = seed_everything
@@ -120,6 +122,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
         step_copy=drill.step_copy,
         max_rewinds_per_update=drill.max_rewinds,
         digest_every=drill.digest_every,
+        replicate=drill.replicate,
     )
     if drill.ddp_user_comm_hook:
         model.register_comm_hook(weakref.ref(model), _users_allreduce_hook)

@@ -1,0 +1,296 @@
+"""Neighbour-memory replication, the effects: a sender thread and a listening socket per rank.
+
+After each optimizer step the training thread hands the sender the *references* of what moves
+(`transfer.entries`: a parameter's local shard, buffers, optimizer state; no copy) and goes on.
+The sender packs them into its own buffer, hashes the bytes (SHA-256) and streams them to its
+ring neighbour over a plain TCP connection, which acknowledges once every byte is in its memory.
+Only the next optimizer step writes those tensors in place, so the training thread waits for the
+pack (not the network) in that step's pre-hook, and before a recovery restores anything; the
+time it waits there is the critical-path cost (`join_wait_s`), the rest overlaps forward and
+backward (`bench/replication.py`).
+
+Why a socket of its own, not a process group: the copy must outlive the groups a recovery
+retires and rebuilds, a broken connection must only lose one copy (never a collective's
+peers), and the receiver must be able to tell a complete copy from a partial one. Each frame's
+header is authenticated with the control plane's per-job secret (`control.auth`), so a process
+without it cannot plant a copy that a spare would adopt.
+
+Memory: a receiver keeps up to `neighbour.KEEP` complete copies per source plus one arriving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import keys
+from .neighbour import HeldCopies, NeighbourCopy
+
+log = logging.getLogger("accelpact.membership")
+
+_MAGIC = b"APN1"
+_ACK, _REFUSED = b"K", b"R"
+
+
+def _frame_mac(sealer: Any, header: dict) -> str:
+    return sealer.mac("neighbour-copy", header["source"], header["frontier"], header["nbytes"], header["digest"],
+                      json.dumps(header["layout"], sort_keys=True))
+
+
+def local_address(store_host: str) -> str:
+    """This host's address on the route to the store's host (what a peer can reach)."""
+    if store_host in ("localhost", "127.0.0.1", "::1", ""):
+        return "127.0.0.1"
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((store_host, 9))  # no packet is sent: this only picks the route
+        return probe.getsockname()[0]
+    finally:
+        probe.close()
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    out = bytearray(n)
+    _recv_into(conn, memoryview(out))
+    return bytes(out)
+
+
+def _recv_into(conn: socket.socket, view: memoryview) -> None:
+    got = 0
+    while got < len(view):
+        n = conn.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError(f"the sender closed the connection after {got} of {len(view)} bytes")
+        got += n
+
+
+class NeighbourReplicator:
+    """This rank's side of the ring: holds its predecessor's copies, sends its own to its holder.
+
+    `sends` is False where a replica peer holds this rank's shard already (HSDP, DDP): the copy
+    would protect nothing. `world()` names the current membership world (a spare's takeover
+    changes who listens at a position), `sealer()` the control plane's current authenticator."""
+
+    def __init__(self, *, store: dist.Store, position: int, world_size: int, stride: int, sends: bool,
+                 sealer: Callable[[], Any], world: Callable[[], int], timeout_s: float, store_host: str):
+        self.store, self.position, self.world_size, self.stride = store, position, world_size, stride
+        self.sends, self._sealer, self._world, self.timeout_s = sends, sealer, world, timeout_s
+        self.holder = (position + stride) % world_size
+        self.held = HeldCopies()
+        self.hook: Any = None  # the optimizer post-hook that offers copies (`runtime.neighbours`)
+        # what the sender did (the bench and rt.history read these)
+        self.sent = self.bytes = self.refused = 0
+        self.pack_s = self.hash_s = self.send_s = self.join_wait_s = 0.0
+        self.acked: int | None = None  # the newest frontier the holder acknowledged
+        self.error = ""
+        # one slot: the newest offer not yet taken by the sender (an older one it replaces is
+        # never sent), and whether the sender is still reading the training thread's tensors
+        self._slot = threading.Condition()
+        self._next: tuple[int, list, dict] | None = None
+        self._packing = False
+        self._torn = False  # the training thread stopped waiting: what is being packed is void
+        self._buf: torch.Tensor | None = None
+        self._conn: socket.socket | None = None
+        self._conn_world: int | None = None
+        self._closing = False
+        self._server = socket.create_server((local_address(store_host), 0))
+        host, port = self._server.getsockname()[:2]
+        store.set(keys.neighbour_address(position), json.dumps({"host": host, "port": port, "pid": os.getpid()}))
+        threading.Thread(target=self._accept, name="accelpact-neighbour-accept", daemon=True).start()
+        self._sender = threading.Thread(target=self._send_loop, name="accelpact-neighbour-send", daemon=True)
+        self._sender.start()
+
+    # -- the training thread ------------------------------------------------------------------
+    def offer(self, frontier: int, moved: list[tuple[str, torch.Tensor]], layout: dict) -> None:
+        """After the optimizer step of update `frontier`: replicate `moved` (references; they are
+        read by the sender until `wait_packed` returns). Never blocks."""
+        if not self.sends:
+            return
+        with self._slot:
+            self._next = (frontier, moved, layout)
+            self._slot.notify_all()
+
+    def wait_packed(self) -> None:
+        """Block until the sender has read every tensor it was offered (they may change next)."""
+        with self._slot:
+            if self._next is None and not self._packing:
+                return
+            t = time.perf_counter()
+            done = self._slot.wait_for(lambda: self._next is None and not self._packing, timeout=self.timeout_s)
+            self.join_wait_s += time.perf_counter() - t
+            if not done:  # the tensors change from here on: what the sender reads must not be sent
+                self._torn, self._next = True, None
+                log.warning("neighbour copy: packing did not finish in %.1f s; this copy is dropped",
+                            self.timeout_s, extra={"position": self.position})
+
+    # -- UpdateListener: the optimizer step and a recovery's restore write what is being read --
+    def on_phase(self, update: int, phase: Any) -> None:
+        if str(phase) == "optimizer":
+            self.wait_packed()
+
+    def on_recovery_step(self, update: int, step: str) -> None:
+        self.wait_packed()
+
+    def probe_order(self, labels: list[str]) -> list[str]:
+        return labels
+
+    def before_probe(self, label: str) -> bool:
+        return True
+
+    def stop(self) -> None:
+        with self._slot:
+            self._closing = True
+            self._slot.notify_all()
+        for s in (self._server, self._conn):
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"sends": self.sends, "holder": self.holder, "sent": self.sent, "bytes": self.bytes,
+                "acked": self.acked, "refused": self.refused, "pack_s": self.pack_s, "hash_s": self.hash_s,
+                "send_s": self.send_s, "join_wait_s": self.join_wait_s, "held": {
+                    str(s): self.held.frontiers(s) for s in self.held.sources()}, "error": self.error}
+
+    # -- the sender thread --------------------------------------------------------------------
+    def _pack(self, moved: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+        total = sum(t.numel() * t.element_size() for _, t in moved)
+        if self._buf is None or self._buf.numel() != total:
+            self._buf = torch.empty(total, dtype=torch.uint8)
+        offset = 0
+        for _, t in moved:
+            n = t.numel() * t.element_size()
+            self._buf[offset:offset + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+            offset += n
+        return self._buf
+
+    def _take(self) -> tuple[int, list, dict] | None:
+        with self._slot:
+            self._slot.wait_for(lambda: self._next is not None or self._closing)
+            if self._closing:
+                return None
+            item, self._next = self._next, None
+            self._packing, self._torn = True, False
+            return item
+
+    def _send_loop(self) -> None:
+        while (item := self._take()) is not None:
+            frontier, moved, layout = item
+            t = time.perf_counter()
+            try:
+                buf = self._pack(moved)
+            finally:
+                del moved, item  # the training thread's tensors are not read after this
+                with self._slot:
+                    self._packing, torn = False, self._torn
+                    self._slot.notify_all()
+            self.pack_s += time.perf_counter() - t
+            if torn:
+                continue
+            try:
+                self._send(frontier, buf, layout)
+            except (OSError, ValueError, KeyError) as exc:  # one copy lost; the decision sees it is missing
+                self.error = f"copy of F={frontier} to rank {self.holder}: {type(exc).__name__}: {exc}"
+                log.warning("neighbour copy failed: %s", self.error, extra={"position": self.position})
+                self._drop_connection()
+
+    def _send(self, frontier: int, buf: torch.Tensor, layout: dict) -> None:
+        t = time.perf_counter()
+        data = buf.numpy()
+        header = {"source": self.position, "frontier": int(frontier), "nbytes": int(buf.numel()),
+                  "digest": hashlib.sha256(data).hexdigest(), "layout": layout}
+        header["mac"] = _frame_mac(self._sealer(), header)
+        self.hash_s += time.perf_counter() - t
+        t = time.perf_counter()
+        conn = self._connection()
+        raw = json.dumps(header).encode()
+        conn.sendall(_MAGIC + struct.pack(">I", len(raw)) + raw)
+        conn.sendall(memoryview(data))
+        answer = _recv_exact(conn, 1)
+        self.send_s += time.perf_counter() - t
+        if answer != _ACK:
+            self.refused += 1
+            raise ValueError(f"rank {self.holder} refused the copy (authentication)")
+        self.sent += 1
+        self.bytes = int(buf.numel())
+        self.acked, self.error = int(frontier), ""
+
+    def _connection(self) -> socket.socket:
+        world = self._world()
+        if self._conn is not None and self._conn_world == world:
+            return self._conn
+        self._drop_connection()
+        where = json.loads(self.store.get(keys.neighbour_address(self.holder)))
+        conn = socket.create_connection((where["host"], int(where["port"])), timeout=self.timeout_s)
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._conn, self._conn_world = conn, world
+        return conn
+
+    def _drop_connection(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except OSError:
+                pass
+        self._conn = self._conn_world = None
+
+    # -- the receiving side -------------------------------------------------------------------
+    def _accept(self) -> None:
+        while not self._closing:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return  # closed by stop()
+            threading.Thread(target=self._receive_loop, args=(conn,), name="accelpact-neighbour-recv",
+                             daemon=True).start()
+
+    def _receive_loop(self, conn: socket.socket) -> None:
+        with conn:
+            while not self._closing:
+                try:
+                    if not self._receive_one(conn):
+                        return
+                except (OSError, ValueError, KeyError, ConnectionError) as exc:  # the partial copy is dropped
+                    if not self._closing:
+                        log.info("neighbour copy from a peer ended: %s: %s", type(exc).__name__, exc,
+                                 extra={"position": self.position})
+                    return
+
+    def _receive_one(self, conn: socket.socket) -> bool:
+        first = conn.recv(4)
+        if not first:
+            return False  # the sender closed between copies
+        magic = first + _recv_exact(conn, 4 - len(first)) if len(first) < 4 else first
+        if magic != _MAGIC:
+            raise ValueError(f"not a neighbour copy frame: {magic!r}")
+        (length,) = struct.unpack(">I", _recv_exact(conn, 4))
+        header = json.loads(_recv_exact(conn, length))
+        source, frontier = int(header["source"]), int(header["frontier"])
+        authentic = hmac.compare_digest(str(header.get("mac", "")), _frame_mac(self._sealer(), header))
+        if authentic:
+            self.held.begin(source, frontier)
+        data = bytearray(int(header["nbytes"]))
+        _recv_into(conn, memoryview(data))
+        if not authentic:
+            conn.sendall(_REFUSED)
+            log.warning("refused a neighbour copy claiming rank %d at F=%d: its header fails authentication",
+                        source, frontier, extra={"position": self.position})
+            return True
+        self.held.complete(NeighbourCopy(source=source, frontier=frontier, digest=str(header["digest"]),
+                                         layout=header["layout"], data=data))
+        conn.sendall(_ACK)
+        return True

@@ -1,0 +1,63 @@
+"""Neighbour-memory replication wired into a runtime (`Config.replicate="neighbour"`).
+
+The rules are `membership.neighbour`, the sockets and threads `membership.replication`; this
+module only connects them to the runtime: it starts the replicator under spares, offers the
+shard state after every optimizer step (a post-hook on the optimizer), makes every restore wait
+until the sender has read the tensors, and gives a survivor's presence its verified copies."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from ..membership import neighbour, transfer
+from ..membership.replication import NeighbourReplicator
+
+if TYPE_CHECKING:
+    from ..config import Config
+    from ..launch import Membership
+    from .data_plane import DataPlane
+    from .runtime import Runtime
+
+
+def start(rt: Runtime, m: Membership, plane: DataPlane, config: Config) -> None:
+    """Under spares with `replicate="neighbour"`: listen for the predecessor's copies, and send
+    this rank's own after each step unless a replica peer holds its shard already."""
+    if config.replicate != "neighbour":
+        return
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        stride = neighbour.ring_stride(m.world_size, configured=config.replicate_stride,
+                                       local_world_size=int(local) if local else None)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    replicate = plane.gids.get("replicate")
+    sends = replicate is None or len(replicate.ranks) <= 1
+    rt.neighbours = NeighbourReplicator(
+        store=m.store, position=rt.rank, world_size=m.world_size, stride=stride, sends=sends,
+        sealer=lambda: rt.control.sealer, world=lambda: rt.membership.world,
+        timeout_s=float(config.control_timeout_s), store_host=os.environ.get("MASTER_ADDR", "127.0.0.1"))
+    rt.listeners.insert(0, rt.neighbours)  # the optimizer-phase wait comes before any other listener
+    rt.neighbours.hook = rt.optimizer.register_step_post_hook(lambda *_: offer(rt))
+
+
+def offer(rt: Runtime) -> None:
+    """After update F+1's optimizer step: its state goes to the neighbour, labelled F+1."""
+    if not rt.neighbours.sends:
+        return
+    moved = transfer.entries(rt.model, rt.optimizer)
+    rt.neighbours.offer(rt.update_index, moved, transfer.manifest(rt.model, rt.optimizer, moved))
+
+
+def audit(rt: Runtime) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
+    """The neighbour copies this survivor holds that verify, and the ones that do not."""
+    if rt.neighbours is None:
+        return (), ()
+    return rt.neighbours.held.audit()
+
+
+def stop(rt: Runtime) -> None:
+    if rt.neighbours is not None:
+        rt.neighbours.hook.remove()
+        rt.neighbours.stop()
