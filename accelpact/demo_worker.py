@@ -188,7 +188,9 @@ def report(args, verdicts) -> int:
             r = rec["replacement"]
             moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', '?')}: {t['bytes']} B"
                               f"{' (neighbour copy)' if t.get('via') == 'neighbour' else ''}" for t in r["transfers"])
+            copies = sorted(k for k, v in r.get("via", {}).items() if v == "neighbour")
             print(f"       lost {r['lost']}, spares {r['spares']} took over, state from {r['sources']}"
+                  f"{f' (neighbour copy of rank(s) {copies})' if copies else ''}"
                   f"{' (' + moved + ')' if moved else ''}")
     ok = True
     if "mismatches" in verdicts[0]:

@@ -156,7 +156,7 @@ def test_a_copy_reaches_the_neighbour_with_the_bytes_read_before_the_step_change
         w = torch.arange(1000, dtype=torch.float32)
         m = torch.ones(10, dtype=torch.float64)
         layout = {"tensors": [["w", [1000], "float32"], ["m", [10], "float64"]], "scalars": {}}
-        ring[0].offer(7, [("w", w), ("m", m)], layout)
+        ring[0].offer(7, [("w", w), ("m", m)], lambda: layout)
         ring[0].wait_packed()  # the optimizer pre-hook waits here; the step writes in place next
         w.add_(1.0)
         assert _wait(lambda: ring[1].held.get(0, 7) is not None), ring[0].stats()
@@ -174,7 +174,7 @@ def test_a_copy_reaches_the_neighbour_with_the_bytes_read_before_the_step_change
 def test_a_copy_signed_with_another_secret_is_refused(store):
     ring = _ring(store, [Sealer(b"a" * 32, "job"), Sealer(b"b" * 32, "job")])
     try:
-        ring[0].offer(3, [("w", torch.zeros(4))], {"tensors": [], "scalars": {}})
+        ring[0].offer(3, [("w", torch.zeros(4))], lambda: {"tensors": [], "scalars": {}})
         assert _wait(lambda: ring[0].refused == 1), ring[0].stats()
         assert ring[1].held.sources() == [] and "refused" in ring[0].error
     finally:
@@ -186,7 +186,7 @@ def test_a_copy_cut_off_midway_never_becomes_visible_and_the_last_complete_one_s
     secret = Sealer(b"s" * 32, "job")
     ring = _ring(store, [secret, secret])
     try:
-        ring[0].offer(4, [("w", torch.zeros(8))], {"tensors": [], "scalars": {}})
+        ring[0].offer(4, [("w", torch.zeros(8))], lambda: {"tensors": [], "scalars": {}})
         assert _wait(lambda: ring[1].held.get(0, 4) is not None)
         where = json.loads(store.get(keys.neighbour_address(1)))
         header = {"source": 0, "frontier": 5, "nbytes": 1 << 20, "digest": "0" * 64, "layout": {}}

@@ -16,6 +16,11 @@ header is authenticated with the control plane's per-job secret (`control.auth`)
 without it cannot plant a copy that a spare would adopt.
 
 Memory: a receiver keeps up to `neighbour.KEEP` complete copies per source plus one arriving.
+
+On a GPU the pack is a device-to-host copy on the sender thread's current (default) stream,
+queued after the optimizer step that produced the values (the offer comes from the step's
+post-hook) and finished before the next step is queued (the pre-hook waits for it); forward and
+backward kernels in between only read the sharded parameters. Read, not run here.
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ class NeighbourReplicator:
         # one slot: the newest offer not yet taken by the sender (an older one it replaces is
         # never sent), and whether the sender is still reading the training thread's tensors
         self._slot = threading.Condition()
-        self._next: tuple[int, list, dict] | None = None
+        self._next: tuple[int, list, Callable[[], dict]] | None = None
         self._packing = False
         self._torn = False  # the training thread stopped waiting: what is being packed is void
         self._buf: torch.Tensor | None = None
@@ -113,9 +118,11 @@ class NeighbourReplicator:
         self._sender.start()
 
     # -- the training thread ------------------------------------------------------------------
-    def offer(self, frontier: int, moved: list[tuple[str, torch.Tensor]], layout: dict) -> None:
+    def offer(self, frontier: int, moved: list[tuple[str, torch.Tensor]], layout: Callable[[], dict]) -> None:
         """After the optimizer step of update `frontier`: replicate `moved` (references; they are
-        read by the sender until `wait_packed` returns). Never blocks."""
+        read by the sender until `wait_packed` returns), described by `layout()`, which the sender
+        calls while it packs (the optimizer's state is not written before the next step). Never
+        blocks."""
         if not self.sends:
             return
         with self._slot:
@@ -178,7 +185,7 @@ class NeighbourReplicator:
             offset += n
         return self._buf
 
-    def _take(self) -> tuple[int, list, dict] | None:
+    def _take(self) -> tuple[int, list, Callable[[], dict]] | None:
         with self._slot:
             self._slot.wait_for(lambda: self._next is not None or self._closing)
             if self._closing:
@@ -189,12 +196,12 @@ class NeighbourReplicator:
 
     def _send_loop(self) -> None:
         while (item := self._take()) is not None:
-            frontier, moved, layout = item
+            frontier, moved, describe = item
             t = time.perf_counter()
             try:
-                buf = self._pack(moved)
+                buf, layout = self._pack(moved), describe()
             finally:
-                del moved, item  # the training thread's tensors are not read after this
+                del moved, item, describe  # the training thread's tensors are not read after this
                 with self._slot:
                     self._packing, torn = False, self._torn
                     self._slot.notify_all()

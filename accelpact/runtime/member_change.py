@@ -167,19 +167,24 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     world.finish(rt.recipe)
     _rebuild_checkpointer(rt)
     clock.lap("control")
-    for label, old in old_groups.items():
-        new = built[rt.origin_names[label]]
-        report = rt.data_plane.plans[label].rebind(new)
-        rt.data_plane.plans[label].prove(old)
-        rt.data_plane.install(label, new, decision.generation, rebound=True)
-        for kind, n in report.counts.items():
-            change.rebound[kind] = change.rebound.get(kind, 0) + n
+    _rebind_groups(rt, old_groups, built, change)
     _fresh_reducers(rt)
     clock.lap("rebind")
     _send_lost_shards(rt, m, control, change)
     clock.lap("transfer")
     _finish(rt, m, control, change, clock)
     return change
+
+
+def _rebind_groups(rt: Runtime, old_groups: dict, built: dict, change: MemberChange) -> None:
+    """Every cached reference to a group of the old world now names its rebuilt twin, proved."""
+    for label, old in old_groups.items():
+        new = built[rt.origin_names[label]]
+        report = rt.data_plane.plans[label].rebind(new)
+        rt.data_plane.plans[label].prove(old)
+        rt.data_plane.install(label, new, change.decision.generation, rebound=True)
+        for kind, n in report.counts.items():
+            change.rebound[kind] = change.rebound.get(kind, 0) + n
 
 
 def _mirror_constructors(rt: Runtime, built: dict) -> None:
@@ -306,7 +311,8 @@ def describe(change: MemberChange, rank: int) -> dict[str, Any]:
     """The trace/history fields that name who was lost, who took over, where the state came from."""
     d = change.decision
     return {"lost": list(d.lost), "spares": {str(k): v for k, v in d.assign.items()},
-            "sources": {str(k): v for k, v in d.source.items()}, "world": change.world + 1,
+            "sources": {str(k): v for k, v in d.source.items()}, "via": {str(k): v for k, v in d.via.items()},
+            "world": change.world + 1,
             "transfers": change.transfers, "rank": rank}
 
 

@@ -46,8 +46,8 @@ def offer(rt: Runtime) -> None:
     """After update F+1's optimizer step: its state goes to the neighbour, labelled F+1."""
     if not rt.neighbours.sends:
         return
-    moved = transfer.entries(rt.model, rt.optimizer)
-    rt.neighbours.offer(rt.update_index, moved, transfer.manifest(rt.model, rt.optimizer, moved))
+    moved = transfer.entries(rt.model, rt.optimizer)  # here: a forward swaps FSDP2's module parameters
+    rt.neighbours.offer(rt.update_index, moved, lambda: transfer.manifest(rt.model, rt.optimizer, moved))
 
 
 def audit(rt: Runtime) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
