@@ -6,7 +6,7 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 WORKERS ?= 2
 
-.PHONY: install test lint pytest modelcheck check demo bench clean campaign campaign-spares qualify
+.PHONY: install test lint pytest modelcheck check demo bench clean campaign campaign-spares campaign-full qualify
 
 install: $(STAMP)
 
@@ -90,6 +90,13 @@ campaign-spares: install
 	$(PY) -m accelpact.testing.campaign --campaign --examples $(SPARES_EXAMPLES) --spares $(or $(SPARES),2) \
 	  --keep-going --keep-failed runs/campaign-spares/failed --summary campaign-spares-summary.json \
 	  $(if $(SEED),--seed $(SEED))
+
+# The same with a fully sharded job: FSDP2 over the 4 ranks, no replica, neighbour copies
+# (Config.replicate="neighbour"): a killed rank's state comes from its ring successor's memory.
+campaign-full: install
+	$(PY) -m accelpact.testing.campaign --campaign --examples $(SPARES_EXAMPLES) --spares $(or $(SPARES),2) \
+	  --profile fsdp2-full --keep-going --keep-failed runs/campaign-full/failed \
+	  --summary campaign-full-summary.json $(if $(SEED),--seed $(SEED))
 
 # Measure which recovery actions work on this platform and write the envelope file the runtime
 # obeys (~/.cache/accelpact/envelope.json; about 5 minutes on 2 cores, QUICK=1 about 2).
