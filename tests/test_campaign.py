@@ -241,6 +241,19 @@ def test_two_replica_peers_killed_in_one_update_may_leave_no_holder_of_their_sha
         expected((Fault(3, "forward", 0, "kill"),), rewind=False, spares=1)
 
 
+def test_fully_sharded_a_rank_and_the_holder_of_its_copy_killed_in_one_update_may_leave_no_copy():
+    """fsdp2-full: rank r's neighbour copy lives in rank r+1's memory. Ranks 1 and 2 killed in one
+    update may leave rank 1's state nowhere; ranks 0 and 2 (replica peers under HSDP) do not
+    share a holder there; and ranks 3 and 0 close the ring."""
+    def alternatives(a: int, b: int, profile: str) -> list[str]:
+        faults = (Fault(3, "forward", a, "kill"), Fault(3, "backward", b, "kill"))
+        return [x.outcome for x in expected(faults, spares=2, profile=profile).alternatives]
+
+    assert alternatives(1, 2, "fsdp2-full") == ["killed"] and alternatives(1, 2, "hsdp") == []
+    assert alternatives(0, 2, "fsdp2-full") == [] and alternatives(0, 2, "hsdp") == ["killed"]
+    assert alternatives(3, 0, "fsdp2-full") == ["killed"]
+
+
 def test_fault_shares_count_replaced_kills_as_recovered_in_memory():
     from accelpact.testing.campaign import fault_shares
 
