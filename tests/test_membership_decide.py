@@ -48,7 +48,7 @@ def test_a_survivor_whose_envelope_does_not_qualify_replace_rejects_it_with_the_
                            replace_reason="not qualified for ddp on cpu-gloo at backward")
     d = decide_membership(world=0, world_size=4, reports=[_hsdp(0), unqualified, _hsdp(2)], free_spares=[4],
                           small_state_at={3: 4})
-    assert not d.replace and any("rank 1's envelope does not qualify Replace: not qualified for ddp" in r
+    assert not d.replace and any("rank 1 cannot take part in a Replace: not qualified for ddp" in r
                                  for r in d.reasons)
     assert Presence.from_json(unqualified.to_json()) == unqualified
 

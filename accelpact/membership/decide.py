@@ -36,7 +36,8 @@ class Presence:
     rerun_reason: str = ""
     #: the members of this rank's replicate group (its replica peers hold the same state)
     replicas: tuple[int, ...] = ()
-    #: this rank's envelope qualifies Replace for its failure phase, and why not
+    #: this rank can take part in a Replace (its envelope qualifies it for its failure phase, its
+    #: script made no group after attach), and why not
     replace_ok: bool = True
     replace_reason: str = ""
     #: recoveries this rank has counted, this one included: they name the control plane's
@@ -133,7 +134,7 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
         if not r.rerun_ok:
             reasons.append(f"rank {r.position} cannot re-run the update in flight: {r.rerun_reason or 'unknown'}")
         if not r.replace_ok:
-            reasons.append(f"rank {r.position}'s envelope does not qualify Replace: {r.replace_reason or 'unknown'}")
+            reasons.append(f"rank {r.position} cannot take part in a Replace: {r.replace_reason or 'unknown'}")
     frontier = frontiers[0] if frontiers else 0
     if len(free_spares) < len(lost):
         reasons.append(f"{len(lost)} rank(s) lost ({list(lost)}) but {len(free_spares)} spare(s) free")

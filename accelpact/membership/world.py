@@ -69,6 +69,19 @@ def record(control_group: dist.ProcessGroup, timeout_of) -> WorldRecipe:
     return WorldRecipe(tuple(groups), control_group.group_name, _c10d.group_count())
 
 
+def groups_made_after_attach(recipe: WorldRecipe) -> str:
+    """Why a spare cannot join, if the script made counter-named groups after attach (empty if
+    not). A spare's script makes them after its own attach, when it has joined: no survivor
+    would meet that `new_group`, and the spare would hang in it until its timeout. AccelPact's
+    own groups after attach are named by label (`make_group`) or restore the counter."""
+    made = _c10d.group_count() - recipe.count_after_attach
+    if made <= 0:
+        return ""
+    return (f"the script made {made} group(s) by new_group or init_device_mesh after attach (c10d's counter reads "
+            f"{_c10d.group_count()}, {recipe.count_after_attach} right after attach): a spare's script would make "
+            "them after it joined, where no survivor meets it; make every group before attach")
+
+
 def init_world(job_store: dist.Store, world: int, *, position: int, world_size: int, backend: str,
                timeout: datetime.timedelta) -> None:
     """(Re-)initialise the default group of world `world` (destroying the old one and every group

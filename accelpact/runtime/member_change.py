@@ -96,8 +96,11 @@ def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
     gid = rt.data_plane.gids.get("replicate")
     replicas = gid.ranks if gid is not None else ()
     qualified = phase in rt.envelope.replace_phases
-    unqualified = "" if qualified else (f"not qualified for {rt.profile} on {rt.platform} at {phase} "
-                                        f"(envelope {rt.envelope_source}; `accelpact qualify` probes it)")
+    unqualified = "" if qualified else (f"its envelope does not qualify Replace: not qualified for {rt.profile} on "
+                                        f"{rt.platform} at {phase} (envelope {rt.envelope_source}; `accelpact qualify` "
+                                        "probes it)")
+    late = world.groups_made_after_attach(rt.recipe)
+    qualified, unqualified = qualified and not late, "; ".join(x for x in (unqualified, late) if x)
     copies, copy_faults = neighbours.audit(rt)
     return Presence(position=rt.rank, frontier=rt.frontier, generation=rt.generation, rerun_ok=ok,
                     rerun_reason=why, replicas=tuple(replicas), replace_ok=qualified,
