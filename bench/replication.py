@@ -108,6 +108,7 @@ def worker(args: argparse.Namespace) -> int:
 def summarise(size_mb: float, dim: int, ranks: list[dict]) -> dict:
     arms: dict[str, list[float]] = {"off": [], "neighbour": []}
     work = wait = copies = 0.0
+    parts = {"pack_s": 0.0, "hash_s": 0.0, "send_s": 0.0}
     loads, nbytes = [], 0
     for r in ranks:
         for b in r["blocks"]:
@@ -115,6 +116,8 @@ def summarise(size_mb: float, dim: int, ranks: list[dict]) -> dict:
             loads.append(b["load"])
             if b["arm"] == "neighbour":
                 work += b["pack_s"] + b["hash_s"] + b["send_s"]
+                for k in parts:
+                    parts[k] += b[k]
                 wait += b["join_wait_s"]
                 copies += b["sent"]
                 nbytes = max(nbytes, b["bytes"])
@@ -124,7 +127,8 @@ def summarise(size_mb: float, dim: int, ranks: list[dict]) -> dict:
             "exposed_ms": wait / max(copies, 1) * 1e3,
             # the share of the sender's work that did not show in the update time (waits and CPU contention)
             "hidden": 1 - max(0.0, on - off) / (work / copies) if work and copies else float("nan"),
-            "copies": int(copies), "load": statistics.mean(loads) if loads else float("nan")}
+            "copies": int(copies), "load": statistics.mean(loads) if loads else float("nan"),
+            **{k.replace("_s", "_ms"): v / max(copies, 1) * 1e3 for k, v in parts.items()}}
 
 
 def main() -> int:
@@ -157,11 +161,12 @@ def main() -> int:
         results.append(s)
         rows.append([f"{size:g}", dim, f"{s['bytes_per_copy'] / 1e6:.1f}", f"{s['off_ms']:.1f}",
                      f"{s['neighbour_ms']:.1f}", f"{s['ratio']:.3f}", f"{s['added_ms']:+.1f}",
-                     f"{s['copy_work_ms']:.1f}", f"{s['exposed_ms']:.2f}", f"{s['hidden']:.1%}", f"{s['load']:.2f}"])
+                     f"{s['copy_work_ms']:.1f} ({s['pack_ms']:.0f}/{s['hash_ms']:.0f}/{s['send_ms']:.0f})",
+                     f"{s['exposed_ms']:.2f}", f"{s['hidden']:.1%}", f"{s['load']:.2f}"])
         print(f"  {size:g} MB done in {seconds:.0f} s", flush=True)
     print(f"\nneighbour replication, FSDP2 fully sharded over {args.nproc} ranks (+1 spare), blocks of {args.updates} "
           f"updates x {args.rounds} per arm, alternating, in one job per size")
-    print(table(["MB/rank", "dim", "MB/copy", "off ms", "copy ms", "ratio", "added", "copy work ms",
+    print(table(["MB/rank", "dim", "MB/copy", "off ms", "copy ms", "ratio", "added", "copy work ms (pack/hash/net)",
                  "exposed ms", "hidden", "load"], rows))
     print("copy work: the sender's pack + SHA-256 + network per copy (its own thread); exposed: what the training "
           "thread waited for the pack in the next optimizer pre-hook; hidden: 1 - added / copy work")

@@ -52,11 +52,11 @@ def _copy(source: int, frontier: int, payload: bytes = b"abc") -> NeighbourCopy:
 
 def test_held_copies_keep_the_two_newest_complete_and_a_resend_voids_its_label():
     held = HeldCopies()
-    for f in (3, 4, 5):
-        held.complete(_copy(1, f))
-    assert held.frontiers(1) == [4, 5]
-    held.begin(1, 5)  # update 5 was undone and runs again: its old copy must not outlive the resend
-    assert held.frontiers(1) == [4]
+    assert held.complete(_copy(1, 3)) == [] and held.complete(_copy(1, 4)) == []
+    gone = held.complete(_copy(1, 5))
+    assert held.frontiers(1) == [4, 5] and [c.frontier for c in gone] == [3]  # its memory may be reused
+    voided = held.begin(1, 5)  # update 5 was undone and runs again: its old copy must not outlive the resend
+    assert held.frontiers(1) == [4] and [c.frontier for c in voided] == [5]
     assert held.get(1, 4) is not None and held.get(1, 5) is None
 
 
@@ -166,6 +166,11 @@ def test_a_copy_reaches_the_neighbour_with_the_bytes_read_before_the_step_change
                               torch.ones(10, dtype=torch.float64).view(torch.uint8)])
         assert bytes(copy.data) == expected.numpy().tobytes()
         assert _wait(lambda: ring[0].acked == 7) and ring[0].sent == 1
+        first = ring[1].held.get(0, 7).data
+        for f in (8, 9, 10):  # two held and one arriving: the fourth copy reuses the first one's memory
+            ring[0].offer(f, [("w", w), ("m", m)], lambda: layout)
+            assert _wait(lambda f=f: ring[0].acked == f)
+        assert ring[1].held.frontiers(0) == [9, 10] and ring[1].held.get(0, 10).data is first
     finally:
         for r in ring:
             r.stop()

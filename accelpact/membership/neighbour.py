@@ -67,22 +67,22 @@ class HeldCopies:
         self._lock = threading.Lock()
         self._copies: dict[int, dict[int, NeighbourCopy]] = {}
 
-    def begin(self, source: int, frontier: int) -> None:
+    def begin(self, source: int, frontier: int) -> list[NeighbourCopy]:
         """A copy of `source` at `frontier` starts arriving: a held copy with the same or a later
         label came from an update that was undone since (a Rewind), and goes now, so that a
-        re-sent copy that never completes leaves no copy of that label rather than the old one."""
+        re-sent copy that never completes leaves no copy of that label rather than the old one.
+        Returns what went (its memory may be reused)."""
         with self._lock:
             held = self._copies.get(source, {})
-            for label in [f for f in held if f >= frontier]:
-                del held[label]
+            return [held.pop(label) for label in [f for f in held if f >= frontier]]
 
-    def complete(self, copy: NeighbourCopy) -> None:
-        """Every byte of `copy` arrived: it becomes visible; the oldest beyond `KEEP` goes."""
+    def complete(self, copy: NeighbourCopy) -> list[NeighbourCopy]:
+        """Every byte of `copy` arrived: it becomes visible; the oldest beyond `KEEP` goes (and is
+        returned: its memory may be reused)."""
         with self._lock:
             held = self._copies.setdefault(copy.source, {})
             held[copy.frontier] = copy
-            for old in sorted(held)[:-KEEP]:
-                del held[old]
+            return [held.pop(old) for old in sorted(held)[:-KEEP]]
 
     def get(self, source: int, frontier: int) -> NeighbourCopy | None:
         with self._lock:
