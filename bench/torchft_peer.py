@@ -11,7 +11,10 @@ replica stalls past the timeout (T + 0.5 s) and then returns, at update X.
   should_commit → optimizer step. A failed commit discards the update, which is retried with the
   same batch. The stall happens before the allreduce of update X.
 - AccelPact: DDP over the same replicas, `accelpact.attach`, fault `late@X:committed:r` (the rank
-  arrives at the boundary's collective after the timeout): the group is repaired in memory.
+  arrives at the boundary's collective after the timeout): the group is repaired in memory. Its
+  per-update cost is measured twice: the default synchronous boundary (`with rt.update()`), and
+  the opt-in deferred one (`Config(boundary="deferred")`, `rt.step`), whose flag overlaps the
+  next update.
 
 Measured per system: per-update cost against plain gloo on the same model (torchft: flat
 all-reduce on a plain gloo group; AccelPact: the same DDP model outside `rt.update()`), in paired,
@@ -218,12 +221,18 @@ def accelpact_cost_worker(rank: int, world: int, cfg: dict) -> dict:
     import accelpact
 
     model, optimizer, data = _accelpact_model(cfg, rank, world)
+    deferred = cfg.get("boundary") == "deferred"  # rt.step under a Rewind envelope: the flag overlaps the next update
     rt = accelpact.attach(model, optimizer, data_state=data, config=accelpact.Config(
-        data_timeout_s=cfg["timeout"], control_timeout_s=cfg["control_timeout"]))
+        data_timeout_s=cfg["timeout"], control_timeout_s=cfg["control_timeout"],
+        **({"boundary": "deferred", "envelope": "permissive"} if deferred else {})))
     plain, guarded = [], []
     for i in range(2 * (cfg["pairs"] + cfg["warmup"])):
         t0 = time.perf_counter()
-        if i % 2:
+        if i % 2 and deferred:
+            rt.step(lambda: _ddp_step(model, optimizer, data.next_batch()))
+            if i >= 2 * cfg["warmup"]:
+                guarded.append(time.perf_counter() - t0)
+        elif i % 2:
             with rt.update():
                 _ddp_step(model, optimizer, data.next_batch())
             if i >= 2 * cfg["warmup"]:
@@ -232,6 +241,7 @@ def accelpact_cost_worker(rank: int, world: int, cfg: dict) -> dict:
             _ddp_step(model, optimizer, data.next_batch())
             if i >= 2 * cfg["warmup"]:
                 plain.append(time.perf_counter() - t0)
+    rt.settle()  # the last deferred boundary is agreed before the world ends
     rt.close()
     return {"rank": rank, "plain_s": plain, "guarded_s": guarded}
 
@@ -301,7 +311,13 @@ def run_accelpact(cfg: dict, world: int) -> dict:
     rec = summary.recoveries[0]
     plain = median([x for r in cost for x in r["plain_s"]])
     guarded = median([x for r in cost for x in r["guarded_s"]])
+    deferred = run_world(accelpact_cost_worker, world, {**cfg, "boundary": "deferred"}, timeout_s=cfg["world_timeout"],
+                         pg_timeout_s=60)
+    d_plain = median([x for r in deferred for x in r["plain_s"]])
+    d_guarded = median([x for r in deferred for x in r["guarded_s"]])
     return {
+        "deferred": {"plain_s": d_plain, "protected_s": d_guarded, "ratio": d_guarded / d_plain,
+                     "added_ms": (d_guarded - d_plain) * 1e3},
         "plain_s": plain, "protected_s": guarded, "ratio": guarded / plain, "added_ms": (guarded - plain) * 1e3,
         "fault_to_commit_s": rec.fault_to_frontier_s, "updates_lost": rec.updates_lost, "action": rec.action,
         "detect_s": rec.detect_s, "repair_s": rec.repair_s,
@@ -361,6 +377,10 @@ def main(argv=None) -> int:
         rows.append([name, f"{r['plain_s'] * 1e3:.2f}", f"{r['protected_s'] * 1e3:.2f}", f"{r['added_ms']:+.2f}",
                      f"{r['ratio']:.3f}", f"{r['fault_to_commit_s']:.3f}", r["updates_lost"],
                      "yes" if r["equal_to_reference"] else "NO", "yes" if r["replicas_equal"] else "NO"])
+        if "deferred" in r:  # the opt-in deferred boundary (Config.boundary): its per-update cost only
+            d = r["deferred"]
+            rows.append([f"{name} (deferred)", f"{d['plain_s'] * 1e3:.2f}", f"{d['protected_s'] * 1e3:.2f}",
+                         f"{d['added_ms']:+.2f}", f"{d['ratio']:.3f}", "-", "-", "-", "-"])
     print(f"peer comparison: {world} replicas x 1 rank, {args.layers}-layer decoder, collective timeout {args.timeout}s, "
           f"stall {args.timeout + LATE_MARGIN_S}s at update {args.fault_at}; torch {torch.__version__}, torchft {version}; "
           f"load {load_before} -> {load_after}")
@@ -370,7 +390,8 @@ def main(argv=None) -> int:
             and "error" not in results["torchft"]:
         a, t = results["accelpact"], results["torchft"]
         print(f"\nfault -> next commit: torchft / AccelPact = {t['fault_to_commit_s'] / a['fault_to_commit_s']:.2f}; "
-              f"added per update: torchft {t['added_ms']:.2f} ms vs AccelPact {a['added_ms']:.2f} ms")
+              f"added per update: torchft {t['added_ms']:.2f} ms vs AccelPact {a['added_ms']:.2f} ms "
+              f"(deferred boundary {a['deferred']['added_ms']:.2f} ms)")
     print("settings: AccelPact data timeout = torchft Manager/ProcessGroupGloo timeout = T; torchft "
           f"min_replica_size={world}, use_async_quorum={args.async_quorum}, lighthouse quorum_tick "
           f"{cfg['quorum_tick_ms']} ms, heartbeat timeout {cfg['heartbeat_timeout_ms']} ms")
