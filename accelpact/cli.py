@@ -186,9 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     fw.add_argument("--fsdp1", dest="framework", action="store_const", const="fsdp1")
     fw.add_argument("--ddp", dest="framework", action="store_const", const="ddp")
     fw.add_argument("--fsdp2", dest="framework", action="store_const", const="fsdp2")
-    fw.add_argument("--profile", dest="framework", choices=("fsdp2", "fsdp1", "ddp", "fsdp2-full"),
-                    help="the job's shape: fsdp2 (HSDP 2x2, the default), fsdp1, ddp, or fsdp2-full (FSDP2 fully "
-                         "sharded over every rank: no replica holds a shard, see --replicate)")
+    fw.add_argument("--profile", dest="framework", choices=("fsdp2", "fsdp1", "ddp", "fsdp2-full", "fsdp1-full"),
+                    help="the job's shape: fsdp2 (HSDP 2x2, the default), fsdp1, ddp, or fsdp2-full / fsdp1-full "
+                         "(FSDP2 fully_shard / FSDP1 FULL_SHARD over every rank: no replica holds a shard, see "
+                         "--replicate)")
     demo.set_defaults(framework="fsdp2", func=_demo)
     demo.add_argument("--updates", type=int, default=40)
     demo.add_argument("--nproc", type=int, default=4)

@@ -337,6 +337,17 @@ def wrap_fsdp2_full(model: TinyDecoder, *, timeout: datetime.timedelta = DEFAULT
     return model
 
 
+def wrap_fsdp1_full(model: TinyDecoder, *, timeout: datetime.timedelta = DEFAULT_GROUP_TIMEOUT,
+                    generation: int = 0) -> nn.Module:
+    """FSDP1 ``FULL_SHARD`` over a "shard" group of the whole world: one unit per block plus the root."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    shard = make_group(list(range(dist.get_world_size())), label="shard", generation=generation, timeout=timeout)
+    return FullyShardedDataParallel(model, sharding_strategy=ShardingStrategy.FULL_SHARD, process_group=shard,
+                                    auto_wrap_policy=ModuleWrapPolicy({Block}), device_id=torch.device("cpu"))
+
+
 def wrap_ddp(
     model: nn.Module,
     layout: HSDPLayout,
@@ -361,9 +372,10 @@ def make_adam(model: nn.Module, lr: float = 1e-2) -> torch.optim.Optimizer:
 # --------------------------------------------------------------------------------------------
 # one job: the shape the demo, the drills and the benches share
 
-#: "fsdp2-full": FSDP2 `fully_shard` over one mesh dimension of every rank: each shard exists once
-#: (no replica peer can send it to a spare; `Config.replicate="neighbour"` can).
-FRAMEWORKS = ("fsdp2", "fsdp1", "fsdp1-orig", "ddp", "fsdp2-full")
+#: "fsdp2-full" / "fsdp1-full": FSDP2 `fully_shard` over one mesh dimension of every rank, FSDP1
+#: FULL_SHARD over every rank: each shard exists once (no replica peer can send it to a spare;
+#: `Config.replicate="neighbour"` can).
+FRAMEWORKS = ("fsdp2", "fsdp1", "fsdp1-orig", "ddp", "fsdp2-full", "fsdp1-full")
 
 
 def build_hsdp_job(
@@ -391,8 +403,9 @@ def build_hsdp_job(
     model = TinyDecoder(dim=dim, n_layers=layers, seed=seed)
     data = SyntheticTokens(vocab=model.vocab, seq_len=seq_len, batch_size=batch_size, seed=seed,
                            shard=dist.get_rank())
-    if framework == "fsdp2-full":
-        wrapped = wrap_fsdp2_full(model, timeout=setup_timeout, generation=generation)
+    if framework in ("fsdp2-full", "fsdp1-full"):
+        wrap = wrap_fsdp2_full if framework == "fsdp2-full" else wrap_fsdp1_full
+        wrapped = wrap(model, timeout=setup_timeout, generation=generation)
         return wrapped, make_adam(wrapped), data
     layout = HSDPLayout(nodes=world // local, local=local)
     groups = layout.build_groups(timeout=setup_timeout, generation=generation)

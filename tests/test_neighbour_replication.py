@@ -226,8 +226,9 @@ def test_a_fully_sharded_rank_killed_at_a_random_point_is_replaced_from_its_neig
     """No replica holds a fully sharded rank's shard: without neighbour copies its loss rejects
     (the decision tests above). With them, the spare receives the lost shard from the copy in its
     ring successor's memory, verified against the digest the lost rank computed, and the job ends
-    bitwise equal to an uninterrupted run on every position. The rank and the point (forward,
-    backward, optimizer step, committed boundary) are drawn at random; the seed is printed."""
+    bitwise equal to an uninterrupted run on every position. The wrapper (FSDP2 fully_shard or
+    FSDP1 FULL_SHARD), the rank and the point (forward, backward, optimizer step, committed
+    boundary) are drawn at random; the seed is printed."""
     import os
     import random
 
@@ -237,9 +238,10 @@ def test_a_fully_sharded_rank_killed_at_a_random_point_is_replaced_from_its_neig
     seed = int(os.environ.get("ACCELPACT_TEST_SEED", time.time_ns() % 100_000))
     rng = random.Random(seed)
     lost, phase, update = rng.randrange(4), rng.choice(["forward", "backward", "optimizer", "committed"]), rng.choice([3, 4])
+    framework = rng.choice(["fsdp2-full", "fsdp1-full"])
     faults = f"kill@{update}:{phase}:{lost}"
-    job = run_spare_job(framework="fsdp2-full", faults=faults, updates=5, spares=1, replicate="neighbour")
-    why = f"seed {seed}, {faults}\n{_explain(job)}"
+    job = run_spare_job(framework=framework, faults=faults, updates=5, spares=1, replicate="neighbour")
+    why = f"seed {seed}, {framework}, {faults}\n{_explain(job)}"
     assert job.result is not None and job.result["bitwise_ok"] and job.result["all_in_memory"], why
     assert job.codes[lost] == -9 and [c for r, c in enumerate(job.codes) if r != lost] == [0] * 4, why
     replaced = [h for v in job.result["verdicts"] for h in v["history"] if h["action"] == "replace"]
