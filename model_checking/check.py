@@ -56,6 +56,7 @@ MEMBERSHIP_PROPERTY_TEXT = {
     "FencedNeverTrains": "a replaced process never commits an update, nor trains once it has read its fence",
     "OnePositionOneProcess": "no two processes claim one position of one world; a released world has "
     "every position held",
+    "SpareClaimedOnce": "no spare is claimed by two membership changes",
     "OutcomeAgreement": "no process acts on another membership or release value than a peer",
     "NoSplitFrontier": "processes training after the release of one world hold the same F (no half step)",
     "NoTrainOnRetiredWorld": "a process trains only with its own world's groups, never in a superseded one",

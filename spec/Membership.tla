@@ -86,7 +86,8 @@ Corrupt == -2                 \* a state whose digest does not match
 
 Mutants == {"none", "release_before_transfer_verified", "partition_not_fenced",
             "two_claim_one_position", "transfer_from_non_replica", "frontier_split",
-            "blind_release", "train_on_old_world", "late_present_joins", "stale_neighbour_copy"}
+            "blind_release", "train_on_old_world", "late_present_joins", "stale_neighbour_copy",
+            "spare_claimed_twice"}
 
 Min(X) == CHOOSE x \in X : \A y \in X : x <= y
 ReplicaOf(i) == CHOOSE R \in Replicas : i \in R
@@ -162,7 +163,10 @@ Broken(e) == \E i \in Positions : ~HeldLive(e, i)
 Present(e) == {i \in Positions : rep[e][i].proc # None}
 (* Spares named by earlier registers (the decider reads them in the store). *)
 Assigned(d) == IF d.kind = "replace" THEN {d.holder[i] : i \in Positions \ d.present} ELSE {}
-FreeSpares(e) == Spares \ UNION {Assigned(reg[x]) : x \in 0 .. (e - 1)}
+(* Mutant spare_claimed_twice: the pool forgets the claims of earlier changes (only a second
+   loss can meet a spare claimed before). *)
+FreeSpares(e) == IF Mutant = "spare_claimed_twice" THEN Spares
+                 ELSE Spares \ UNION {Assigned(reg[x]) : x \in 0 .. (e - 1)}
 (* Where the lost shard of position i may come from: a present member of its replica set, or
    a present holder of its neighbour copy that reported a complete copy at the agreed frontier
    f (a copy of another update would put the spare out of step with its peers).  Mutant
@@ -550,6 +554,13 @@ OutcomeAgreement ==
     \A p, q \in Procs, e \in Epochs :
         /\ seen[p][e].kind # "none" /\ seen[q][e].kind # "none" => seen[p][e] = seen[q][e]
         /\ relSeen[p][e] # "none" /\ relSeen[q][e] # "none" => relSeen[p][e] = relSeen[q][e]
+
+(* A spare is claimed by one membership change at most: no two registers name it.  Excludes a
+   pool that forgets earlier claims and hands a spare that already holds a position to a second
+   loss (spare_claimed_twice: it never comes, and the new world never forms); only a second loss
+   can show it, so MC3 has two. *)
+SpareClaimedOnce ==
+    \A e1, e2 \in Epochs : e1 # e2 => Assigned(reg[e1]) \cap Assigned(reg[e2]) = {}
 
 (* Processes that trained after the release of the same world hold the same state: frontier and
    no half-applied step.  Excludes a decision that ignores differing frontiers (frontier_split),

@@ -21,7 +21,8 @@ from model_checking import check, models
 from model_checking.tlc import ModelConfig, Status, render_cfg, run_tlc
 
 SAFETY = ("TypeOK", "SpareValidatedBeforeRelease", "StateFromReplica", "FencedNeverTrains",
-          "OnePositionOneProcess", "OutcomeAgreement", "NoSplitFrontier", "NoTrainOnRetiredWorld")
+          "OnePositionOneProcess", "SpareClaimedOnce", "OutcomeAgreement", "NoSplitFrontier",
+          "NoTrainOnRetiredWorld")
 
 #: Each mutant and the one property it must be caught by (also in each cfg's `expect:` header).
 MUTANTS = {
@@ -34,6 +35,7 @@ MUTANTS = {
     "train_on_old_world": "NoTrainOnRetiredWorld",
     "late_present_joins": "OnePositionOneProcess",
     "stale_neighbour_copy": "NoSplitFrontier",
+    "spare_claimed_twice": "SpareClaimedOnce",
 }
 
 #: Each witness and the interesting state it must reach (the invariant TLC must violate).
