@@ -11,9 +11,14 @@ Every rank writes one JSON-lines record per protocol edge (accelpact/trace.py). 
    group R and the rest of the world, so that the fault's choice of group is the recorded one);
 3. writes a TLA+ module holding the segments as a constant and a trace spec whose every step must
    be the spec's own action named by the record, with the recorded phase, F, g and reference
-   generation (`render_module`), and runs TLC on many segments at once (`validate_segments`);
-4. for a segment that TLC cannot follow to its end, runs TLC once more to get a state just
-   before the first record no spec action explains (`diagnose`).
+   generation (`render_module`), and runs TLC on many segments at once (`validate_segments`):
+   first in the merge's order; a segment refused there whose clocks allow other orders is run
+   again with the records per rank, any rank taking its next record once the records its clock
+   has seen are taken, so TLC explores every interleaving the clocks allow (`causal_needs`);
+   the segment passes if one of them is a behaviour of the spec;
+4. for a segment that TLC cannot follow to its end, names the record every order fails at (the
+   merge's order alone: its next record) and runs TLC once more to get a state just before it
+   (`_diagnose`).
 
 Between records the trace spec lets the environment steps of the spec happen unrecorded (the
 decision and resume published by rank 0, control-plane timeouts, the fault, crashes of ranks that
@@ -26,9 +31,13 @@ differ in bookkeeping, so it is spelled out here:
   call concurrent are ordered by control-plane sequence number, then by protocol stage (the
   table's row order), then rank; every rank's own record order is kept. The clocks do not put an
   observer before the ranks that join because of it: both learn of the failure from the same
-  boundary all-reduce, and the spec needs the observation first (`FlagRaised`). A trace written
-  before the clocks (no `vc`) is merged by sequence number, stage and rank alone, unchecked for
-  causality: what one rank could have seen of another is not in it.
+  boundary all-reduce, and the spec needs the observation first (`FlagRaised`). That tie-break
+  is only TLC's first try: if the spec refuses it, every other order of concurrent records is
+  explored. Segments are cut, and the records below implied, on the merge's order; an implied
+  record keeps its place in every order explored (everything merged before it precedes it). A
+  trace written before the clocks (no `vc`), or with clocks that break causality, is checked
+  in its merge by sequence number, stage and rank alone: what one rank could have seen of
+  another is not in it.
 - A fault at a committed boundary strikes, in the spec, after every rank committed the update
   (`commit_update`, then `DataPlaneFailure`); the runtime learns of it at the boundary check that
   would have counted it, reports F+1, and counts it when the recovery returns. For such a recovery
@@ -82,6 +91,10 @@ SPEC_VARIABLES = ("phase", "frontier", "gen", "refs", "validated", "obs", "repor
 
 class TraceFormatError(ValueError):
     """The run directory holds no usable trace (no files, unreadable lines, missing fields)."""
+
+
+class TraceTimeout(RuntimeError):
+    """TLC ran out of time on a trace module."""
 
 
 # -- reading and merging (pure apart from reading files) --------------------------------------------
@@ -393,8 +406,9 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
                 out.extend(implied_commits(range(r + 1, world), F))
         note = (f"recovery R={sorted(R)}" + (" at a committed boundary" if committed else "")
                 + (" rewound" if rewound else "")) if recovery else ""
-        # Every record's value above depends on its rank and its recovery only, not on where the
-        # merge put it among concurrent records: the same records in another allowed order.
+        # A recorded record's values above depend on its rank's earlier records and its recovery,
+        # not on where the merge put it among concurrent records, so they hold in every order the
+        # clocks allow; an implied record (no clock) keeps its merged place (`causal_needs`).
         needs = tuple(causal_needs([x.rank for x in out], [x.raw.get("vc") if x.raw and x.source else None
                                                            for x in out], world)) if causal else ()
         segments.append(Segment(f"{name}/segment{n}", world, R, start_frontier, start_gen, tuple(ref0), out, note,
@@ -640,6 +654,8 @@ class SegmentVerdict:
     stuck: list[SpecRecord] = field(default_factory=list)
     #: (rank, k): first_bad is rank's k-th record of the segment (1-based), for the diagnosis
     at: tuple[int, int] = (0, 0)
+    #: why the other orders the clocks allow were not explored (the verdict is the merge's order's)
+    unexplored: str = ""
 
     def describe(self) -> str:
         seg = self.segment
@@ -655,6 +671,8 @@ class SegmentVerdict:
             head = [f"{seg.name}: record {self.reached + 1} of {len(seg.records)} is explained by no action of "
                     f"spec/AccelPact.tla ({seg.note or 'training only'})",
                     f"  record: {self.first_bad.describe()}"]
+            if self.unexplored:
+                head.append(f"  (in the merge's order; {self.unexplored})")
         lines = head + [f"  expected by the spec: action {self.first_bad.action} of rank {self.first_bad.rank} "
                         f"ending in {self.first_bad.dst} with F={self.first_bad.F}, g={self.first_bad.g}"
                         + (f", every reference slot on g={self.first_bad.ref}" if self.first_bad.ref >= 0 else ""),
@@ -708,6 +726,8 @@ def _run(segments: Sequence[Segment], explore: bool, spec_dir: Path | None, time
         module.write_text(render_module(segments, explore=explore))
         result = run_tlc(module, render_cfg(), workers=workers, check_deadlock=False,
                          timeout_s=timeout_s, extra_modules=[_spec_file(spec_dir)])
+    if result.errors and result.errors[0].startswith("TLC timed out"):
+        raise TraceTimeout(result.errors[0])
     if result.errors:
         raise RuntimeError("TLC could not check the trace module: " + result.errors[0][:2000])
     return result
@@ -715,14 +735,15 @@ def _run(segments: Sequence[Segment], explore: bool, spec_dir: Path | None, time
 
 def validate_segments(segments: Sequence[Segment], *, spec_dir: Path | None = None, batch: int = 100,
                       timeout_s: float = 600.0, workers: int = 1, diagnose_failures: bool = True,
-                      explore: bool = True) -> BatchResult:
+                      explore: bool = True, explore_timeout_s: float | None = None) -> BatchResult:
     """Check every segment with TLC, `batch` segments per TLC run; diagnose the ones that fail.
 
     First in the merge's order alone (one behaviour per segment to follow: cheap). A segment the
     spec refuses in that order whose clocks allow others is checked again with `explore`, in
     every order they allow, and passes if any is a behaviour: the merge's tie-break among
     concurrent records is a guess, not something the run recorded. Only refused segments pay
-    for the exploration.
+    for the exploration, bounded by `explore_timeout_s` (default `timeout_s`): past it, the
+    merge's refusal stands, and says that the other orders were not all explored.
 
     The checks use `workers` TLC workers; the diagnoses run side by side, `workers` at a time,
     each on one worker (breadth-first on one worker, the state a diagnosis shows is the same in
@@ -737,8 +758,14 @@ def validate_segments(segments: Sequence[Segment], *, spec_dir: Path | None = No
     again = [n for n, v in enumerate(verdicts) if explore and not v.ok and v.segment.explorable]
     for lo in range(0, len(again), batch):
         chunk = again[lo:lo + batch]
-        reached = progress(_run([verdicts[n].segment for n in chunk], True, spec_dir, timeout_s, workers).output)
         runs += 1
+        try:
+            result = _run([verdicts[n].segment for n in chunk], True, spec_dir, explore_timeout_s or timeout_s, workers)
+        except TraceTimeout as exc:
+            for n in chunk:
+                verdicts[n].unexplored = f"the other orders the clocks allow were not all explored: {exc}"
+            continue
+        reached = progress(result.output)
         for k, n in enumerate(chunk, start=1):
             verdicts[n] = judge(verdicts[n].segment, reached.get(k), explored=True)
     failed = [v for v in verdicts if not v.ok]

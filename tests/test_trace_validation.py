@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -331,6 +332,28 @@ def test_a_run_no_order_of_the_clocks_explains_is_refused_naming_the_record(verd
     text = rep.describe()
     assert "no order the vector clocks allow is a behaviour" in text and "every order fails at: rank 1 rebind_refs" in text
     assert "retired = {<<{0, 1}, 0>>}" in text and '1 :> "Rebind"' in bad.state_before["phase"], text
+
+
+def test_an_exploration_out_of_time_leaves_the_merges_refusal_standing(tmp_path, monkeypatch):
+    """Exploring costs states: it is bounded, and past the bound the verdict says what it rests on
+    (TLC faked: the merge's order is refused at its first record, the exploration times out)."""
+    from model_checking import trace_validation as tv
+
+    segs = segments_of_run(write_run(tmp_path / "r", late_observer_seq()))
+    tried = []
+
+    def fake_run(segments, explore, spec_dir, timeout_s, workers):
+        tried.append((len(segments), explore, timeout_s))
+        if explore:
+            raise tv.TraceTimeout("TLC timed out after 7 s")
+        return SimpleNamespace(output=f'<<"accelpact-progress", 2, 1, 1, {len(segs[1].records)}>>')  # the 2nd passes
+
+    monkeypatch.setattr(tv, "_run", fake_run)
+    res = tv.validate_segments(segs, diagnose_failures=False, explore_timeout_s=7)
+    assert tried == [(2, False, 600.0), (1, True, 7)]  # only the explorable refused segment is explored
+    first = res.verdicts[0]
+    assert not first.ok and not first.explored and first.first_bad is segs[0].records[0]
+    assert "not all explored: TLC timed out after 7 s" in first.describe()
 
 
 def test_wall_clock_times_of_different_hosts_are_not_compared(verdicts):
