@@ -30,6 +30,7 @@ every interleaving of concurrent records (4) and the run passes if any of them i
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -228,20 +229,32 @@ def causal_needs(ranks: Sequence[int], clocks: Sequence[Sequence[int] | None], w
     This is what a trace spec needs to explore the allowed interleavings: a rank may take its next
     record once that many records of every rank are taken. A record without a clock (one the
     checker implied, e.g. a commit the spec needs before a fault) keeps its place: all records
-    listed before it precede it, and it precedes all listed after it."""
+    listed before it precede it, and it precedes all listed after it. Linear in the records (a
+    rank's past is found by bisecting its ticks): a long run costs no more than its length."""
     count = [0] * world  # records of each rank listed so far
-    index: list[int] = []  # each record's position among its rank's records
+    floor = [0] * world  # the records every later one needs: up to the last record without a clock
+    ticks: list[list[int]] = [[] for _ in range(world)]  # each rank's clocked records: own tick ...
+    where: list[list[int]] = [[] for _ in range(world)]  # ... and position among its rank's records
+    mine: list[list[tuple[int, ...]]] = [[] for _ in range(world)]  # each rank's records' needs
     out: list[tuple[int, ...]] = []
-    for j, (r, vc) in enumerate(zip(ranks, clocks)):
-        need = list(count) if vc is None else [0] * world
-        need[r] = count[r]
-        for i in range(j):
-            q, before = ranks[i], clocks[i]
-            # listed earlier and: the same rank, a pinned record, or seen by this record's clock
-            if q == r or before is None or vc is None or int(vc[q]) >= int(before[q]):
-                need = [max(x, y) for x, y in zip(need, out[i])]
-                need[q] = max(need[q], index[i] + 1)
-        index.append(count[r])
+    for r, vc in zip(ranks, clocks):
+        if vc is None:
+            need = list(count)
+            floor = list(count)
+            floor[r] += 1
+        else:
+            last = [count[r] if q == r else floor[q] for q in range(world)]  # a prefix of each rank
+            for q in range(world):
+                k = bisect.bisect_right(ticks[q], int(vc[q])) if q != r else 0
+                if k:
+                    last[q] = max(last[q], where[q][k - 1] + 1)
+            need = list(last)
+            for q, m in enumerate(last):  # and what those records needed: the past is closed
+                if m:
+                    need = [max(x, y) for x, y in zip(need, mine[q][m - 1])]
+            ticks[r].append(int(vc[r]))
+            where[r].append(count[r])
+        mine[r].append(tuple(need))
         count[r] += 1
         out.append(tuple(need))
     return out

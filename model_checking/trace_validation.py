@@ -238,22 +238,30 @@ class Segment:
     #: kept pre-step copies (Config.step_copy)
     rewind: bool = False
     step_copy: bool = False
-    #: per record, how many records of each rank precede it in every order the vector clocks
-    #: allow (`causality.causal_needs`); empty: only the listed order (no clocks, or broken ones)
-    needs: tuple[tuple[int, ...], ...] = ()
+    #: the records were merged by vector clocks that break nothing: their happens-before is
+    #: known, and orders other than the listed one may be explored
+    causal: bool = False
 
     def listed_needs(self) -> list[tuple[int, ...]]:
         """The listed (canonical) order alone, as needs: TLC's first try."""
         return total_needs([r.rank for r in self.records], self.world)
 
     def allowed_needs(self) -> list[tuple[int, ...]]:
-        """Every order the clocks allow (the listed one if there are no usable clocks)."""
-        return list(self.needs) or self.listed_needs()
+        """Per record, how many records of each rank precede it in every order the clocks allow
+        (`causality.causal_needs`; the listed order alone without usable clocks). Computed when
+        asked: only a segment refused in the listed order needs it."""
+        if not self.causal:
+            return self.listed_needs()
+        # A recorded record's values (abstract_attempt) depend on its rank's earlier records and its
+        # recovery, not on where the merge put it among concurrent records, so they hold in
+        # every order the clocks allow; an implied record (no clock) keeps its merged place.
+        return causal_needs([r.rank for r in self.records],
+                            [r.raw.get("vc") if r.raw and r.source else None for r in self.records], self.world)
 
     @property
     def explorable(self) -> bool:
         """The clocks allow an order other than the listed one."""
-        return bool(self.needs) and list(self.needs) != self.listed_needs()
+        return self.causal and self.allowed_needs() != self.listed_needs()
 
 
 def _failed_keys(log: RankLog, first_line: int) -> set[str]:
@@ -406,13 +414,8 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
                 out.extend(implied_commits(range(r + 1, world), F))
         note = (f"recovery R={sorted(R)}" + (" at a committed boundary" if committed else "")
                 + (" rewound" if rewound else "")) if recovery else ""
-        # A recorded record's values above depend on its rank's earlier records and its recovery,
-        # not on where the merge put it among concurrent records, so they hold in every order the
-        # clocks allow; an implied record (no clock) keeps its merged place (`causal_needs`).
-        needs = tuple(causal_needs([x.rank for x in out], [x.raw.get("vc") if x.raw and x.source else None
-                                                           for x in out], world)) if causal else ()
         segments.append(Segment(f"{name}/segment{n}", world, R, start_frontier, start_gen, tuple(ref0), out, note,
-                                rewind=rewound, step_copy=step_copy, needs=needs))
+                                rewind=rewound, step_copy=step_copy, causal=causal))
     return segments
 
 
