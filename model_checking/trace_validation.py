@@ -65,7 +65,7 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -659,6 +659,8 @@ class SegmentVerdict:
     at: tuple[int, int] = (0, 0)
     #: why the other orders the clocks allow were not explored (the verdict is the merge's order's)
     unexplored: str = ""
+    #: the order state_before was reached in, when exploring ("": the only order checked)
+    shown_in: str = ""
 
     def describe(self) -> str:
         seg = self.segment
@@ -679,7 +681,7 @@ class SegmentVerdict:
         lines = head + [f"  expected by the spec: action {self.first_bad.action} of rank {self.first_bad.rank} "
                         f"ending in {self.first_bad.dst} with F={self.first_bad.F}, g={self.first_bad.g}"
                         + (f", every reference slot on g={self.first_bad.ref}" if self.first_bad.ref >= 0 else ""),
-                        "  state before it:"]
+                        f"  state before it{f' (in {self.shown_in})' if self.shown_in else ''}:"]
         for k in SPEC_VARIABLES:
             if k in self.state_before:
                 lines.append(f"    {k} = {self.state_before[k]}")
@@ -722,18 +724,48 @@ def _spec_file(spec_dir: Path | None) -> Path:
     return spec_path(spec_dir)
 
 
-def _run(segments: Sequence[Segment], explore: bool, spec_dir: Path | None, timeout_s: float,
-         workers: int) -> TlcResult:
-    with tempfile.TemporaryDirectory(prefix="accelpact-trace-") as tmp:
-        module = Path(tmp) / f"{TRACE_MODULE}.tla"
-        module.write_text(render_module(segments, explore=explore))
-        result = run_tlc(module, render_cfg(), workers=workers, check_deadlock=False,
-                         timeout_s=timeout_s, extra_modules=[_spec_file(spec_dir)])
+def _call(stack: contextlib.ExitStack, segments: Sequence[Segment], *, explore: bool, stop: tuple[int, int] | None,
+          workers: int, spec_dir: Path | None, timeout_s: float) -> Callable[..., TlcResult]:
+    """A TLC run of a trace module, ready for `run_tlc_many` (its files live as long as `stack`)."""
+    tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="accelpact-trace-")))
+    module = tmp / f"{TRACE_MODULE}.tla"
+    module.write_text(render_module(segments, explore=explore, stop=stop))
+    return functools.partial(run_tlc, module, render_cfg("Stop" if stop else None), workers=workers,
+                             check_deadlock=False, timeout_s=timeout_s, extra_modules=[_spec_file(spec_dir)])
+
+
+def _many(calls: Sequence[Callable[..., TlcResult]], jobs: int) -> list[TlcResult]:
+    """Every call's result, `jobs` runs side by side."""
+    if not calls:
+        return []
+    results = run_tlc_many(calls, jobs=max(1, min(jobs, len(calls))))
+    try:
+        return list(results)
+    finally:
+        results.close()
+
+
+def _checked(result: TlcResult) -> TlcResult:
     if result.errors and result.errors[0].startswith("TLC timed out"):
         raise TraceTimeout(result.errors[0])
     if result.errors:
         raise RuntimeError("TLC could not check the trace module: " + result.errors[0][:2000])
     return result
+
+
+def _run(segments: Sequence[Segment], explore: bool, spec_dir: Path | None, timeout_s: float,
+         workers: int) -> TlcResult:
+    with contextlib.ExitStack() as stack:
+        return _checked(_call(stack, segments, explore=explore, stop=None, workers=workers, spec_dir=spec_dir,
+                              timeout_s=timeout_s)())
+
+
+def _show(verdict: SegmentVerdict, result: TlcResult, where: str = "") -> None:
+    """The diagnosis's state: the last of its counterexample (none if TLC found none in time)."""
+    if result.trace:
+        verdict.path = result.trace
+        verdict.state_before = {k: v for k, v in result.trace[-1].values.items() if k not in ("t", "i", "pos")}
+        verdict.shown_in = where
 
 
 def validate_segments(segments: Sequence[Segment], *, spec_dir: Path | None = None, batch: int = 100,
@@ -748,9 +780,12 @@ def validate_segments(segments: Sequence[Segment], *, spec_dir: Path | None = No
     for the exploration, bounded by `explore_timeout_s` (default `timeout_s`): past it, the
     merge's refusal stands, and says that the other orders were not all explored.
 
-    The checks use `workers` TLC workers; the diagnoses run side by side, `workers` at a time,
-    each on one worker (breadth-first on one worker, the state a diagnosis shows is the same in
-    every run)."""
+    A refused segment is diagnosed in the merge's order beside its exploration (a second JVM on
+    the second core instead of one after the other): when every order fails at the record the
+    merge's order failed at, which is the rule, that diagnosis is the one shown; otherwise the
+    record is diagnosed again in the explored orders. The checks use `workers` TLC workers; the
+    runs side by side, `workers` at a time, one worker each (breadth-first on one worker, the
+    state a diagnosis shows is the same in every run)."""
     verdicts: list[SegmentVerdict] = []
     started, runs = time.monotonic(), 0
     for lo in range(0, len(segments), batch):
@@ -758,45 +793,41 @@ def validate_segments(segments: Sequence[Segment], *, spec_dir: Path | None = No
         reached = progress(_run(chunk, False, spec_dir, timeout_s, workers).output)
         runs += 1
         verdicts += [judge(seg, reached.get(k), explored=False) for k, seg in enumerate(chunk, start=1)]
-    again = [n for n, v in enumerate(verdicts) if explore and not v.ok and v.segment.explorable]
-    for lo in range(0, len(again), batch):
-        chunk = again[lo:lo + batch]
-        runs += 1
+    failed = [n for n, v in enumerate(verdicts) if not v.ok]
+    again = [n for n in failed if explore and verdicts[n].segment.explorable]
+    chunks = [again[lo:lo + batch] for lo in range(0, len(again), batch)]
+    diagnosed = failed if diagnose_failures else []
+    with contextlib.ExitStack() as stack:
+        calls = [_call(stack, [verdicts[n].segment for n in chunk], explore=True, stop=None,
+                       workers=1 if diagnosed else workers, spec_dir=spec_dir,
+                       timeout_s=explore_timeout_s or timeout_s) for chunk in chunks]
+        calls += [_call(stack, [verdicts[n].segment], explore=False, stop=verdicts[n].at, workers=1,
+                        spec_dir=spec_dir, timeout_s=timeout_s) for n in diagnosed]
+        results = _many(calls, jobs=workers)
+    runs += len(calls)
+    merge_states = dict(zip(diagnosed, results[len(chunks):]))
+    for chunk, result in zip(chunks, results):
         try:
-            result = _run([verdicts[n].segment for n in chunk], True, spec_dir, explore_timeout_s or timeout_s, workers)
+            reached = progress(_checked(result).output)
         except TraceTimeout as exc:
             for n in chunk:
                 verdicts[n].unexplored = f"the other orders the clocks allow were not all explored: {exc}"
             continue
-        reached = progress(result.output)
         for k, n in enumerate(chunk, start=1):
-            verdicts[n] = judge(verdicts[n].segment, reached.get(k), explored=True)
-    failed = [v for v in verdicts if not v.ok]
-    if diagnose_failures and failed:
-        _diagnose(failed, spec_dir, timeout_s, jobs=workers)
-        runs += len(failed)
-    return BatchResult(verdicts, time.monotonic() - started, runs)
-
-
-def _diagnose(verdicts: Sequence[SegmentVerdict], spec_dir: Path | None, timeout_s: float, jobs: int) -> None:
-    """For each verdict, a state just before its first_bad record (TLC's counterexample to Stop),
-    in the orders its check took."""
+            verdict = judge(verdicts[n].segment, reached.get(k), explored=True)
+            if verdict.ok or verdict.at != verdicts[n].at:
+                merge_states.pop(n, None)  # passes, or fails elsewhere: the merge's state is not its
+            verdicts[n] = verdict
+    for n, result in merge_states.items():
+        _show(verdicts[n], result, "the merge's order" if verdicts[n].explored else "")
+    elsewhere = [n for n in diagnosed if not verdicts[n].ok and n not in merge_states]
     with contextlib.ExitStack() as stack:
-        runs = []
-        for verdict in verdicts:
-            tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="accelpact-trace-")))
-            module = tmp / f"{TRACE_MODULE}.tla"
-            module.write_text(render_module([verdict.segment], explore=verdict.explored, stop=verdict.at))
-            runs.append(functools.partial(run_tlc, module, render_cfg("Stop"), workers=1, check_deadlock=False,
-                                          timeout_s=timeout_s, extra_modules=[_spec_file(spec_dir)]))
-        results = run_tlc_many(runs, jobs=max(1, min(jobs, len(runs))))
-        try:
-            for verdict, result in zip(verdicts, results):
-                if result.trace:
-                    verdict.path = result.trace
-                    verdict.state_before = {k: v for k, v in result.trace[-1].values.items() if k not in ("t", "i", "pos")}
-        finally:
-            results.close()
+        calls = [_call(stack, [verdicts[n].segment], explore=True, stop=verdicts[n].at, workers=1,
+                       spec_dir=spec_dir, timeout_s=timeout_s) for n in elsewhere]
+        for n, result in zip(elsewhere, _many(calls, jobs=workers)):
+            _show(verdicts[n], result, "an order the clocks allow")
+    runs += len(elsewhere)
+    return BatchResult(verdicts, time.monotonic() - started, runs)
 
 
 @dataclass

@@ -340,17 +340,21 @@ def test_an_exploration_out_of_time_leaves_the_merges_refusal_standing(tmp_path,
     from model_checking import trace_validation as tv
 
     segs = segments_of_run(write_run(tmp_path / "r", late_observer_seq()))
-    tried = []
+    explored = []
 
     def fake_run(segments, explore, spec_dir, timeout_s, workers):
-        tried.append((len(segments), explore, timeout_s))
-        if explore:
-            raise tv.TraceTimeout("TLC timed out after 7 s")
-        return SimpleNamespace(output=f'<<"accelpact-progress", 2, 1, 1, {len(segs[1].records)}>>')  # the 2nd passes
+        assert not explore
+        return SimpleNamespace(output=f'<<"accelpact-progress", 2, 1, 1, {len(segs[1].records)}>>')  # 2nd passes
+
+    def fake_many(calls, jobs):
+        explored.extend((Path(call.args[0]).read_text(), call.keywords["timeout_s"]) for call in calls)
+        return [SimpleNamespace(errors=["TLC timed out after 7 s"], output="", trace=[]) for _ in calls]
 
     monkeypatch.setattr(tv, "_run", fake_run)
+    monkeypatch.setattr(tv, "_many", fake_many)
     res = tv.validate_segments(segs, diagnose_failures=False, explore_timeout_s=7)
-    assert tried == [(2, False, 600.0), (1, True, 7)]  # only the explorable refused segment is explored
+    (module, timeout_s), = explored  # only the refused segment, and only it is explored
+    assert timeout_s == 7 and ", t, pos" in module and module.count("recs |->") == 1  # explored, one segment
     first = res.verdicts[0]
     assert not first.ok and not first.explored and first.first_bad is segs[0].records[0]
     assert "not all explored: TLC timed out after 7 s" in first.describe()
