@@ -14,17 +14,23 @@ This module is pure and knows nothing of TLC. It
 2. checks the protocol's message pattern as causal facts: a decision (after the report gather)
    has seen every rank's `submit_report` of the same recovery, and a release (after the outcome
    register) has seen every rank's entry into Validate of that recovery (ValidatedBeforeRelease);
-3. merges the ranks' records in an order that respects happens-before (`causal_merge`) for TLC.
+3. merges the ranks' records in an order that respects happens-before (`causal_merge`) for TLC;
+4. says, for records in such an order, which records every order the clocks allow puts before
+   each one (`causal_needs`), so that TLC can explore those orders rather than check one, and
+   which records no explored order got past (`stuck`).
 
 Ties: only records the clocks call concurrent are ordered by the caller's key (sequence number,
 then protocol stage), which places an observer before the ranks that join because of it, as the
 spec needs. That tie-break cannot hide an inversion: every ordering the protocol's safety depends
 on (reports before decisions, validation before release) is checked in 2 as happens-before, so a
-release merely *placed* after a peer's rebind is refused there, whatever the merge does.
+release merely *placed* after a peer's rebind is refused there, whatever the merge does. Nor can
+it refuse a good run: the merge is only TLC's first try; when the spec refuses it, TLC explores
+every interleaving of concurrent records (4) and the run passes if any of them is a behaviour.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -212,3 +218,65 @@ def causal_merge(heads: Mapping[int, Sequence[Item]], key: Callable[[int, dict[s
         best = min(ready or pending, key=lambda r: key(r, heads[r][pos[r]][1]))
         out.append(heads[best][pos[best]])
         pos[best] += 1
+
+
+def causal_needs(ranks: Sequence[int], clocks: Sequence[Sequence[int] | None], world: int
+                 ) -> list[tuple[int, ...]]:
+    """For records listed in an order that respects happens-before (`causal_merge`'s), with each
+    record's rank and vector clock: per record, how many records of each rank precede it in
+    every order the clocks allow (its causal past, which is a prefix of every rank's records).
+
+    This is what a trace spec needs to explore the allowed interleavings: a rank may take its next
+    record once that many records of every rank are taken. A record without a clock (one the
+    checker implied, e.g. a commit the spec needs before a fault) keeps its place: all records
+    listed before it precede it, and it precedes all listed after it. Linear in the records (a
+    rank's past is found by bisecting its ticks): a long run costs no more than its length."""
+    count = [0] * world  # records of each rank listed so far
+    floor = [0] * world  # the records every later one needs: up to the last record without a clock
+    ticks: list[list[int]] = [[] for _ in range(world)]  # each rank's clocked records: own tick ...
+    where: list[list[int]] = [[] for _ in range(world)]  # ... and position among its rank's records
+    mine: list[list[tuple[int, ...]]] = [[] for _ in range(world)]  # each rank's records' needs
+    out: list[tuple[int, ...]] = []
+    for r, vc in zip(ranks, clocks):
+        if vc is None:
+            need = list(count)
+            floor = list(count)
+            floor[r] += 1
+        else:
+            last = [count[r] if q == r else floor[q] for q in range(world)]  # a prefix of each rank
+            for q in range(world):
+                k = bisect.bisect_right(ticks[q], int(vc[q])) if q != r else 0
+                if k:
+                    last[q] = max(last[q], where[q][k - 1] + 1)
+            need = list(last)
+            for q, m in enumerate(last):  # and what those records needed: the past is closed
+                if m:
+                    need = [max(x, y) for x, y in zip(need, mine[q][m - 1])]
+            ticks[r].append(int(vc[r]))
+            where[r].append(count[r])
+        mine[r].append(tuple(need))
+        count[r] += 1
+        out.append(tuple(need))
+    return out
+
+
+def total_needs(ranks: Sequence[int], world: int) -> list[tuple[int, ...]]:
+    """The same counts for the listed order alone (every record after all listed before it):
+    what the trace spec takes for the canonical merge, its cheap first try."""
+    return causal_needs(ranks, [None] * len(ranks), world)
+
+
+def stuck(ranks: Sequence[int], needs: Sequence[Sequence[int]], taken: Mapping[int, int]) -> list[int]:
+    """Where every explored order fails: the positions (in the listed order) of each rank's first
+    record that no order took, among those whose causal past some order took. `taken[q]`: how
+    many of rank q's records the furthest order took. A record whose past was never taken is
+    not named: it is blocked by another rank's failure, not refused itself."""
+    per_rank: dict[int, list[int]] = {}
+    for j, r in enumerate(ranks):
+        per_rank.setdefault(r, []).append(j)
+    out = []
+    for q, mine in per_rank.items():
+        k = taken.get(q, 0)
+        if k < len(mine) and all(n <= taken.get(p, 0) for p, n in enumerate(needs[mine[k]])):
+            out.append(mine[k])
+    return sorted(out)

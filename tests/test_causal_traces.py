@@ -20,7 +20,7 @@ from accelpact.control.clock import VectorClock, as_clock, merged, ticked
 from accelpact.control.plane import ControlPlane
 from accelpact.fsm.decisions import ReleaseVote
 from accelpact.testing.spawn import run_world
-from model_checking.causality import causal_merge, violations
+from model_checking.causality import causal_merge, causal_needs, stuck, total_needs, violations
 from model_checking.trace_validation import Source, check_runs, merge, read_run
 
 REAL = Path(__file__).parent / "fixtures" / "traces" / "preserve-ddp4"
@@ -148,6 +148,21 @@ def test_the_merge_puts_a_record_after_what_it_has_seen_whatever_its_seq_says():
     c = {"kind": "edge", "action": "release", "seq": 1, "vc": [0, 1]}  # concurrent: the key decides
     out = causal_merge({0: _items(0, [a]), 1: _items(1, [c])}, lambda r, rec: rec["seq"])
     assert [rec["action"] for _, rec in out] == ["release", "rebind_refs"]
+
+
+def test_needs_leave_concurrent_records_free_and_keep_implied_ones_in_place():
+    """What TLC may reorder: rank 1's record is concurrent with rank 0's first and needs nothing;
+    rank 0's second has seen it. A record without a clock (implied) keeps its listed place."""
+    ranks = [0, 1, 0]
+    assert causal_needs(ranks, [[1, 0], [0, 1], [2, 1]], 2) == [(0, 0), (0, 0), (1, 1)]
+    assert total_needs(ranks, 2) == [(0, 0), (1, 0), (1, 1)]
+    assert causal_needs([0, 1, 1], [[1, 0], None, [0, 1]], 2) == [(0, 0), (1, 0), (1, 1)]
+
+
+def test_stuck_names_the_record_every_order_fails_at_not_the_ones_waiting_on_it():
+    ranks, needs = [0, 1, 0, 1], [(0, 0), (0, 0), (1, 1), (1, 1)]
+    assert stuck(ranks, needs, {0: 1, 1: 0}) == [1]  # rank 0's second waits on it: not named
+    assert stuck(ranks, needs, {0: 1, 1: 1}) == [2, 3]  # both had their past taken, neither went
 
 
 @pytest.mark.parametrize("recs0, recs1, needle", [

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -25,19 +26,22 @@ from model_checking.trace_validation import (
 WORLD = 4
 
 
-def _groups(r: int) -> dict[str, str]:
+def _groups(r: int, world: int = WORLD) -> dict[str, str]:
+    if world == 2:  # one replica group: the smallest world with a recovery (its checks are cheap)
+        return {"replicate": "replicate[0,1]"}
     return {"replicate": f"replicate[{r % 2},{r % 2 + 2}]", "shard": f"shard[{r // 2 * 2},{r // 2 * 2 + 1}]"}
 
 
-def synthetic_run(observers=(0, 2), failed="replicate[0,2]", updates=5, fault=3) -> dict[int, list[dict]]:
+def synthetic_run(observers=(0, 2), failed="replicate[0,2]", updates=5, fault=3, world=WORLD
+                  ) -> dict[int, list[dict]]:
     """Per-rank records of a preserved recovery at the committed boundary of update `fault`."""
     members = [int(x) for x in failed[failed.index("[") + 1:-1].split(",")]
     label = failed.split("[")[0]
     out: dict[int, list[dict]] = {}
-    for r in range(WORLD):
+    for r in range(world):
         recs: list[dict] = [{"kind": "attach", "attempt": 0},
-                            {"kind": "config", "world_size": WORLD, "groups": _groups(r)}]
-        refs = {"replicate": 0, "shard": 0}
+                            {"kind": "config", "world_size": world, "groups": _groups(r, world)}]
+        refs = dict.fromkeys(_groups(r, world), 0)
 
         def edge(seq, action, src, dst, F, g, update, refs=refs, recs=recs):
             recs.append({"kind": "edge", "seq": seq, "action": action, "from": src, "to": dst, "phase": dst,
@@ -80,7 +84,7 @@ def clocked(ranks: dict[int, list[dict]], host: str = "") -> dict[int, list[dict
         return out
 
     seqs = {r: eff(recs) for r, recs in ranks.items()}
-    vc = {r: [0] * WORLD for r in ranks}
+    vc = {r: [0] * len(ranks) for r in ranks}
     pos = dict.fromkeys(ranks, 0)
 
     def advance(limit, level):
@@ -95,7 +99,7 @@ def clocked(ranks: dict[int, list[dict]], host: str = "") -> dict[int, list[dict
     levels = sorted({s for ss in seqs.values() for s in ss})
     for level, s in enumerate(levels):
         advance(s, level)
-        top = [max(v[q] for v in vc.values()) for q in range(WORLD)]
+        top = [max(v[q] for v in vc.values()) for q in range(len(ranks))]
         for r in vc:
             vc[r] = list(top)
     advance(float("inf"), len(levels))
@@ -142,7 +146,34 @@ def doctored(tmp_path: Path) -> dict[str, Path]:
     for r, recs in other_hosts.items():  # host shares its monotonic clock with another
         recs[0]["host"] = f"node{r}"
     runs["other_hosts"] = write_run(tmp_path / "other_hosts", other_hosts)
+    runs["late_observer_seq"] = write_run(tmp_path / "late_observer_seq", late_observer_seq())
+    runs["stale_clocked"] = write_run(tmp_path / "stale_clocked", stale_in_every_order())
     return runs
+
+
+#: 2 ranks, one replica group [0,1]: the smallest world with a recovery, cheap to explore
+SMALL = {"world": 2, "failed": "replicate[0,1]", "updates": 3, "fault": 2}
+
+
+def late_observer_seq() -> dict[int, list[dict]]:
+    """A good run the merge's tie-break orders wrongly: rank 1 observes the failure, rank 0 (in
+    the same group, no error of its own) joins at the boundary check; both learn of it from that
+    check, so the clocks call the two records concurrent. Rank 1's record carries the next seq,
+    so (seq, stage) puts the join first, which the spec refuses (a member joins only once a peer
+    of its group has a failure on record). The other order is a behaviour."""
+    run = clocked(synthetic_run(observers=(1,), **SMALL), host="h")
+    run[1][_find(run[1], "observe_failure")]["seq"] += 1
+    return run
+
+
+def stale_in_every_order() -> dict[int, list[dict]]:
+    """The stale-reference run, clocked, in the small world: rank 1 leaves Rebind still naming
+    generation 0, which no order of the concurrent records can explain."""
+    run = synthetic_run(observers=(0, 1), **SMALL)
+    for rec in run[1][_find(run[1], "rebind_refs"):]:
+        if rec.get("kind") == "edge":
+            rec["refs"]["replicate"] = 0
+    return clocked(run, host="h")
 
 
 def release_alongside_rebind() -> dict[int, list[dict]]:
@@ -279,6 +310,54 @@ def test_a_release_moved_before_a_peers_report_in_wall_clock_time_is_refused(ver
     # named against the latest record of rank 2 it has seen (its rebind, after its report)
     assert any("before rank 2's rebind_refs" in v.why and "that it has seen (both on host h" in v.why
                for v in rep.causal), text
+
+
+def test_a_run_the_merge_orders_wrongly_passes_in_another_order_the_clocks_allow(verdicts):
+    """TLC explores the interleavings the clocks allow when the merge's order is refused."""
+    runs, rep = verdicts
+    merged = [(rec["rank"], rec["action"]) for _, rec in merge(read_run(runs["late_observer_seq"])[0])]
+    assert merged.index((0, "join_recovery")) < merged.index((1, "observe_failure"))  # the refused order
+    rep = rep["late_observer_seq"]
+    assert rep.ok and rep.clocked and not rep.causal, rep.describe()
+    recovery = rep.result.verdicts[0]
+    assert recovery.explored and "in an order the vector clocks allow other than the merge's" in rep.describe()
+
+
+def test_a_run_no_order_of_the_clocks_explains_is_refused_naming_the_record(verdicts):
+    rep = verdicts[1]["stale_clocked"]
+    assert rep.clocked and not rep.causal and not rep.ok
+    bad = rep.first_failure
+    assert bad is not None and bad.explored and bad.first_bad is not None
+    assert [(r.rank, r.action) for r in bad.stuck] == [(1, "rebind_refs")]
+    text = rep.describe()
+    assert "no order the vector clocks allow is a behaviour" in text and "every order fails at: rank 1 rebind_refs" in text
+    assert "retired = {<<{0, 1}, 0>>}" in text and '1 :> "Rebind"' in bad.state_before["phase"], text
+
+
+def test_an_exploration_out_of_time_leaves_the_merges_refusal_standing(tmp_path, monkeypatch):
+    """Exploring costs states: it is bounded, and past the bound the verdict says what it rests on
+    (TLC faked: the merge's order is refused at its first record, the exploration times out)."""
+    from model_checking import trace_validation as tv
+
+    segs = segments_of_run(write_run(tmp_path / "r", late_observer_seq()))
+    explored = []
+
+    def fake_run(segments, explore, spec_dir, timeout_s, workers):
+        assert not explore
+        return SimpleNamespace(output=f'<<"accelpact-progress", 2, 1, 1, {len(segs[1].records)}>>')  # 2nd passes
+
+    def fake_many(calls, jobs):
+        explored.extend((Path(call.args[0]).read_text(), call.keywords["timeout_s"]) for call in calls)
+        return [SimpleNamespace(errors=["TLC timed out after 7 s"], output="", trace=[]) for _ in calls]
+
+    monkeypatch.setattr(tv, "_run", fake_run)
+    monkeypatch.setattr(tv, "_many", fake_many)
+    res = tv.validate_segments(segs, diagnose_failures=False, explore_timeout_s=7)
+    (module, timeout_s), = explored  # only the refused segment, and only it is explored
+    assert timeout_s == 7 and ", t, pos" in module and module.count("recs |->") == 1  # explored, one segment
+    first = res.verdicts[0]
+    assert not first.ok and not first.explored and first.first_bad is segs[0].records[0]
+    assert "not all explored: TLC timed out after 7 s" in first.describe()
 
 
 def test_wall_clock_times_of_different_hosts_are_not_compared(verdicts):
