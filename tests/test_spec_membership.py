@@ -13,12 +13,13 @@ same protocol is, so that the suite still proves the pass path of the spec's own
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 
 import pytest
 
 from model_checking import check, models
-from model_checking.tlc import ModelConfig, Status, render_cfg, run_tlc
+from model_checking.tlc import ModelConfig, Status, render_cfg, run_tlc, run_tlc_many
 
 SAFETY = ("TypeOK", "SpareValidatedBeforeRelease", "StateFromReplica", "FencedNeverTrains",
           "OnePositionOneProcess", "SpareClaimedOnce", "OutcomeAgreement", "NoSplitFrontier",
@@ -120,46 +121,73 @@ def test_check_runs_the_membership_model_with_the_default_check(monkeypatch):
 
 
 # -- TLC runs -------------------------------------------------------------------------------------
-@pytest.mark.tlc
-@pytest.mark.timeout(120)
-def test_a_reduced_membership_model_passes():
+def _reduced_cfg() -> str:
     """Two positions, one spare, one loss: replacement, fencing, a corrupted transfer."""
-    cfg = render_cfg({"W": 2, "S": 1, "Replicas": {frozenset({0, 1})}, "CopyStride": 0, "MaxLosses": 1, "MaxFrontier": 1,
-                      "Corruption": True, "InFlight": True, "Spurious": True, "Mutant": "none"},
-                     invariants=SAFETY)
-    result = run_tlc(models.spec_dir() / "Membership.tla", cfg, workers=1, timeout_s=100)
+    return render_cfg({"W": 2, "S": 1, "Replicas": {frozenset({0, 1})}, "CopyStride": 0, "MaxLosses": 1,
+                       "MaxFrontier": 1, "Corruption": True, "InFlight": True, "Spurious": True, "Mutant": "none"},
+                      invariants=SAFETY)
+
+
+@pytest.fixture(scope="module")
+def checked():
+    """The reduced model, the neighbour-copy model, every mutant and every witness checked by TLC,
+    two runs at a time (one worker each, as tests/test_spec.py's batch), once for the module:
+    {name: (model, result)}. Each test below asserts on its own run. One after another they took
+    a JVM start-up and an exploration each, end to end; side by side the batch takes about half
+    (the runs are independent)."""
+    copies = ModelConfig.load(models.membership_dir() / "MC3copies.cfg")
+    found = [copies, *models.membership_mutants(), *models.membership_witnesses()]
+    runs = [functools.partial(run_tlc, models.spec_dir() / "Membership.tla", _reduced_cfg(), workers=1,
+                              timeout_s=100)]
+    runs += [functools.partial(run_tlc, models.spec_dir() / models.spec_module(m), m.path, workers=1,
+                               timeout_s=100, check_deadlock=m.check_deadlock) for m in found]
+    reduced, *results = run_tlc_many(runs, jobs=2)
+    checked = {f"{m.path.parent.name}/{m.name}": (m, r) for m, r in zip(found, results, strict=True)}
+    checked["reduced"] = (None, reduced)
+    return checked
+
+
+# The first test to ask for `checked` waits for every run of the batch.
+@pytest.mark.tlc
+@pytest.mark.timeout(300)
+def test_a_reduced_membership_model_passes(checked):
+    """Two positions, one spare, one loss: replacement, fencing, a corrupted transfer."""
+    _, result = checked["reduced"]
     assert result.status is Status.PASS, _explain(result)
     assert result.distinct_states and result.distinct_states > 100
 
 
 @pytest.mark.tlc
-@pytest.mark.timeout(120)
-def test_the_neighbour_copy_model_passes():
+@pytest.mark.timeout(300)
+def test_the_neighbour_copy_model_passes(checked):
     """Position 2 alone holds its shard and copies it to position 0 asynchronously (issue 16):
     every property holds with a loss at any time, mid-update too, and corrupted transfers."""
-    model = ModelConfig.load(models.membership_dir() / "MC3copies.cfg")
+    model, result = checked["membership/MC3copies"]
+    assert model.path == models.membership_dir() / "MC3copies.cfg"
     assert model.expect == "pass" and model.constants["CopyStride"] == "1"
-    result = models.check_model(model, workers=1, timeout_s=100)
+    assert models.spec_module(model) == "Membership.tla"
     assert result.status is Status.PASS, _explain(result)
     assert result.distinct_states and result.distinct_states > 10_000
 
 
 @pytest.mark.tlc
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(MUTANTS))
-def test_mutant_violates_exactly_its_property(name):
-    model = ModelConfig.load(models.membership_dir() / "mutants" / f"{name}.cfg")
-    result = models.check_model(model, workers=1, timeout_s=100)
+def test_mutant_violates_exactly_its_property(name, checked):
+    model, result = checked[f"mutants/{name}"]
+    assert model.path == models.membership_dir() / "mutants" / f"{name}.cfg"
+    assert models.spec_module(model) == "Membership.tla"
     assert result.status is Status.INVARIANT and result.violated == MUTANTS[name], _explain(result)
     assert models.expectation_met(model, result)
     assert len(result.trace) >= 5, "a violation must come with its counterexample"
 
 
 @pytest.mark.tlc
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(WITNESSES))
-def test_witness_is_reached(name):
-    model = ModelConfig.load(models.membership_dir() / "witnesses" / f"{name}.cfg")
-    result = models.check_model(model, workers=1, timeout_s=100)
+def test_witness_is_reached(name, checked):
+    model, result = checked[f"witnesses/{name}"]
+    assert model.path == models.membership_dir() / "witnesses" / f"{name}.cfg"
+    assert models.spec_module(model) == "Membership.tla"
     assert result.status is Status.INVARIANT and result.violated == WITNESSES[name], _explain(result)
     assert models.expectation_met(model, result)
