@@ -108,10 +108,23 @@ def _main_thread(hang: dict) -> list[str]:
     return next(frames for name, frames in hang["stacks"].items() if name.startswith("MainThread "))
 
 
+#: The stall here lasts 8 data timeouts, not the runtime's 20: the stacks are taken 0.5 s into
+#: the hang, rank 0 rejects after a data and a control timeout (1 + 3 s), and rank 1 still wakes
+#: twice that long after it stalled. The other 12 s were spent waiting on a sleeping rank.
+STALL_DATA_TIMEOUTS = 8
+
+
+def _run_drill_with_a_shorter_stall(rank: int, world_size: int, drill: Drill) -> dict:
+    from accelpact.faults import inject
+
+    inject.STALL_FACTOR = STALL_DATA_TIMEOUTS  # in this rank's process only
+    return run_drill(rank, world_size, drill)
+
+
 @pytest.mark.multiproc
 @pytest.mark.timeout(150)
 def test_a_stalled_rank_and_its_waiting_peer_leave_the_stacks_of_the_hang(tmp_path, capsys):
-    """Rank 1 stalls in the forward of update 2 (20 data timeouts); rank 0 waits in the collective
+    """Rank 1 stalls in the forward of update 2 (8 data timeouts); rank 0 waits in the collective
     of DDP's forward (its bucket rebuild in the second iteration) until the data timeout, then in
     the boundary check until the control timeout: it rejects. Rank 1 wakes long after and rejects
     too. Both records were written by recovery code (evidence_of), yet their hang stacks show the
@@ -119,7 +132,7 @@ def test_a_stalled_rank_and_its_waiting_peer_leave_the_stacks_of_the_hang(tmp_pa
     trace = tmp_path / "trace"
     drill = Drill(framework="ddp", local=1, layers=1, updates=3, faults="stall@2:forward:1", data_timeout_s=1.0,
                   control_timeout_s=3.0, reference=False, trace_dir=str(trace))
-    results = run_world(run_drill, 2, drill, timeout_s=120, pg_timeout_s=60)
+    results = run_world(_run_drill_with_a_shorter_stall, 2, drill, timeout_s=120, pg_timeout_s=60)
     assert all(r["rejected"] for r in results), results  # without spares a stall this long is a reject
 
     stalled = next(e for e in _incidents(trace, 1) if e["update"] == 2)["hang_stacks"]
