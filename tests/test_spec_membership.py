@@ -103,12 +103,8 @@ def test_the_accelpact_models_still_check_accelpact():
 
 def test_check_runs_the_membership_model_with_the_default_check(monkeypatch):
     ran: list[tuple[str, int]] = []
-
-    def batch(ns, args, out, records, membership=()):  # the rank models and the membership models
-        ran.extend([*(("ranks", n) for n in ns), *(("membership", w) for w in membership)])
-        return True
-
-    monkeypatch.setattr(check, "_check_protocols", batch)
+    monkeypatch.setattr(check, "_check_protocols", lambda ns, *a: ran.extend(("ranks", n) for n in ns) or True)
+    monkeypatch.setattr(check, "_check_membership", lambda w, *a: ran.append(("membership", w)) or True)
     parser = argparse.ArgumentParser()
     check.add_arguments(parser)
     monkeypatch.setattr("sys.stdout", io.StringIO())
