@@ -313,24 +313,24 @@ def wrap_fsdp2(
     timeout: datetime.timedelta = DEFAULT_GROUP_TIMEOUT,
 ) -> nn.Module:
     """FSDP2 ``fully_shard`` HSDP on a 2-D mesh ("replicate", "shard"): one call per block + root."""
-    from torch.distributed.fsdp import fully_shard
-
-    mesh = _groups_or_build(layout, groups, timeout).device_mesh()
-    for block in model.layers:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
+    return _fully_shard_blocks(model, _groups_or_build(layout, groups, timeout).device_mesh())
 
 
 def wrap_fsdp2_full(model: TinyDecoder, *, timeout: datetime.timedelta = DEFAULT_GROUP_TIMEOUT,
                     generation: int = 0) -> nn.Module:
     """FSDP2 ``fully_shard`` over a 1-D mesh of every rank (a "shard" group of the whole world)."""
     from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
 
     world = dist.get_world_size()
     shard = make_group(list(range(world)), label="shard", generation=generation, timeout=timeout)
-    mesh = DeviceMesh.from_group(shard, "cpu", mesh=torch.arange(world, dtype=torch.int), mesh_dim_names=("shard",))
+    return _fully_shard_blocks(model, DeviceMesh.from_group(shard, "cpu", mesh=torch.arange(world, dtype=torch.int),
+                                                            mesh_dim_names=("shard",)))
+
+
+def _fully_shard_blocks(model: TinyDecoder, mesh: Any) -> nn.Module:
+    """One ``fully_shard`` per block, then the root, on `mesh`."""
+    from torch.distributed.fsdp import fully_shard
+
     for block in model.layers:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)

@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 
 from . import keys
-from .neighbour import HeldCopies, NeighbourCopy
+from .neighbour import HeldCopies, NeighbourCopy, holder_of
 
 log = logging.getLogger("accelpact.membership")
 
@@ -92,7 +92,7 @@ class NeighbourReplicator:
                  sealer: Callable[[], Any], world: Callable[[], int], timeout_s: float, store_host: str):
         self.store, self.position, self.world_size, self.stride = store, position, world_size, stride
         self.sends, self._sealer, self._world, self.timeout_s = sends, sealer, world, timeout_s
-        self.holder = (position + stride) % world_size
+        self.holder = holder_of(position, world_size, stride)
         self.held = HeldCopies()
         self._reused: list[bytearray] = []  # one evicted copy's buffer, for the next arrival
         self.hook: Any = None  # the optimizer post-hook that offers copies (`runtime.neighbours`)
