@@ -1,25 +1,40 @@
-"""What spares cannot do, refused by name instead of hanging (issue 15)."""
+"""What spares cannot do, refused by name instead of hanging (issue 15).
 
-import pytest
+A script that makes a group after `attach`: a spare's script would make it after joining, where
+no survivor meets that `new_group`. Measured by hand before the check (a 4-rank FSDP2 job + a
+spare whose script made one group after attach, `kill@3:forward:1`): the spare was claimed, hung in that
+`new_group` until its timeout, and the job rejected only after a second membership change; with
+the check every survivor rejects at once, naming the groups. Here, the check and its wiring into
+a survivor's presence, in one process."""
 
-from accelpact.testing.drills import Drill
-from accelpact.testing.spare_drill import drill_json
-from accelpact.testing.spares import launch_with_spares
+from types import SimpleNamespace
 
-pytestmark = pytest.mark.timeout(200)
+from accelpact.comm import _c10d
+from accelpact.fsm.phases import FailurePhase
+from accelpact.membership import world
+from accelpact.runtime.member_change import presence_of
+from accelpact.runtime.rewind import RewindState
 
 
-def test_a_group_made_after_attach_rejects_a_replacement_with_the_reason(tmp_path):
-    """The script makes a group after attach. A spare's script would make it after joining,
-    where no survivor meets that new_group (it would hang until its timeout), so the survivors
-    reject the loss at once, naming the group count, and the spare is released with the job's
-    code."""
-    import sys
+def _survivor(recipe: world.WorldRecipe) -> SimpleNamespace:
+    """The fields of a Runtime a survivor's presence reads, for a rank that can re-run."""
+    rewind = RewindState(step_copy=False, max_rewinds=3)
+    rewind.in_step = True
+    return SimpleNamespace(
+        rank=1, frontier=4, opt_step=4, update_index=5, generation=0, _recoveries=1, data_state=None, rewind=rewind,
+        data_plane=SimpleNamespace(gids={}), envelope=SimpleNamespace(replace_phases=(FailurePhase.FORWARD,)),
+        profile="fsdp2-hsdp", platform="cpu-gloo", envelope_source="test", recipe=recipe, neighbours=None)
 
-    drill = Drill(framework="fsdp2", updates=5, faults="kill@3:forward:1", rewind=True, envelope="permissive",
-                  group_after_attach=True, data_timeout_s=1.0, control_timeout_s=6.0, reference=False)
-    cmd = [sys.executable, "-m", "accelpact.testing.spare_drill", "--drill", drill_json(drill), "--out", str(tmp_path)]
-    codes, output, seconds = launch_with_spares(cmd, active=4, spares=1, log_dir=tmp_path, timeout_s=150)
-    explain = "\n".join(f"--- {r} exit {c}\n" + "\n".join(o.splitlines()[-8:]) for r, (c, o) in enumerate(zip(codes, output)))
-    assert codes[1] == -9 and [codes[r] for r in (0, 2, 3, 4)] == [75, 75, 75, 75], explain
-    assert "made 1 group(s) by new_group or init_device_mesh after attach" in "\n".join(output), explain
+
+def test_a_group_made_after_attach_keeps_a_survivor_out_of_a_replace_with_the_reason(monkeypatch):
+    recipe = world.WorldRecipe(groups=(), control_name="3", count_after_attach=4)
+    monkeypatch.setattr(_c10d, "group_count", lambda: 4)
+    assert world.groups_made_after_attach(recipe) == ""
+    presence, _ = presence_of(_survivor(recipe), FailurePhase.FORWARD)
+    assert presence.replace_ok and presence.replace_reason == ""
+
+    monkeypatch.setattr(_c10d, "group_count", lambda: 6)  # the script made two more by new_group
+    presence, _ = presence_of(_survivor(recipe), FailurePhase.FORWARD)
+    assert not presence.replace_ok
+    assert presence.replace_reason.startswith("the script made 2 group(s) by new_group or init_device_mesh after "
+                                              "attach (c10d's counter reads 6, 4 right after attach)")

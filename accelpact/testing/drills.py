@@ -7,7 +7,6 @@ judges "state preserved" the same way.
 
 from __future__ import annotations
 
-import datetime
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -64,8 +63,6 @@ class Drill:
     flip_bit: tuple[int, int] | None = None
     #: Config.replicate ("neighbour": copies of unreplicated shards in a ring neighbour's memory)
     replicate: str = "off"
-    #: make one more group (by new_group's counter) right after attach, as a script might
-    group_after_attach: bool = False
 
 
 _seed = seed_everything
@@ -130,8 +127,6 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
     if drill.ddp_user_comm_hook:
         model.register_comm_hook(weakref.ref(model), _users_allreduce_hook)
     rt = accelpact.attach(model, optimizer, data_state=data, config=config, faults=faults)
-    if drill.group_after_attach:
-        dist.new_group(list(range(dist.get_world_size())), timeout=datetime.timedelta(seconds=drill.control_timeout_s))
     if drill.flip_bit is not None and drill.flip_bit[1] == dist.get_rank() and generation == 0:  # first attempt
         rt.add_listener(BitFlip(optimizer, update=drill.flip_bit[0], rank=drill.flip_bit[1]))
     rejected = None
