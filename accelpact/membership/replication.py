@@ -25,7 +25,6 @@ backward kernels in between only read the sharded parameters. Read, not run here
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import json
 import logging
@@ -40,7 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from . import keys
+from . import keys, transfer
 from .neighbour import HeldCopies, NeighbourCopy, holder_of
 
 log = logging.getLogger("accelpact.membership")
@@ -222,7 +221,7 @@ class NeighbourReplicator:
         t = time.perf_counter()
         data = buf.numpy()
         header = {"source": self.position, "frontier": int(frontier), "nbytes": int(buf.numel()),
-                  "digest": hashlib.sha256(data).hexdigest(), "layout": layout}
+                  "digest": transfer.digest(buf), "layout": layout}
         header["mac"] = _frame_mac(self._sealer(), header)
         self.hash_s += time.perf_counter() - t
         t = time.perf_counter()

@@ -128,8 +128,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     timings: dict[str, float] = {}
     clock = _Clock(timings)
     failed_world = m.world
-    if rt.neighbours is not None:
-        rt.neighbours.wait_packed()  # the restore below may write what the sender still reads
+    neighbours.hold_still(rt)  # the restore below may write what the sender still reads
     presence, undo = presence_of(rt, phase)
     rt.trace.write({"kind": "observe", "seq": rt.control.seq, "update": rt.update_index, "phase_failed": str(phase),
                     "saw": True, "cause": "a member is missing", "failed_groups": []})

@@ -50,6 +50,12 @@ def offer(rt: Runtime) -> None:
     rt.neighbours.offer(rt.update_index, moved, lambda: transfer.manifest(rt.model, rt.optimizer, moved))
 
 
+def hold_still(rt: Runtime) -> None:
+    """Before a restore writes the tensors: wait until the sender has read what it was offered."""
+    if rt.neighbours is not None:
+        rt.neighbours.wait_packed()
+
+
 def audit(rt: Runtime) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
     """The neighbour copies this survivor holds that verify, and the ones that do not."""
     if rt.neighbours is None:
