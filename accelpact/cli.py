@@ -16,7 +16,7 @@ def _demo(args: argparse.Namespace) -> int:
     if args.replicate != "off" and not args.spares:
         print("--replicate keeps copies for a spare to take over from: add --spares 1 (or more)", file=sys.stderr)
         return 2
-    if args.spares:
+    if args.spares or args.on_loss == "shrink":
         return _demo_with_spares(args, trace_dir)
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.nproc}",
@@ -39,7 +39,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _worker_args(args: argparse.Namespace, trace_dir: str) -> list[str]:
     out = ["-m", "accelpact.demo_worker", f"--framework={args.framework}", f"--updates={args.updates}",
-           f"--trace-dir={trace_dir}", f"--replicate={args.replicate}"]
+           f"--trace-dir={trace_dir}", f"--replicate={args.replicate}", f"--on-loss={args.on_loss}"]
     if args.faults is not None:
         out.append(f"--faults={args.faults}")
     if args.envelope is not None:
@@ -48,8 +48,8 @@ def _worker_args(args: argparse.Namespace, trace_dir: str) -> list[str]:
 
 
 def _demo_with_spares(args: argparse.Namespace, trace_dir: str) -> int:
-    """The production recipe on one machine: one torchrun agent per rank (a lost worker takes
-    only its own agent down), spares in the first rendezvous, `--max-restarts=0` (a restarted
+    """The production recipe on one machine (with spares, or allowed to shrink): one torchrun
+    agent per rank (a lost worker takes only its own agent down), spares in the first rendezvous, `--max-restarts=0` (a restarted
     agent would re-rendezvous and restart every survivor; a Reject exits 75 for the scheduler
     to restart the job). The first agent hosts the c10d endpoint, the job's store: it is started
     first and its rank (0) cannot be lost."""
@@ -72,8 +72,9 @@ def _demo_with_spares(args: argparse.Namespace, trace_dir: str) -> int:
            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=accelpact-demo-{os.getpid()}",
            "--max-restarts=0", "--monitor-interval=0.5", *_worker_args(args, trace_dir), f"--result={result}"]
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", ACCELPACT_SPARES=str(args.spares),
-               ACCELPACT_RDZV_ENDPOINT=f"127.0.0.1:{port}")
-    print(f"$ ACCELPACT_SPARES={args.spares} ACCELPACT_RDZV_ENDPOINT=127.0.0.1:{port} {' '.join(cmd)}"
+               ACCELPACT_RDZV_ENDPOINT=f"127.0.0.1:{port}", ACCELPACT_ON_LOSS=args.on_loss)
+    print(f"$ ACCELPACT_SPARES={args.spares} ACCELPACT_ON_LOSS={args.on_loss} ACCELPACT_RDZV_ENDPOINT=127.0.0.1:{port} "
+          f"{' '.join(cmd)}"
           f"   # x{agents}, one agent per rank", flush=True)
     procs = []
     for i in range(agents):
@@ -200,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="with --spares: 'neighbour' copies each shard no replica holds to a ring neighbour's "
                            "memory after every step, so a spare can take over a fully sharded rank "
                            "(e.g. --profile fsdp2-full --replicate neighbour --spares 1 --faults kill@12:backward:2)")
+    demo.add_argument("--on-loss", default="reject", choices=("reject", "shrink"),
+                      help="'shrink': a lost rank no spare takes over takes its replica group out of the job, which "
+                           "goes on with the other replicas (opt-in: it changes the experiment; e.g. --on-loss shrink "
+                           "--faults kill@12:committed:3)")
     demo.add_argument("--faults", default=None, help="fault plan, e.g. skip@8:committed:2 ('none' for none)")
     demo.add_argument("--trace-dir", default=None)
     demo.add_argument("--no-rebind", action="store_true", help="ablation: replace groups without rebinding")

@@ -31,6 +31,8 @@ AUTO = "auto"
 BOUNDARY_MODES = ("sync", "deferred")
 #: Where shard state that no replica holds is copied (`Config.replicate`).
 REPLICATE_MODES = ("off", "neighbour")
+#: What a lost rank no spare can take over leads to (`Config.on_loss`).
+ON_LOSS_MODES = ("reject", "shrink")
 
 log = logging.getLogger("accelpact.config")
 
@@ -127,6 +129,13 @@ class Config:
     #: ranks of one host (LOCAL_WORLD_SIZE) when the world spans several hosts, else 1, so that a
     #: copy never shares its rank's node (the blast radius one lost node may take).
     replicate_stride: int = 0
+    #: A lost rank that no spare can take over: "reject" (the default) fail-stops to the last
+    #: verified checkpoint; "shrink" (opt-in: it changes the experiment) lets the replica groups
+    #: that are still whole go on without the lost rank's replica group, with the gradient average,
+    #: the data partition and the effective batch following the smaller world
+    #: (`accelpact.membership.shrink`). Read by `accelpact.init_process_group` from
+    #: ACCELPACT_ON_LOSS, like the spares: every rank must watch its peers from the start.
+    on_loss: str = "reject"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -181,6 +190,8 @@ class Config:
                               f"0: off), got {self.digest_every!r}")
         if self.replicate not in REPLICATE_MODES:
             raise ConfigError(f"replicate must be one of {', '.join(REPLICATE_MODES)}, got {self.replicate!r}")
+        if self.on_loss not in ON_LOSS_MODES:
+            raise ConfigError(f"on_loss must be one of {', '.join(ON_LOSS_MODES)}, got {self.on_loss!r}")
         if not (isinstance(self.replicate_stride, int) and not isinstance(self.replicate_stride, bool)
                 and self.replicate_stride >= 0):
             raise ConfigError(f"replicate_stride must be an integer >= 0 (ranks between a rank and the holder of "

@@ -51,6 +51,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--replicate", default="off", choices=("off", "neighbour"),
                    help="Config.replicate: 'neighbour' copies each unreplicated shard to a ring neighbour's memory "
                         "after every step, so a spare can take over a fully sharded rank (--framework fsdp2-full)")
+    p.add_argument("--on-loss", default="reject", choices=("reject", "shrink"),
+                   help="Config.on_loss: 'shrink' goes on with the replica groups that are still whole when a rank "
+                        "is lost and no spare is free (needs ACCELPACT_ON_LOSS=shrink at launch); the reference then "
+                        "switches to the smaller world at the same frontier")
     p.add_argument("--envelope", default=None,
                    help="Config.envelope: the file `accelpact qualify` wrote (default: its default path, "
                         "else built-in), 'builtin' or 'permissive'")
@@ -89,6 +93,7 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
             max_restarts=args.max_restarts,
             envelope=args.envelope,
             replicate=args.replicate,
+            on_loss=args.on_loss,
         )
         # faults= is the drill's (a trainer of yours drills with ACCELPACT_FAULTS instead)
         rt = accelpact.attach(model, optimizer, data_state=data, config=config,  # <- user line 1
@@ -133,10 +138,46 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
                                        "error": rep.error}
     if rt is not None and rt.neighbours is not None:  # neighbour copies: what they cost and hold
         history_extra["neighbours"] = rt.neighbours.stats()
+    if rt is not None and rt.shrinks:  # the experiment changed: the reference must change with it
+        history_extra["shrinks"] = list(rt.shrinks)
     if rt is not None:
         rt.close()  # <- user line 3
     return snapshot, history, elapsed, history_extra
 
+
+
+def reference_frontiers(args) -> dict[int, dict]:
+    """The uninterrupted run on the whole world, with this rank's state at every frontier (a
+    shrink's reference takes it from the frontier where the world shrank). Its groups are
+    destroyed afterwards, so that the protected run records only its own."""
+    from accelpact.rebind import data_plane_groups
+
+    seed_all(args.seed)
+    model, optimizer, data = build(args, generation=1000)
+    states = {0: app_state.capture(model, optimizer, data)}
+    for f in range(1, args.updates + 1):
+        stochastic_update(model, optimizer, data)
+        states[f] = app_state.capture(model, optimizer, data)
+    for group in {id(g): g for g in data_plane_groups(model).values()}.values():
+        dist.destroy_process_group(group)
+    return states
+
+
+def reference_after_shrink(args, frontiers: dict[int, dict], shrinks: list[dict]) -> dict:
+    """The reference that switches replica count at the same frontier: a job built fresh in the
+    smaller world, given this rank's reference state at F (its data stream resharded as the
+    runtime does), trained on to the end."""
+    if len(shrinks) != 1:
+        raise SystemExit(f"the demo's reference follows one shrink; this run shrank {len(shrinks)} times")
+    f = shrinks[0]["frontier"]
+    model, optimizer, data = build(args, generation=2000)
+    state = frontiers[f]
+    data.shard = state["data/cursor"]["shard"]  # the stream this process read before the shrink
+    app_state.restore(state, model, optimizer, data)
+    data.reshard(dist.get_rank(), dist.get_world_size())
+    for _ in range(f, args.updates):
+        stochastic_update(model, optimizer, data)
+    return app_state.capture(model, optimizer, data, frontier=args.updates, opt_step=args.updates)
 
 
 def main(argv=None) -> int:
@@ -153,14 +194,28 @@ def main(argv=None) -> int:
         print(f"AccelPact demo: {args.framework} {shape}, "
               f"{args.layers}-block decoder, {args.updates} updates, faults: "
               f"{DEFAULT_FAULTS if args.faults is None else args.faults}", flush=True)
+    frontiers = None
+    if args.on_loss == "shrink" and not args.no_reference:  # before the world can shrink
+        if rank == 0:
+            print("  uninterrupted reference run on the whole world (its state at every frontier kept) ...",
+                  flush=True)
+        frontiers = reference_frontiers(args)
     protected, history, t_protected, extra = train(args, layout, protected=True, generation=0, progress=True)
+    rank, world = dist.get_rank(), dist.get_world_size()  # a shrink renumbers the ranks that go on
     verdict = {"rank": rank, "history": history, "protected_s": t_protected, **extra}
     if not args.no_reference:
         if rank == 0:
             print("\n  uninterrupted reference run ...", flush=True)
-        reference, _, t_ref, _ = train(args, layout, protected=False, generation=1000, progress=False)
+        t0 = time.perf_counter()
+        if extra.get("shrinks"):
+            reference = reference_after_shrink(args, frontiers, extra["shrinks"])
+        else:
+            reference, _, _, _ = train(args, layout, protected=False, generation=1000, progress=False)
         mismatches = app_state.diff(protected, reference)
-        verdict.update(reference_s=t_ref, mismatches=mismatches, compared=len(protected))
+        verdict.update(reference_s=time.perf_counter() - t0, mismatches=mismatches, compared=len(protected))
+        if frontiers is not None:  # did the experiment change? the whole world's run ends elsewhere
+            verdict["params_unlike_whole_world"] = sum(k.startswith("param/")
+                                                       for k in app_state.diff(protected, frontiers[args.updates]))
     verdicts: list = [None] * world
     dist.all_gather_object(verdicts, verdict)
     code = 0
@@ -184,7 +239,14 @@ def report(args, verdicts) -> int:
         print(f"  #{rec['index']} update {rec['update']:3d}  {rec['action']:8s} groups {','.join(rec['failed_groups'])}"
               f"  detect {detect_s:.2f}s  repair {repair_ms:.1f}ms  refs rebound {sum(member['rebound'].values())}")
         print(f"       phases (a rank in R): {phases}")
-        if rec.get("replacement"):
+        shrink = (rec.get("replacement") or {}).get("shrink")
+        if shrink:
+            print(f"       lost {shrink['lost']}: the job shrank at F={shrink['frontier']} from "
+                  f"{shrink['replicas_before']} to {shrink['replicas_after']} replica(s), {shrink['world_size_before']} "
+                  f"to {shrink['world_size_after']} ranks (rank(s) {shrink['left']} left with their replica group); "
+                  f"effective batch {shrink['effective_batch_before']} -> {shrink['effective_batch_after']} "
+                  "samples per update")
+        elif rec.get("replacement"):
             r = rec["replacement"]
             moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', '?')}: {t['bytes']} B"
                               f"{' (neighbour copy)' if t.get('via') == 'neighbour' else ''}" for t in r["transfers"])
@@ -194,13 +256,15 @@ def report(args, verdicts) -> int:
                   f"{' (' + moved + ')' if moved else ''}")
     ok = True
     if "mismatches" in verdicts[0]:
-        print("\nbitwise verdict vs uninterrupted reference (params, optimizer state, step, RNG, data cursor):")
+        against = ("the reference that shrinks at the same frontier" if verdicts[0].get("shrinks")
+                   else "uninterrupted reference")
+        print(f"\nbitwise verdict vs {against} (params, optimizer state, step, RNG, data cursor):")
         for v in verdicts:
             mism = v["mismatches"]
             status = "IDENTICAL" if not mism else f"DIFFERENT ({app_state.categories(mism)})"
             ok &= not mism
             print(f"  rank {v['rank']}: {v['compared']} entries {status}")
-    in_memory = all(r["action"] in ("preserve", "rewind", "replace") for r in h0)
+    in_memory = all(r["action"] in ("preserve", "rewind", "replace", "shrink") for r in h0)
     if args.result:
         with open(args.result, "w") as fh:
             json.dump({"verdicts": verdicts, "bitwise_ok": ok, "all_in_memory": in_memory}, fh, default=str)

@@ -133,6 +133,12 @@ class RankFenced(AccelPactError):
     exit_code = EXIT_FENCED
 
 
+class RankLeft(RankFenced):
+    """This rank is alive, but its replica group lost a member and the job shrank without that
+    group (`Config.on_loss="shrink"`): it holds no place in the smaller world and stops cleanly
+    (EXIT_FENCED, 0: its agent must not restart it)."""
+
+
 class SpareReleased(AccelPactError, SystemExit):
     """Raised by `accelpact.init_process_group` on a spare that was never needed once the job
     ends (code 0), or when the job was rejected (its code). Uncaught, it ends the script with that

@@ -67,7 +67,7 @@ DEFAULT_GUARD = RESULTS_DIR / "guard-4r.json"
 #: The arm of `bench/guard.py` a user pays for: `rt.step` with the default boundary ("step"); files
 #: from before the bench had arms carry one guarded arm ("guarded").
 GUARD_ARMS = ("step", "guarded")
-IN_MEMORY_ACTIONS = ("preserve", "rewind", "replace")
+IN_MEMORY_ACTIONS = ("preserve", "rewind", "replace", "shrink")
 #: Campaign recoveries that ended in a restart (older summaries say "restart", newer "reject").
 RESTART_ACTIONS = ("reject", "restart")
 

@@ -32,15 +32,19 @@ _attempt: int | None = None
 
 #: ACCELPACT_SPARES=S: the launch's last S processes are hot spares (see `Membership`).
 ENV_SPARES = "ACCELPACT_SPARES"
+#: ACCELPACT_ON_LOSS=shrink: a lost rank no spare takes over may shrink the job (`Config.on_loss`);
+#: the membership is watched from the start, as with spares.
+ENV_ON_LOSS = "ACCELPACT_ON_LOSS"
 
 
 @dataclass
 class Membership:
-    """This process's place in a job launched with spares.
+    """This process's place in a job launched with spares (or allowed to shrink).
 
     The launch starts W + S processes (torchrun's WORLD_SIZE); the first W hold the positions
     (ranks) 0..W-1 of a training world of size W, the last S wait as spares. `world` counts the
-    worlds built so far: a Replace builds the next one, on a fresh store prefix."""
+    worlds built so far: a Replace builds the next one, on a fresh store prefix; so does a
+    shrink, with a smaller `world_size` and this process renumbered (`position`)."""
 
     store: dist.Store  # the job's store, outliving every world (spares, presence, registers)
     spares: int
@@ -53,6 +57,8 @@ class Membership:
     #: set on a spare by its activation: `attach` then joins the running job instead of starting
     activation: object | None = None
     finished: bool = False
+    #: ACCELPACT_ON_LOSS: "shrink" lets the whole replica groups go on without a lost one
+    on_loss: str = "reject"
 
     @property
     def is_spare(self) -> bool:
@@ -86,11 +92,13 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     if uses_nccl(parse_backends(backend)):
         for change in apply_required(env):
             log.warning("accelpact set %s", change)
-    spares = _spares(env)
-    if spares and ("store" in kwargs or "init_method" in kwargs):
-        raise ConfigError(f"{ENV_SPARES}={spares} needs the launcher's environment (MASTER_ADDR, MASTER_PORT, RANK, "
-                          "WORLD_SIZE as torchrun sets them), not store= or init_method=")
-    if not spares and ("TORCHELASTIC_RESTART_COUNT" not in env or "store" in kwargs or "init_method" in kwargs):
+    spares, on_loss = _spares(env), _on_loss(env)
+    watched = spares or on_loss == "shrink"
+    if watched and ("store" in kwargs or "init_method" in kwargs):
+        raise ConfigError(f"{ENV_SPARES}={spares} / {ENV_ON_LOSS}={on_loss} need the launcher's environment "
+                          "(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them), not store= or "
+                          "init_method=")
+    if not watched and ("TORCHELASTIC_RESTART_COUNT" not in env or "store" in kwargs or "init_method" in kwargs):
         dist.init_process_group(backend, timeout=timeout, **kwargs)
         return
     rank = int(env["RANK"])
@@ -106,8 +114,8 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     starts = client.add(f"accelpact/{run}/worker-starts", 1)
     _attempt = (starts - 1) // launched
     store = dist.PrefixStore(f"accelpact/{run}/attempt{_attempt}/", client)
-    if spares:
-        _start_with_spares(backend, store, rank, launched, spares, timeout)
+    if watched:
+        _start_with_spares(backend, store, rank, launched, spares, timeout, on_loss)
         return
     dist.init_process_group(backend, store=store, rank=rank, world_size=launched, timeout=timeout, **kwargs)
 
@@ -128,14 +136,26 @@ def _spares(env) -> int:
     return spares
 
 
-def _start_with_spares(backend, store, rank, launched, spares, timeout) -> None:
+def _on_loss(env) -> str:
+    from .config import ON_LOSS_MODES
+
+    raw = (env.get(ENV_ON_LOSS) or "reject").strip().lower()
+    if raw not in ON_LOSS_MODES:
+        raise ConfigError(f"{ENV_ON_LOSS}={raw!r}: expected one of {', '.join(ON_LOSS_MODES)}")
+    if raw == "shrink" and not all(k in env for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
+        raise ConfigError(f"{ENV_ON_LOSS}=shrink needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (torchrun sets "
+                          "them)")
+    return raw
+
+
+def _start_with_spares(backend, store, rank, launched, spares, timeout, on_loss="reject") -> None:
     """An active rank joins world 0 at once; a spare waits (heartbeating) until it is claimed
     for a lost position, then joins the world that replaces it, under that position's rank."""
     from .membership import keys, pool, world
 
     global _membership
     m = Membership(store=store, spares=spares, world_size=launched - spares, launch_rank=rank, backend=backend,
-                   timeout=timeout or datetime.timedelta(minutes=30))
+                   timeout=timeout or datetime.timedelta(minutes=30), on_loss=on_loss)
     _membership = m
     # which torchrun agent started this process: the exit-barrier check-in counts lost agents
     store.set(keys.agent_of(rank), os.environ.get("GROUP_RANK", str(rank)))

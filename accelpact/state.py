@@ -2,7 +2,8 @@
 
 "State preserved" means: every local parameter shard, every optimizer tensor (moments, step),
 the optimizer step counter, every RNG kind and the data cursor are bitwise equal to those of an
-uninterrupted run. `capture` copies them; `diff` names what differs.
+uninterrupted run. `capture` copies them; `diff` names what differs; `restore` puts a capture
+into a freshly built job of the same shard shapes (a reference that changes its world midway).
 """
 
 from __future__ import annotations
@@ -75,3 +76,39 @@ def categories(keys: list[str]) -> dict[str, int]:
     for k in keys:
         counts[k.split("/")[0]] = counts.get(k.split("/")[0], 0) + 1
     return counts
+
+
+def restore(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer, data_state: Any = None) -> None:
+    """Put `capture`'s values back into `model` (same local shard shapes, any mesh), a fresh
+    `optimizer` of the same parameters, the RNGs and `data_state` (its `load_state_dict`)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            local = p.to_local() if callable(getattr(p, "to_local", None)) else p
+            local.copy_(state[f"param/{name}"])
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    per_param: dict[int, dict[str, Any]] = {}
+    for key, value in state.items():
+        if key.startswith("optim/"):
+            _, index, name = key.split("/", 2)
+            per_param.setdefault(int(index), {})[name] = value
+    for index, entries in per_param.items():
+        p = params[index]
+        optimizer.state[p] = {name: _like(p, value) for name, value in entries.items()}
+    torch.set_rng_state(state["rng/torch"])
+    np.random.set_state(state["rng/numpy"])
+    random.setstate(state["rng/python"])
+    if data_state is not None and "data/cursor" in state:
+        data_state.load_state_dict(state["data/cursor"])
+
+
+def _like(p: torch.Tensor, value: Any) -> Any:
+    """An optimizer value as the optimizer keeps it for `p`: a DTensor on p's mesh where p is one
+    and the value is shaped like its shard, else a copy."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if callable(getattr(p, "to_local", None)) and value.dim() > 0:
+        from torch.distributed.tensor import DTensor
+
+        return DTensor.from_local(value.clone(), p.device_mesh, p.placements, run_check=False, shape=p.shape,
+                                  stride=p.stride())
+    return value.clone()

@@ -171,6 +171,14 @@ class SyntheticTokens:
         while True:
             yield self.next_batch()
 
+    def reshard(self, index: int, count: int) -> None:
+        """The partition of a smaller world (`Config.on_loss="shrink"`): this rank reads stream
+        `index` of `count` from the same cursor on. No batch is read twice: the streams of the
+        staying ranks were read up to this cursor only, by whoever held them."""
+        if not 0 <= index < count:
+            raise ValueError(f"stream {index} of {count} does not exist")
+        self.shard = index
+
     def state_dict(self) -> dict[str, int]:
         return {"seed": self.seed, "shard": self.shard, "cursor": self.cursor}
 

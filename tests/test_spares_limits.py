@@ -10,6 +10,7 @@ a survivor's presence, in one process."""
 from types import SimpleNamespace
 
 from accelpact.comm import _c10d
+from accelpact.config import Config
 from accelpact.fsm.phases import FailurePhase
 from accelpact.membership import world
 from accelpact.runtime.member_change import presence_of
@@ -23,7 +24,8 @@ def _survivor(recipe: world.WorldRecipe) -> SimpleNamespace:
     return SimpleNamespace(
         rank=1, frontier=4, opt_step=4, update_index=5, generation=0, _recoveries=1, data_state=None, rewind=rewind,
         data_plane=SimpleNamespace(gids={}), envelope=SimpleNamespace(replace_phases=(FailurePhase.FORWARD,)),
-        profile="fsdp2-hsdp", platform="cpu-gloo", envelope_source="test", recipe=recipe, neighbours=None)
+        profile="fsdp2-hsdp", platform="cpu-gloo", envelope_source="test", recipe=recipe, neighbours=None,
+        config=Config())
 
 
 def test_a_group_made_after_attach_keeps_a_survivor_out_of_a_replace_with_the_reason(monkeypatch):

@@ -42,7 +42,7 @@ __all__ = ["IN_MEMORY_ACTIONS", "CutResult", "InMemoryShare", "NodeLossResult", 
            "in_memory_share", "load_run", "recovered_in_memory"]
 
 #: The recovery actions that keep the job's state in memory (no restart, no checkpoint reload).
-IN_MEMORY_ACTIONS = ("preserve", "rewind", "replace")
+IN_MEMORY_ACTIONS = ("preserve", "rewind", "replace", "shrink")
 
 
 @dataclass

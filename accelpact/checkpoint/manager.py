@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import platform
@@ -143,6 +144,9 @@ class CheckpointManager:
         self.run_id = run_id
         self.world_size = world_size
         self.layout = normalize_layout(layout)
+        #: JSON-able facts the manifest carries beside the layout (not compared at restore): the
+        #: runtime's record of how the experiment changed (`Runtime.shrinks`)
+        self.notes: dict[str, Any] = {}
         self.keep = keep
         self.keep_every = keep_every
         self.group = group
@@ -268,7 +272,8 @@ class CheckpointManager:
                     created_at=utc_now(), frontier=app_state.frontier, opt_step=int(app_state.opt_step),
                     extra={"python": platform.python_version(), "numpy": np.__version__,
                            "host": platform.node(), "world_description": describe_layout(self.world_size,
-                                                                                         self.layout)},
+                                                                                         self.layout),
+                           **json.loads(json.dumps(self.notes, default=str))},
                 )
                 name = step_dir_name(step)
                 commit_and_publish(tmp, self.root / name, manifest, self._key)

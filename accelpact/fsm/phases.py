@@ -47,6 +47,7 @@ class RecoveryAction(StrEnum):
     REJECT = "reject"  # L2: fail-stop; the supervisor restores the last verified checkpoint
     REWIND = "rewind"  # L1': discard the interrupted update, rebuild every group, re-run it from F
     REPLACE = "replace"  # a lost rank's position taken by a spare: rebuild the world, re-run F+1
+    SHRINK = "shrink"  # a lost rank's replica group leaves (Config.on_loss): a smaller world re-runs F+1
 
     @classmethod
     def _missing_(cls, value: object) -> RecoveryAction | None:

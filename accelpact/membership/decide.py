@@ -15,6 +15,8 @@ A lost position can be taken over only when
   whole new world re-runs F+1 from F (a Replace always rewinds the update in flight);
 - the lost rank's small state of F reached the store before it died;
 - every survivor's recovery envelope qualifies Replace for the phase it failed in.
+Where too few spares are free and every survivor runs with `on_loss="shrink"`, the job may go on
+with fewer replicas instead (`shrink.plan_shrink`: the replica groups that are still whole).
 Anything else rejects, with every reason, so the fail-stop evidence says why.
 """
 
@@ -22,6 +24,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+
+from .shrink import plan_shrink
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,13 @@ class Presence:
     copies: tuple[tuple[int, int], ...] = ()
     #: held neighbour copies that no longer match their digest, each named
     copy_faults: tuple[str, ...] = ()
+    #: the ranks that hold one whole copy of the model with this rank (its shard group; just this
+    #: rank where it holds the whole model, DDP): the unit a shrink keeps or lets go
+    shard_group: tuple[int, ...] = ()
+    #: Config.on_loss, and whether this rank could go on in a smaller world (and why not)
+    on_loss: str = "reject"
+    shrink_ok: bool = False
+    shrink_reason: str = ""
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -58,15 +69,17 @@ class Presence:
                    replicas=tuple(int(r) for r in d.get("replicas", ())), replace_ok=bool(d.get("replace_ok", True)),
                    replace_reason=str(d.get("replace_reason", "")), recoveries=int(d.get("recoveries", 0)),
                    copies=tuple((int(s), int(f)) for s, f in d.get("copies", ())),
-                   copy_faults=tuple(str(x) for x in d.get("copy_faults", ())))
+                   copy_faults=tuple(str(x) for x in d.get("copy_faults", ())),
+                   shard_group=tuple(int(r) for r in d.get("shard_group", ())), on_loss=str(d.get("on_loss", "reject")),
+                   shrink_ok=bool(d.get("shrink_ok", False)), shrink_reason=str(d.get("shrink_reason", "")))
 
 
 @dataclass(frozen=True)
 class MembershipDecision:
     """The one value of a world's membership register."""
 
-    world: int  # the world that failed; a Replace builds world + 1
-    outcome: str  # "replace" | "reject"
+    world: int  # the world that failed; a Replace or a shrink builds world + 1
+    outcome: str  # "replace" | "shrink" | "reject"
     present: tuple[int, ...] = ()
     lost: tuple[int, ...] = ()
     #: lost position -> the spare (launch id) that takes it over
@@ -83,18 +96,34 @@ class MembershipDecision:
     reasons: tuple[str, ...] = ()
     #: the survivors' recovery count (`Presence.recoveries`): an activated spare counts on from it
     recoveries: int = 0
+    #: a shrink: the live ranks that leave with their lost replica-group peer, and the new rank of
+    #: each one that goes on (old position -> position in world + 1)
+    leaving: tuple[int, ...] = ()
+    renumber: dict[int, int] = field(default_factory=dict)
+    #: a shrink: replica groups (whole copies of the model) before and after
+    replicas_before: int = 0
+    replicas_after: int = 0
 
     @property
     def replace(self) -> bool:
         return self.outcome == "replace"
 
+    @property
+    def shrink(self) -> bool:
+        return self.outcome == "shrink"
+
     def fenced(self, position: int) -> bool:
-        """`position`'s old holder was replaced: it must never train again."""
+        """`position`'s old holder was replaced (or its rank declared lost before a shrink): it
+        must never train again."""
         return position in self.lost
+
+    def leaves(self, position: int) -> bool:
+        """`position` is alive but its replica group lost a member: a shrink goes on without it."""
+        return position in self.leaving
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for key in ("assign", "source", "holders", "via"):
+        for key in ("assign", "source", "holders", "via", "renumber"):
             d[key] = {str(k): v for k, v in d[key].items()}
         return d
 
@@ -106,7 +135,9 @@ class MembershipDecision:
                    holders={int(k): tuple(v) for k, v in d["holders"].items()},
                    via={int(k): str(v) for k, v in d.get("via", {}).items()},
                    frontier=int(d["frontier"]), generation=int(d["generation"]), reasons=tuple(d["reasons"]),
-                   recoveries=int(d.get("recoveries", 0)))
+                   recoveries=int(d.get("recoveries", 0)), leaving=tuple(d.get("leaving", ())),
+                   renumber={int(k): int(v) for k, v in d.get("renumber", {}).items()},
+                   replicas_before=int(d.get("replicas_before", 0)), replicas_after=int(d.get("replicas_after", 0)))
 
 
 def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence], free_spares: Sequence[int],
@@ -136,6 +167,14 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
         if not r.replace_ok:
             reasons.append(f"rank {r.position} cannot take part in a Replace: {r.replace_reason or 'unknown'}")
     frontier = frontiers[0] if frontiers else 0
+    if len(free_spares) < len(lost) and reports and all(r.on_loss == "shrink" for r in reports):
+        plan = plan_shrink(world_size=world_size, lost=lost, reports=reports)
+        if plan.ok and not reasons:
+            return MembershipDecision(outcome="shrink", frontier=frontier, generation=generations[0] + 1,
+                                      recoveries=max(r.recoveries for r in reports), leaving=plan.leaving,
+                                      renumber=plan.renumber, replicas_before=plan.replicas_before,
+                                      replicas_after=plan.replicas_after, **base)
+        reasons.extend(f"cannot shrink: {why}" for why in plan.reasons)
     if len(free_spares) < len(lost):
         reasons.append(f"{len(lost)} rank(s) lost ({list(lost)}) but {len(free_spares)} spare(s) free")
     assign = dict(zip(lost, free_spares))

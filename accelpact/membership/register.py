@@ -131,7 +131,7 @@ def _decide(store, world, world_size, present, small_state_at) -> MembershipDeci
     got = got.decode() if isinstance(got, bytes) else got
     if got != value:  # a peer decided first: its value is the decision
         return MembershipDecision.from_json(json.loads(got))
-    if decision.replace:
+    if decision.replace or decision.shrink:
         store.add(keys.lost_total(), len(decision.lost))
         # who held each lost position (read before any spare is claimed and writes its own id):
         # the exit-barrier check-in counts their agents (`pool.agents_lost`)

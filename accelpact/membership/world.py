@@ -69,6 +69,18 @@ def record(control_group: dist.ProcessGroup, timeout_of) -> WorldRecipe:
     return WorldRecipe(tuple(groups), control_group.group_name, _c10d.group_count())
 
 
+def translated(recipe: WorldRecipe, renumber: dict[int, int]) -> WorldRecipe:
+    """The recipe of a smaller world (a shrink): each group keeps its name and its members that
+    stay, renumbered (a replicate group of one rank is still built: the mesh has that dimension).
+    A group none of whose members stays is this rank's no longer, and would not be recorded."""
+    groups = tuple(GroupRecipe(g.name, tuple(renumber[r] for r in g.ranks if r in renumber), g.backend, g.timeout_s)
+                   for g in recipe.groups)
+    empty = [g.name for g in groups if not g.ranks]
+    if empty:
+        raise ConfigError(f"groups {empty} keep no member after the shrink, yet this rank stays: its recipe is wrong")
+    return WorldRecipe(groups, recipe.control_name, recipe.count_after_attach)
+
+
 def groups_made_after_attach(recipe: WorldRecipe) -> str:
     """Why a spare cannot join, if the script made counter-named groups after attach (empty if
     not). A spare's script makes them after its own attach, when it has joined: no survivor

@@ -38,6 +38,7 @@ _OUTCOMES = {
     "preserve": "every rank preserved its state",
     "rewind": "every rank rewound",
     "replace": "a spare took the lost rank's place and every rank re-ran the update",
+    "shrink": "the lost rank's replica group left and the whole ones re-ran the update in a smaller world",
     "reject": "every rank rejected",
 }
 

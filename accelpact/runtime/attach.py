@@ -7,6 +7,7 @@ This is the entry point, so it is also where the drill's fault injector is insta
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -74,9 +75,9 @@ def attach(
     if getattr(model, ATTACHED, False):
         raise ConfigError("this model is already attached to an AccelPact runtime: a second attach would hook "
                           "every update twice; call rt.close() first")
-    _check_data_state(data_state)
     stateful = _stepped_with_the_update(optimizer, schedulers, scalers)
     config = _with_spares((config or Config()).with_env().validate(), model)
+    _check_data_state(data_state, config)
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
     profile = config.profile or detect_profile(model)
     plane = DataPlane(model, timeout_s=provisional(config)[0], extra=[optimizer, *meshes])  # "auto": measured
@@ -108,7 +109,13 @@ def _with_spares(config: Config, model: nn.Module) -> Config:
     from torch.nn.parallel import DistributedDataParallel
 
     m = membership()
-    if m is None and config.replicate != "off":
+    if config.on_loss == "shrink" and (m is None or m.on_loss != "shrink"):
+        raise ConfigError("Config.on_loss='shrink' needs ACCELPACT_ON_LOSS=shrink in the environment of "
+                          "accelpact.init_process_group: every rank watches its peers from the start")
+    if config.on_loss == "shrink" and config.replicate != "off":
+        raise ConfigError(f"Config.on_loss='shrink' with replicate={config.replicate!r} is not supported: a shrink "
+                          "does not rebuild the neighbour ring")
+    if (m is None or not m.spares) and config.replicate != "off":
         raise ConfigError(f"Config.replicate={config.replicate!r} keeps copies for a spare to take over from, but the "
                           "job was not launched with spares: set ACCELPACT_SPARES (and start the processes with "
                           "accelpact.init_process_group), or leave replicate off")
@@ -119,12 +126,12 @@ def _with_spares(config: Config, model: nn.Module) -> Config:
         return config
     if config.spares not in (0, m.spares):
         raise ConfigError(f"Config.spares={config.spares}, but the launch has {m.spares} (ACCELPACT_SPARES)")
+    if m.on_loss == "shrink":
+        config = dataclasses.replace(config, on_loss="shrink")
     for module in model.modules():
         if isinstance(module, DistributedDataParallel) and module.mixed_precision is not None:
             raise ConfigError("spares (ACCELPACT_SPARES) cover DDP without mixed precision only: a survivor rebuilds "
                               "its reducer as a spare's constructor builds it (membership.mirror)")
-    import dataclasses
-
     return dataclasses.replace(config, spares=m.spares, step_copy=True)
 
 
@@ -186,7 +193,10 @@ def _stepped_with_the_update(optimizer, schedulers, scalers) -> tuple[Any, ...]:
     return stateful
 
 
-def _check_data_state(data_state: Any) -> None:
+def _check_data_state(data_state: Any, config: Config) -> None:
+    if config.on_loss == "shrink" and not callable(getattr(data_state, "reshard", None)):
+        raise ConfigError(f"Config.on_loss='shrink' needs a data_state with reshard(index, count): after a shrink "
+                          f"the data partition follows the smaller world; {type(data_state).__name__} has none")
     if data_state is None:
         return
     missing = [name for name in ("state_dict", "load_state_dict") if not callable(getattr(data_state, name, None))]

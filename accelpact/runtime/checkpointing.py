@@ -50,6 +50,7 @@ class Checkpointer:
             cfg.checkpoint_dir, run_id=self.run_id, world_size=rt.world_size, layout=layout,
             keep=cfg.checkpoint_keep, group=rt.control.group, attempt=rt.attempt, key=cfg.checkpoint_key,
         )
+        self.manager.notes["shrinks"] = rt.shrinks  # the experiment's changes, kept in every manifest
         self.attempts = AttemptLog(cfg.checkpoint_dir, run_id=self.run_id, attempt=rt.attempt)
         self.saves: list[dict] = []
         self.restored: RestoreResult | None = None

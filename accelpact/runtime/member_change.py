@@ -29,7 +29,7 @@ from ..launch import Membership
 from ..membership import keys, mirror, pool, register, small_state, transfer, world
 from ..membership.decide import MembershipDecision, Presence
 from ..membership.pool import Activation
-from . import neighbours
+from . import neighbours, shrink
 from .history import RecoveryRecord
 from .restore import restore_boundary
 
@@ -102,10 +102,13 @@ def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
     late = world.groups_made_after_attach(rt.recipe)
     qualified, unqualified = qualified and not late, "; ".join(x for x in (unqualified, late) if x)
     copies, copy_faults = neighbours.audit(rt)
+    shard = rt.data_plane.gids.get("shard")
+    no_shrink = shrink.shrink_refusal(rt)
     return Presence(position=rt.rank, frontier=rt.frontier, generation=rt.generation, rerun_ok=ok,
                     rerun_reason=why, replicas=tuple(replicas), replace_ok=qualified,
                     replace_reason=unqualified, recoveries=rt._recoveries, copies=copies,
-                    copy_faults=copy_faults), undo
+                    copy_faults=copy_faults, shard_group=tuple(shard.ranks) if shard is not None else (),
+                    on_loss=rt.config.on_loss, shrink_ok=not no_shrink, shrink_reason=no_shrink), undo
 
 
 def presence_grace_s(control_timeout_s: float, data_timeout_s: float) -> float:
@@ -149,6 +152,8 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
         m.store.append(keys.fenced_holders(), f"{m.launch_rank},")
         raise RankFenced(f"rank {rt.rank} was declared lost in world {failed_world} and a spare took its place",
                          rank=rt.rank, world=failed_world)
+    if decision.shrink:
+        return shrink.go_on_smaller(rt, m, change, undo, clock)
     if not decision.replace:
         change.reasons = list(decision.reasons)
         return change
@@ -352,7 +357,7 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
     t0 = time.perf_counter()
     try:
         change = survive(rt, m, phase)
-    except RankFenced:
+    except RankFenced:  # RankLeft too: this rank's replica group left the job
         raise
     except Exception as exc:  # the cause is the reject's reason; peers reject on the release register
         try:
@@ -366,13 +371,19 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
         rt._reject(record.reasons, exc, record)
     resumed = change.outcome == "resume"
     d = change.decision
+    action = RecoveryAction.SHRINK if d.shrink else RecoveryAction.REPLACE
     record = RecoveryRecord(
-        index=rt._recoveries, update=rt.update_index, action=RecoveryAction.REPLACE if resumed else RecoveryAction.REJECT,
+        index=rt._recoveries, update=rt.update_index, action=action if resumed else RecoveryAction.REJECT,
         failure_phase=phase, saw_failure=True, cause=f"lost rank(s) {list(d.lost)}: {error}",
         frontier=d.frontier if resumed else rt.frontier, generation=rt.generation, reasons=list(change.reasons),
         detect_s=detect_s, timings_s=dict(change.timings_s), repair_s=time.perf_counter() - t0,
         rebound=dict(change.rebound))
     record.replacement = describe(change, rt.rank)
+    if d.shrink and resumed:
+        record.replacement["shrink"] = rt.shrinks[-1]
+        log.warning("the job shrank at F=%d: %d -> %d replicas, %d -> %d ranks (this rank %d -> %d)", d.frontier,
+                    d.replicas_before, d.replicas_after, rt.shrinks[-1]["world_size_before"], rt.world_size,
+                    rt.shrinks[-1]["rank_before"], rt.rank)
     rt.history.append(record)
     rt.trace.write({"kind": "recovery", **record.to_dict()})
     if not resumed:

@@ -82,6 +82,7 @@ class Runtime:
         self.deferral = DeferralCounts()  # a boundary agreed one step late (Config.boundary)
         self.membership = self.heartbeat = self.replicator = self.neighbours = None  # set by attach under ACCELPACT_SPARES
         self.recipe, self.origin_names = None, {}  # what a rebuilt world replays (membership.world)
+        self.shrinks: list[dict[str, Any]] = []  # each change to fewer replicas (Config.on_loss="shrink")
         self._tracker = PhaseTracker(model, optimizer, on_phase=self._notify, before_step=self._before_step,
                                      after_step=self._after_step)
         setattr(model, ATTACHED, True)
@@ -107,6 +108,12 @@ class Runtime:
     @property
     def groups(self) -> dict[str, dist.ProcessGroup]:  # by label, replacements included
         return dict(self.data_plane.groups)
+
+    @property
+    def replicas(self) -> int:
+        """Whole model copies now: fewer after a shrink (a trainer may scale its learning rate)."""
+        gid = self.data_plane.gids.get("replicate")
+        return len(gid.ranks) if gid is not None else 1
 
     def add_listener(self, listener: UpdateListener) -> None:  # see listeners.UpdateListener
         self.listeners.append(listener)

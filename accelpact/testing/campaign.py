@@ -74,7 +74,7 @@ class Fault:
 REWIND_BUDGET = 2 * WORLD
 _LETTER = {"preserve": "P", "rewind": "W", "reject": "R", "replace": "X"}
 #: outcomes that finish the job in memory (no restart)
-IN_MEMORY = ("preserve", "rewind", "replace")
+IN_MEMORY = ("preserve", "rewind", "replace", "shrink")
 
 
 @dataclass(frozen=True)

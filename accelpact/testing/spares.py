@@ -40,12 +40,15 @@ def _free_port() -> int:
 def run_spare_job(*, active: int = 4, spares: int = 1, faults: str = "none", framework: str = "fsdp2",
                   updates: int = 8, layers: int = 2, data_timeout: float = 2.0, control_timeout: float = 6.0,
                   timeout_s: float = 150.0, extra_env: dict[str, str] | None = None,
-                  envelope: str | None = None, replicate: str = "off") -> SpareJob:
+                  envelope: str | None = None, replicate: str = "off", on_loss: str = "reject") -> SpareJob:
     trace_dir = tempfile.mkdtemp(prefix="accelpact-spares-")
     result_path = Path(trace_dir) / "result.json"
     cmd = [sys.executable, "-m", "accelpact.demo_worker", f"--framework={framework}", f"--updates={updates}",
            f"--layers={layers}", f"--faults={faults}", f"--trace-dir={trace_dir}", f"--result={result_path}",
-           f"--data-timeout={data_timeout}", f"--control-timeout={control_timeout}", f"--replicate={replicate}"]
+           f"--data-timeout={data_timeout}", f"--control-timeout={control_timeout}", f"--replicate={replicate}",
+           f"--on-loss={on_loss}"]
+    if on_loss != "reject":
+        extra_env = {"ACCELPACT_ON_LOSS": on_loss, **(extra_env or {})}
     if envelope is not None:
         cmd.append(f"--envelope={envelope}")
     codes, output, seconds = launch_with_spares(cmd, active=active, spares=spares, log_dir=Path(trace_dir),

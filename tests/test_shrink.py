@@ -1,0 +1,197 @@
+"""Going on with fewer replicas (#16, `Config.on_loss="shrink"`): the pure plan, the mesh
+arithmetic, the configuration it needs, and a 2x2 HSDP job that loses a rank at a random point
+and ends bitwise equal to a reference that switches to one replica at the same frontier."""
+
+import json
+import os
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from accelpact import state as app_state
+from accelpact.config import Config
+from accelpact.errors import ConfigError, RebindError
+from accelpact.fsm.decisions import GroupId
+from accelpact.membership.decide import MembershipDecision, Presence, decide_membership
+from accelpact.membership.world import GroupRecipe, WorldRecipe, translated
+from accelpact.rebind.reshape import shrink_mesh_tensor
+from accelpact.runtime.attach import _check_data_state
+from accelpact.runtime.shrink import shrink_refusal
+from accelpact.workloads import SyntheticTokens
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _presence(position: int, group: tuple[int, ...], *, on_loss: str = "shrink", ok: bool = True,
+              why: str = "", frontier: int = 5) -> Presence:
+    return Presence(position=position, frontier=frontier, generation=1, rerun_ok=True, shard_group=group,
+                    on_loss=on_loss, shrink_ok=ok, shrink_reason=why)
+
+
+def _hsdp(*positions: int, **kw) -> list[Presence]:
+    """Survivors of a 2x2 HSDP world: replica groups {0, 1} and {2, 3}."""
+    return [_presence(p, (0, 1) if p < 2 else (2, 3), **kw) for p in positions]
+
+
+def _decide(reports, spares=(), world_size=4):
+    lost = [p for p in range(world_size) if p not in {r.position for r in reports}]
+    return decide_membership(world=3, world_size=world_size, reports=reports, free_spares=list(spares),
+                             small_state_at={p: 5 for p in lost})
+
+
+# -- the decision ------------------------------------------------------------------------------
+def test_the_whole_replica_group_goes_on_and_the_broken_one_leaves():
+    d = _decide(_hsdp(0, 1, 2))  # rank 3 lost: its replica group {2, 3} leaves
+    assert d.outcome == "shrink" and d.lost == (3,) and d.leaving == (2,)
+    assert d.renumber == {0: 0, 1: 1} and (d.replicas_before, d.replicas_after) == (2, 1)
+    assert d.generation == 2 and d.frontier == 5 and d.leaves(2) and not d.leaves(0) and d.fenced(3)
+    assert MembershipDecision.from_json(json.loads(json.dumps(d.to_json()))) == d
+
+
+def test_the_ranks_that_stay_are_renumbered_in_order_keeping_their_shard_coordinate():
+    d = _decide(_hsdp(0, 2, 3))  # rank 1 lost: {0, 1} leaves, 2 and 3 become 0 and 1
+    assert d.outcome == "shrink" and d.leaving == (0,) and d.renumber == {2: 0, 3: 1}
+    d = _decide([_presence(p, (2 * (p // 2), 2 * (p // 2) + 1)) for p in (0, 1, 2, 3, 4)], world_size=6)
+    assert d.renumber == {0: 0, 1: 1, 2: 2, 3: 3} and d.leaving == (4,) and d.replicas_after == 2
+
+
+def test_a_free_spare_is_preferred_to_shrinking():
+    reports = [dataclass_replace(r, replicas=(r.position % 2, r.position % 2 + 2)) for r in _hsdp(0, 1, 2)]
+    assert _decide(reports, spares=(4,)).outcome == "replace"
+
+
+def test_no_whole_replica_group_rejects_naming_why():
+    full = [_presence(p, (0, 1, 2, 3)) for p in (0, 1, 2)]  # fully sharded: one copy of each shard
+    d = _decide(full)
+    assert d.outcome == "reject"
+    assert any("cannot shrink: no replica group is whole after losing rank(s) [3]" in r for r in d.reasons)
+    d = _decide(_hsdp(0, 2))  # one rank of each group lost
+    assert d.outcome == "reject" and any("no replica group is whole" in r for r in d.reasons)
+
+
+def test_shrinking_needs_every_survivor_to_opt_in_and_to_be_able_to():
+    mixed = _hsdp(0, 1) + _hsdp(2, on_loss="reject")
+    d = _decide(mixed)
+    assert d.outcome == "reject" and not any("cannot shrink" in r for r in d.reasons)  # not asked for
+    d = _decide(_hsdp(0, 1) + _hsdp(2, ok=False, why="its data_state has no reshard(index, count)"))
+    assert d.outcome == "reject"
+    assert "cannot shrink: rank 2 cannot go on in a smaller world: its data_state has no reshard(index, count)" \
+        in d.reasons
+
+
+def test_survivors_at_different_frontiers_never_shrink():
+    d = _decide(_hsdp(0, 1) + _hsdp(2, frontier=6))
+    assert d.outcome == "reject" and any("different frontiers" in r for r in d.reasons)
+
+
+def dataclass_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+# -- the smaller world's shape -----------------------------------------------------------------
+def test_a_mesh_loses_whole_replica_slices_and_renumbers_the_rest():
+    mesh = torch.arange(6).view(3, 2)  # dims (replicate, shard)
+    assert shrink_mesh_tensor(mesh, {0: 0, 1: 1, 4: 2, 5: 3}).tolist() == [[0, 1], [2, 3]]
+    assert shrink_mesh_tensor(torch.arange(4).view(2, 2), {2: 0, 3: 1}).tolist() == [[0, 1]]
+    with pytest.raises(RebindError, match="not whole slices"):
+        shrink_mesh_tensor(torch.arange(4).view(2, 2), {0: 0, 3: 1})
+
+
+def test_the_recipe_keeps_names_and_renumbers_members():
+    recipe = WorldRecipe((GroupRecipe("accelpact:shard:g0", (2, 3), "gloo", 1.0),
+                          GroupRecipe("accelpact:replicate:g0", (1, 3), "gloo", 1.0)), "7", 9)
+    small = translated(recipe, {2: 0, 3: 1})
+    assert [(g.name, g.ranks) for g in small.groups] == [("accelpact:shard:g0", (0, 1)),
+                                                         ("accelpact:replicate:g0", (1,))]
+    assert (small.control_name, small.count_after_attach) == ("7", 9)
+    with pytest.raises(ConfigError, match="keep no member"):
+        translated(recipe, {0: 0})
+
+
+# -- what a shrink needs -----------------------------------------------------------------------
+def test_config_and_attach_name_what_a_shrink_needs():
+    with pytest.raises(ConfigError, match="on_loss must be one of reject, shrink"):
+        Config(on_loss="shrank")
+    assert Config().with_env({"ACCELPACT_ON_LOSS": "shrink"}).on_loss == "shrink"
+    with pytest.raises(ConfigError, match="needs a data_state with reshard"):
+        _check_data_state(object(), Config(on_loss="shrink"))
+    _check_data_state(SyntheticTokens(8, 4, 2), Config(on_loss="shrink"))
+
+
+def test_a_rank_says_why_it_could_not_go_on_smaller():
+    data = SyntheticTokens(8, 4, 2)
+    rt = SimpleNamespace(config=Config(on_loss="shrink"), profile="fsdp2-hsdp", data_state=data,
+                         data_plane=SimpleNamespace(gids={"shard": GroupId("shard", (0, 1)),
+                                                          "replicate": GroupId("replicate", (0, 2))}))
+    assert shrink_refusal(rt) == ""
+    rt.profile = "ddp"
+    assert "covers FSDP2 HSDP" in shrink_refusal(rt)
+    rt.profile, rt.data_plane.gids = "fsdp2-hsdp", {"shard": GroupId("shard", (0, 1, 2, 3))}
+    assert "no replicate group" in shrink_refusal(rt)
+
+
+def test_a_data_stream_reshards_from_its_cursor():
+    data = SyntheticTokens(vocab=50, seq_len=4, batch_size=2, seed=3, shard=2)
+    data.next_batch()
+    data.reshard(0, 2)
+    assert data.state_dict() == {"seed": 3, "shard": 0, "cursor": 1}
+    assert torch.equal(data.next_batch(), SyntheticTokens(50, 4, 2, seed=3, shard=0).batch_at(1))
+    with pytest.raises(ValueError, match="stream 2 of 2"):
+        data.reshard(2, 2)
+
+
+def test_a_captured_state_restores_into_a_fresh_job_bitwise():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 3)
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    data = SyntheticTokens(8, 4, 2)
+    for _ in range(2):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        data.next_batch()
+    saved = app_state.capture(model, opt, data)
+    fresh = torch.nn.Linear(4, 3)
+    fresh_opt = torch.optim.Adam(fresh.parameters(), lr=0.1)
+    torch.randn(5)  # the RNG moved on
+    fresh_data = SyntheticTokens(8, 4, 2)
+    app_state.restore(saved, fresh, fresh_opt, fresh_data)
+    assert app_state.diff(saved, app_state.capture(fresh, fresh_opt, fresh_data)) == []
+
+
+# -- a 2x2 HSDP job that loses a rank ----------------------------------------------------------
+@pytest.mark.timeout(240)
+def test_an_hsdp_job_that_loses_a_rank_goes_on_with_one_replica_bitwise():
+    """The killed rank and the point of the update are drawn (ACCELPACT_TEST_SEED replays a draw).
+    The replica group of the lost rank leaves, the other goes on renumbered 0 and 1, and every
+    state bit equals a reference that trains the whole world to F and then one replica from F;
+    it differs from the run that never shrank (the experiment did change)."""
+    from accelpact.testing.spares import run_spare_job
+
+    seed = int(os.environ.get("ACCELPACT_TEST_SEED") or random.randrange(10**6))
+    draw = random.Random(seed)
+    lost, phase = draw.randrange(4), draw.choice(["forward", "backward", "optimizer", "committed"])
+    print(f"ACCELPACT_TEST_SEED={seed}: kill rank {lost} at update 4 ({phase})")
+    job = run_spare_job(active=4, spares=0, faults=f"kill@4:{phase}:{lost}", updates=6, on_loss="shrink",
+                        timeout_s=200)
+    peer = lost ^ 1  # the other rank of its replica group
+    staying = sorted({0, 1, 2, 3} - {lost, peer})
+    assert job.codes[lost] == -9 and job.codes[peer] == 0, (job.codes, job.output)
+    assert all(job.codes[p] == 0 for p in staying), (job.codes, job.output)
+    assert job.result is not None and job.result["bitwise_ok"] and job.result["all_in_memory"], job.output
+    frontier = 4 if phase == "committed" else 3
+    for new_rank, verdict in enumerate(job.result["verdicts"]):
+        assert verdict["rank"] == new_rank and verdict["mismatches"] == [] and verdict["compared"] > 20
+        assert verdict["params_unlike_whole_world"] > 0  # one replica's average is not two's
+        (shrunk,) = verdict["shrinks"]
+        assert shrunk["frontier"] == frontier and shrunk["lost"] == [lost] and shrunk["left"] == [peer]
+        assert (shrunk["rank_before"], shrunk["rank_after"]) == (staying[new_rank], new_rank)
+        assert (shrunk["replicas_before"], shrunk["replicas_after"], shrunk["world_size_after"]) == (2, 1, 2)
+        assert shrunk["effective_batch_after"] * 2 == shrunk["effective_batch_before"]
+        (record,) = [r for r in verdict["history"] if r["action"] == "shrink"]
+        assert record["replacement"]["shrink"] == shrunk and record["rebound"]["mesh.reshaped"] >= 1
+    left = [json.loads(line) for line in open(os.path.join(job.trace_dir, f"trace-rank{peer}.jsonl"))]
+    assert any(r.get("kind") == "membership" and r.get("event") == "left" for r in left)
