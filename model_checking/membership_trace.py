@@ -4,16 +4,18 @@ The runtime writes one JSON-lines file per process; its membership records carry
 `"kind": "membership"`, a monotonic `seq` per file, and an `event`:
 
     present            world, position, frontier, applied
-    decided            world, outcome ("replace" | "reject"), present, lost, assign {position: spare id},
-                       source {position: source position}, frontier [, replicas]
+    decided            world, outcome ("replace" | "shrink" | "reject"), present, lost, assign {position:
+                       spare id}, source {position: source position}, frontier [, replicas]; a shrink:
+                       leaving (present positions that leave), renumber {old position: new position}
     fenced             world, position
+    left               world, position (a live rank whose replica group a shrink took out)
     activated          world (the new one), position, spare (the spare's id)
     world_built        world, position
     transfer_sent      world, position (the sender), to (position), bytes, digest
     transfer_verified  world, position (the receiver), digest, ok
     vote               world, position, ok
     release            world, outcome ("resume" | "reject")
-    train              world, position, frontier
+    train              world, position, frontier [, world_size]
 
 `check_membership_traces` takes the records by process (file) and returns the violations as
 sentences, each starting with the rule it breaks in brackets (the spec's property where there is
@@ -42,6 +44,12 @@ one), empty when the run keeps every rule. Only the order inside one file is kno
 - [OnePositionOneProcess] no two processes train one position of one world; in a replaced world a
   position is trained only by its holder (the process that posted PRESENT for it, or the spare
   the decision assigned to it and that activated into it).
+- A shrink (`Config.on_loss="shrink"`): [DecisionComplete] its present positions are exactly the
+  ones that leave and the ones renumbered, the new numbers are 0..W'-1 in the old order;
+  [LeaverNeverTrains] a process that left (or whose position the decision made leave) never
+  trains again, and only a leaving position leaves; [OnePositionOneProcess] new position
+  renumber[p] is trained only by the process that held p; [NoStaleAverage] a train record in the
+  smaller world counts that world's size; [NoSplitFrontier] and [TrainAfterRelease] as above.
 - [TraceFormat] seq strictly increasing in each file; the fields an event needs are there.
 """
 
@@ -57,6 +65,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "present": ("world", "position", "frontier"),
     "decided": ("world", "outcome"),
     "fenced": ("world", "position"),
+    "left": ("world", "position"),
     "activated": ("world", "position", "spare"),
     "world_built": ("world", "position"),
     "transfer_sent": ("world", "position", "to", "digest"),
@@ -80,11 +89,15 @@ def _decision_key(rec: Mapping[str, Any]) -> tuple:
         tuple(sorted(_int_keys(rec.get("assign")).items())),
         tuple(sorted(_int_keys(rec.get("source")).items())),
         rec.get("frontier"),
+        tuple(sorted(int(p) for p in rec.get("leaving") or ())),
+        tuple(sorted(_int_keys(rec.get("renumber")).items())),
     )
 
 
 def _describe_decision(rec: Mapping[str, Any]) -> str:
-    outcome, present, lost, assign, source, frontier = _decision_key(rec)
+    outcome, present, lost, assign, source, frontier, leaving, renumber = _decision_key(rec)
+    if outcome == "shrink":
+        return f"shrink (present {list(present)}, lost {list(lost)}, leaving {list(leaving)}, F={frontier})"
     if outcome != "replace":
         return f"{outcome} (present {list(present)})"
     return (f"replace (present {list(present)}, lost {list(lost)}, assign {dict(assign)}, "
@@ -260,6 +273,11 @@ def check_membership_traces(
                         bad.append(f"[OnePositionOneProcess] world {new}: {p} activated as spare {s} into position "
                                    f"{ai}, which the decision of world {w} did not assign to it")
 
+    for w, (proc, rec) in sorted(decisions.items()):
+        if rec["outcome"] == "shrink":
+            bad += _shrink_decision_violations(w, proc, rec, presenter, present_f)
+            holders[w + 1] = {n: set(presenter.get((w, p), ())) for p, n in _int_keys(rec.get("renumber")).items()}
+
     # -- transfers: sent by the source, verified against the digest sent --------------------------
     sent: dict[tuple[int, int], set[str]] = defaultdict(set)  # (new world, to) -> digests
     for proc, recs in procs.items():
@@ -296,6 +314,11 @@ def check_membership_traces(
                     fenced_at = fenced_at or f"its decided record (seq {seq}) left position {pos} out"
                 if rec["outcome"] == "replace" and pos is not None and pos in {int(p) for p in rec["present"]}:
                     joined.add(w + 1)
+                if rec["outcome"] == "shrink" and pos is not None:
+                    if pos in {int(p) for p in rec.get("leaving") or ()}:
+                        fenced_at = fenced_at or f"its decided record (seq {seq}) made position {pos} leave"
+                    elif pos in _int_keys(rec.get("renumber")):
+                        joined.add(w + 1)
             elif ev == "fenced":
                 dec = decisions.get(w)
                 if dec is not None and dec[1]["outcome"] == "replace" and int(rec["position"]) in {
@@ -303,6 +326,13 @@ def check_membership_traces(
                     bad.append(f"[FencedNeverTrains] {at}: fenced in world {w} although position "
                                f"{rec['position']} is in the decision's present set")
                 fenced_at = fenced_at or f"its fenced record (seq {seq})"
+            elif ev == "left":
+                dec = decisions.get(w)
+                if dec is None or dec[1]["outcome"] != "shrink" or int(rec["position"]) not in {
+                        int(p) for p in dec[1].get("leaving") or ()}:
+                    bad.append(f"[LeaverNeverTrains] {at}: left world {w} at position {rec['position']}, which no "
+                               "shrink decision of that world made leave")
+                fenced_at = fenced_at or f"its left record (seq {seq})"
             elif ev == "activated":
                 joined.add(w)
                 is_spare_in.add(w)
@@ -325,7 +355,8 @@ def check_membership_traces(
             elif ev == "train":
                 pos = int(rec["position"])
                 if fenced_at is not None:
-                    bad.append(f"[FencedNeverTrains] {at}: trains in world {w} after {fenced_at}")
+                    rule = "LeaverNeverTrains" if "left" in fenced_at or "leave" in fenced_at else "FencedNeverTrains"
+                    bad.append(f"[{rule}] {at}: trains in world {w} after {fenced_at}")
                 if (w - 1) in decisions:  # a world some membership change formed (not the first one)
                     if released.get(w) != "resume":
                         what = "after release=reject" if released.get(w) == "reject" else "before release=resume"
@@ -337,7 +368,11 @@ def check_membership_traces(
                         bad.append(f"[OnePositionOneProcess] {at}: trains position {pos} in world {w}, held by "
                                    f"{sorted(entitled) or 'nobody'} by the decision of world {w - 1}")
                     dec = decisions.get(w - 1)
-                    if w not in first_train and dec is not None and dec[1]["outcome"] == "replace" \
+                    if dec is not None and dec[1]["outcome"] == "shrink" and "world_size" in rec \
+                            and int(rec["world_size"]) != len(dec[1].get("renumber") or {}):
+                        bad.append(f"[NoStaleAverage] {at}: trains in world {w} counting {rec['world_size']} ranks, "
+                                   f"the shrink left {len(dec[1].get('renumber') or {})}")
+                    if w not in first_train and dec is not None and dec[1]["outcome"] in ("replace", "shrink") \
                             and rec["frontier"] != dec[1].get("frontier"):
                         bad.append(f"[NoSplitFrontier] {at}: resumes world {w} at frontier {rec['frontier']}, "
                                    f"the decision's is {dec[1].get('frontier')}")
@@ -351,13 +386,39 @@ def check_membership_traces(
     # -- release=resume only with every member's ok vote -----------------------------------------
     for w, (proc, outcome) in sorted(releases.items()):
         dec = decisions.get(w - 1)
-        if outcome != "resume" or dec is None or dec[1]["outcome"] != "replace":
+        if outcome != "resume" or dec is None or dec[1]["outcome"] not in ("replace", "shrink"):
             continue
         members = {int(p) for p in dec[1]["present"]} | {int(p) for p in dec[1].get("lost") or ()}
+        if dec[1]["outcome"] == "shrink":
+            members = set(_int_keys(dec[1].get("renumber")).values())
         missing = sorted(members - voted_ok.get(w, set()))
         if missing:
             bad.append(f"[SpareValidatedBeforeRelease] world {w}: release=resume (recorded by {proc}) without an "
                        f"ok vote of position(s) {missing}")
+    return bad
+
+
+def _shrink_decision_violations(w: int, proc: str, rec: Mapping[str, Any], presenter: Mapping, present_f: Mapping
+                                ) -> list[str]:
+    """A shrink decision is complete: present = leaving + renumbered, new numbers 0..W'-1 in the
+    old order, every renumbered position posted PRESENT at the decision's frontier."""
+    where = f"world {w} (decided by {proc})"
+    present = {int(p) for p in rec.get("present") or ()}
+    lost = {int(p) for p in rec.get("lost") or ()}
+    leaving = {int(p) for p in rec.get("leaving") or ()}
+    renumber = _int_keys(rec.get("renumber"))
+    bad = []
+    if leaving & set(renumber) or (leaving | set(renumber)) != present or lost & (leaving | set(renumber)):
+        bad.append(f"[DecisionComplete] {where}: present {sorted(present)} is not the leaving {sorted(leaving)} plus "
+                   f"the renumbered {sorted(renumber)}, or a lost position {sorted(lost)} stays")
+    if [renumber[p] for p in sorted(renumber)] != list(range(len(renumber))):
+        bad.append(f"[DecisionComplete] {where}: the renumbering {renumber} is not 0..{len(renumber) - 1} in order")
+    for p in sorted(renumber):
+        if not presenter.get((w, p)):
+            bad.append(f"[DecisionComplete] {where}: renumbered position {p} has no PRESENT record")
+        if any(f != rec.get("frontier") for f in present_f.get((w, p), [])):
+            bad.append(f"[NoSplitFrontier] {where}: position {p} reported another frontier than the decision's "
+                       f"F={rec.get('frontier')}")
     return bad
 
 

@@ -419,3 +419,18 @@ def test_symbolic_links_inside_a_step_are_refused(history) -> None:
     (step / "shards" / "extra.distcp").symlink_to(outside)
     verdict = verify_step_dir(step)
     assert not verdict.ok and "symbolic links inside the step are refused: shards/extra.distcp" in verdict.reason
+
+
+def test_a_manifest_carries_the_runtimes_notes_of_a_changed_experiment(tmp_path: Path) -> None:
+    """A job that shrank says so in every later checkpoint (`Runtime.shrinks` -> `extra.shrinks`);
+    the note is not part of the layout, so it never makes a restore refuse the step."""
+    t = Trainer(seed=0)
+    t.step()
+    mgr = manager(tmp_path)
+    shrinks: list[dict] = []
+    mgr.notes["shrinks"] = shrinks  # the runtime's own list: appended to after a shrink
+    shrinks.append({"frontier": 1, "replicas_before": 2, "replicas_after": 1})
+    report = save(mgr, t)
+    manifest = json.loads((Path(report.path) / "manifest.json").read_text())
+    assert manifest["extra"]["shrinks"] == [{"frontier": 1, "replicas_before": 2, "replicas_after": 1}]
+    assert load(manager(tmp_path), Trainer(seed=1)).step == 1

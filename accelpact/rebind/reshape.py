@@ -9,8 +9,11 @@ reference keeps its object and sees the smaller world. The new shape comes from 
 constructor (a throwaway mesh with no groups), so layout, rank map and coordinates stay
 consistent by torch's rules; submeshes (FSDP2 slices one per parameter) get their axes of the
 new layout. FSDP2's gradient division reads the group sizes at every reduction; its mesh infos'
-cached sizes and ranks are refreshed too. `proof` checks afterwards that every mesh and mesh
-info reachable says the new world, and names any that does not.
+cached sizes and ranks are refreshed too. FSDP1 HYBRID_SHARD computes its division factors once,
+at wrapping, from the data-parallel world (shard group × inter-node group): every wrapper's
+factors, and those of its inter-node hook state, are computed again for the smaller world.
+`proof` checks afterwards that every mesh, mesh info and FSDP1 factor says the new world, and
+names any that does not.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ _SHAPE_FIELDS = ("_layout", "_rank_map", "_flatten_rank_map", "_rank", "_coordin
 class ReshapeReport:
     meshes: int  # root and child meshes reshaped
     mesh_infos: int  # FSDP2 mesh infos refreshed
+    fsdp1_factors: int  # FSDP1 HYBRID_SHARD wrappers whose division factors were computed again
 
 
 def shrink_mesh_tensor(mesh: torch.Tensor, renumber: Mapping[int, int]) -> torch.Tensor:
@@ -84,7 +88,37 @@ def reshape(model: nn.Module, meshes: Iterable[DeviceMesh], renumber: Mapping[in
                                                                     new_rank)
             child._coordinate_on_dim = child._compute_coordinate_on_dim()
             child._hash = None
-    return ReshapeReport(meshes=len(roots) + len(children), mesh_infos=_refresh_mesh_infos(model))
+    return ReshapeReport(meshes=len(roots) + len(children), mesh_infos=_refresh_mesh_infos(model),
+                         fsdp1_factors=_refresh_fsdp1_factors(model))
+
+
+def _fsdp1_hybrids(model: nn.Module):
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    for path, module in model.named_modules():
+        if isinstance(module, FullyShardedDataParallel) and getattr(module, "_inter_node_pg", None) is not None:
+            yield path or "<root>", module
+
+
+def _fsdp1_factors(data_parallel: int) -> tuple[float, float]:
+    from torch.distributed.algorithms._comm_hooks.default_hooks import DefaultState
+
+    pre = DefaultState._get_gradient_predivide_factor(data_parallel)
+    return pre, data_parallel / pre
+
+
+def _refresh_fsdp1_factors(model: nn.Module) -> int:
+    """FSDP1 HYBRID_SHARD divides by factors of the data-parallel world fixed at wrapping."""
+    count = 0
+    for _, fsdp in _fsdp1_hybrids(model):
+        inter = fsdp._inter_node_pg.size()
+        fsdp._gradient_predivide_factor, fsdp._gradient_postdivide_factor = _fsdp1_factors(fsdp.world_size * inter)
+        hook_state = getattr(fsdp, "_inter_node_state", None)
+        if hook_state is not None:
+            hook_state.world_size = inter
+            hook_state.gradient_predivide_factor, hook_state.gradient_postdivide_factor = _fsdp1_factors(inter)
+        count += 1
+    return count
 
 
 def _mesh_infos(model: nn.Module):
@@ -131,5 +165,10 @@ def proof(model: nn.Module, meshes: Iterable[DeviceMesh], world_size: int, rank:
                                                                                                           group).size()
             if not cached == mesh_size == group_size:
                 wrong.append(f"{path}: {size}={cached}, its mesh says {mesh_size}, its group has {group_size}")
+    for path, fsdp in _fsdp1_hybrids(model):
+        expected = _fsdp1_factors(fsdp.process_group.size() * fsdp._inter_node_pg.size())
+        if (fsdp._gradient_predivide_factor, fsdp._gradient_postdivide_factor) != expected:
+            wrong.append(f"{path}: FSDP1 divides by {fsdp._gradient_predivide_factor} and "
+                         f"{fsdp._gradient_postdivide_factor}, the world now needs {expected}")
     if wrong:
         raise RebindError("after the shrink: " + "; ".join(wrong))

@@ -54,7 +54,7 @@ def _record(rt: Runtime, event: str, **fields: Any) -> None:
 
 def record_train(rt: Runtime) -> None:
     """Update F+1 trained from F and committing in this world (the checker's `train`, at F)."""
-    _record(rt, "train", world=rt.membership.world, frontier=rt.frontier)
+    _record(rt, "train", world=rt.membership.world, frontier=rt.frontier, world_size=rt.world_size)
 
 
 def join_timeout_s(rt: Runtime) -> float:

@@ -7,7 +7,8 @@ builds world + 1 with its new rank, rebuilds its groups under their old names wi
 that stay, points every cached reference at them (proved), shrinks the meshes in place
 (`rebind.reshape`, proved), gives the data partition its new index and count, and then
 validates, votes and follows the release like every membership change. The gradient average
-follows by itself: FSDP2 divides by its groups' sizes at every reduction.
+follows the smaller world: FSDP2 divides by its groups' sizes at every reduction, FSDP1's fixed
+factors are computed again by the reshape.
 
 What changed in the experiment (replicas, world size, effective batch, the frontier) is written
 into the trace, `rt.history` (`RecoveryRecord.replacement["shrink"]`), the next checkpoint's
@@ -44,9 +45,9 @@ def shrink_refusal(rt: Runtime) -> str:
         return "Config.on_loss is not shrink"
     if "replicate" not in rt.data_plane.gids:
         return "its model keeps one copy of each shard (no replicate group): nothing whole would remain"
-    if rt.profile != "fsdp2-hsdp":
-        return (f"a shrink covers FSDP2 HSDP (fully_shard on a 2-D mesh) only, this rank's profile is {rt.profile}: "
-                "FSDP1 and DDP cache the world's size where a rebind does not reach it")
+    if rt.profile not in ("fsdp2-hsdp", "fsdp1-hsdp"):
+        return (f"a shrink covers FSDP2 HSDP and FSDP1 HYBRID_SHARD, this rank's profile is {rt.profile}: DDP's "
+                "reducer keeps the world's size where neither a rebind nor a reshape reaches it")
     if not callable(getattr(rt.data_state, "reshard", None)):
         return "its data_state has no reshard(index, count): the data partition could not follow the smaller world"
     return ""
@@ -125,6 +126,7 @@ def _rebind_shrunk(rt: Runtime, old_groups: dict, old_gids: dict, built: dict, r
     reshape.proof(rt.model, meshes, rt.world_size, rt.rank)
     change.rebound["mesh.reshaped"] = shaped.meshes
     change.rebound["fsdp2.mesh_info_resized"] = shaped.mesh_infos
+    change.rebound["fsdp1.divide_factors"] = shaped.fsdp1_factors
 
 
 def describe_shrink(rt: Runtime, change: MemberChange, old_rank: int) -> dict[str, Any]:
