@@ -85,6 +85,12 @@ class ControlPlaneError(AccelPactError, RuntimeError):
     """The control plane timed out or lost a peer; the recovery must reject."""
 
 
+class CollectiveAbandoned(AccelPactError, RuntimeError):
+    """A wait on a gloo collective given up because a membership change abandons its world (a
+    peer posted its presence): every group of that world is destroyed next, so the abandoned op
+    can never pair with a later collective (`comm.backends.wait_unless`)."""
+
+
 class RebindError(AccelPactError):
     """Base class: the rebind phase cannot be trusted to leave no stale reference."""
 

@@ -71,3 +71,35 @@ def test_retire_is_idempotent_and_recorded():
     assert group.group_name in retired_group_names()
     with pytest.raises(KeyError):
         dist.get_process_group_ranks(group)  # c10d no longer knows it
+
+
+class _PendingWork:
+    """A gloo Work as `wait_unless` sees it: `wait(timeout)` raises "timed out" until the op is
+    done (after `done_after` polls), then returns True or raises the op's own error."""
+
+    def __init__(self, done_after: int | None, error: Exception | None = None):
+        self.polls, self.done_after, self.error = 0, done_after, error
+
+    def is_completed(self) -> bool:
+        return self.done_after is not None and self.polls > self.done_after
+
+    def wait(self, timeout=None):
+        self.polls += 1
+        if not self.is_completed():
+            raise RuntimeError("Operation timed out!")
+        if self.error is not None:
+            raise self.error
+        return True
+
+
+def test_a_gloo_wait_is_cut_short_only_when_its_world_is_abandoned():
+    from accelpact.comm.backends import wait_unless
+    from accelpact.errors import CollectiveAbandoned
+
+    assert wait_unless(_PendingWork(done_after=3), lambda: False) is True  # finishes: no matter the polls
+    asks = []
+    with pytest.raises(CollectiveAbandoned, match="membership change"):
+        wait_unless(_PendingWork(done_after=None), lambda: asks.append(1) or len(asks) >= 2)
+    assert len(asks) == 2  # it asked at each poll that timed out, and gave up when told to
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):  # the op's own failure is its own
+        wait_unless(_PendingWork(done_after=0, error=RuntimeError("Connection closed by peer")), lambda: True)

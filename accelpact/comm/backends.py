@@ -26,6 +26,8 @@ from . import _c10d
 
 __all__ = [
     "BUILDERS",
+    "CUT_SHORT_POLL",
+    "wait_unless",
     "BuildRequest",
     "backend_spec",
     "DeviceBackends",
@@ -84,13 +86,43 @@ def probe_device(backends: DeviceBackends) -> torch.device:
     return torch.device("cpu")
 
 
-def wait_for(work, backends: DeviceBackends, bound: datetime.timedelta):
+def wait_for(work, backends: DeviceBackends, bound: datetime.timedelta,
+             cut_short: Callable[[], bool] | None = None):
     """Wait for a collective the way its backend needs. NCCL: with `bound` (a bare ``wait()`` only
     makes the stream wait, so a peer that never joins would never be noticed; with a bound the CPU
     waits, and on timeout c10d aborts the communicator and raises). Gloo: a bare wait, which the
     group's own timeout already bounds; a shorter CPU bound would abandon an op still queued on the
-    gloo pair, and that op would pair with the group's next collective."""
-    return work.wait(bound) if uses_nccl(backends) else work.wait()
+    gloo pair, and that op would pair with the group's next collective — except where the whole
+    world is about to be destroyed, which `cut_short` says (`wait_unless`)."""
+    if uses_nccl(backends):
+        return work.wait(bound)
+    return work.wait() if cut_short is None else wait_unless(work, cut_short)
+
+
+#: How often a gloo wait that a membership change may cut short asks whether it should.
+CUT_SHORT_POLL = datetime.timedelta(milliseconds=50)
+
+
+def wait_unless(work, cut_short: Callable[[], bool]) -> bool:
+    """A gloo wait that gives up, raising CollectiveAbandoned, once `cut_short()` says this world
+    is being abandoned (a peer posted its presence for a membership change). Why: a rank whose own
+    update went well meets the loss only in the boundary's collectives, with peers that already
+    left for the membership change, and would otherwise wait out the group's timeout there before
+    joining them (6 s of a 7.6 s detection in the shrink demo). Safe only because every group of
+    the world is destroyed next: the abandoned op never pairs with a later collective. A finished
+    op (or a failed one, whose error is raised) returns at once; the group's timeout still bounds
+    the wait."""
+    from ..errors import CollectiveAbandoned
+
+    while True:
+        try:
+            return work.wait(CUT_SHORT_POLL)
+        except RuntimeError:
+            if work.is_completed():
+                raise  # the op itself failed: its own error
+            if cut_short():
+                raise CollectiveAbandoned("a peer left this world for a membership change: its collectives are "
+                                          "abandoned") from None
 
 
 def bounded_store(store: Store, timeout: datetime.timedelta) -> Store:

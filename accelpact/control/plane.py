@@ -31,12 +31,13 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ..comm import _c10d
+from ..comm.backends import wait_unless
 from ..errors import ControlPlaneError
 from ..fsm.decisions import ReleaseVote
 from .auth import SECRET_BYTES, ForgedValue, Sealer
@@ -64,6 +65,9 @@ class ControlPlane:
         if not dist.is_initialized():
             raise ControlPlaneError("accelpact needs torch.distributed initialised (init_process_group) before attach")
         self.rank = dist.get_rank()
+        #: under membership (spares, shrink): whether this world is being abandoned, so that the
+        #: boundary check stops waiting for peers that already left (`comm.backends.wait_unless`)
+        self.cut_short: Callable[[], bool] | None = None
         self.world_size = dist.get_world_size()
         self.timeout = datetime.timedelta(seconds=timeout_s)
         self.timeout_s = timeout_s
@@ -167,9 +171,10 @@ class ControlPlane:
             raise ControlPlaneError(f"boundary check #{self.seq} failed: {exc}") from exc
 
     def boundary_result(self, work: dist.Work) -> int:
-        """Wait for a posted boundary check (at most the control timeout): the agreed flag."""
+        """Wait for a posted boundary check (at most the control timeout, less if `cut_short` says
+        a membership change abandons this world): the agreed flag."""
         try:
-            work.wait()
+            work.wait() if self.cut_short is None else wait_unless(work, self.cut_short)
         except Exception as exc:
             raise ControlPlaneError(f"boundary check #{self.seq} failed: {exc}") from exc
         n = self.world_size

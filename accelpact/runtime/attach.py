@@ -163,6 +163,7 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     from ..membership.register import Heartbeat
     from ..membership.small_state import Replicator
     from . import neighbours
+    from .member_change import changing
 
     m = membership()
     if m is None:
@@ -177,6 +178,7 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
         return found.total_seconds() if found is not None else float(config.control_timeout_s)
 
     rt.membership, rt.origin_names = m, names
+    plane.cut_short = control.cut_short = lambda: changing(rt)  # a peer left for a membership change
     rt.recipe = world.record(control.group, timeout_of)
     rt.heartbeat = Heartbeat(m.store, rt.rank, config.heartbeat_s)
     rt.replicator = Replicator(m.store, rt.rank)

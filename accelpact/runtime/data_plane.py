@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -43,6 +43,9 @@ class DataPlane:
         self.ref_generation = {label: 0 for label in self.groups}  # what the references name
         self._probes: dict[str, torch.Tensor] = {}
         self._saved_timeouts: dict[str, datetime.timedelta | None] = {}
+        #: under membership (spares, shrink): whether this world is being abandoned, so that a probe
+        #: stops waiting for peers that already left (`comm.backends.wait_unless`)
+        self.cut_short: Callable[[], bool] | None = None
 
     def refuse_default_group(self) -> None:
         """Replacing the default group would destroy it, and with it every group of the job."""
@@ -126,7 +129,7 @@ class DataPlane:
             try:
                 if isinstance(work, Exception):
                     raise work
-                wait_for(work, parse_backends(self.backend_specs[label]), bound)
+                wait_for(work, parse_backends(self.backend_specs[label]), bound, self.cut_short)
             except Exception as exc:  # any probe error marks the group failed; its cause is kept
                 failed.append(self.gids[label])
                 causes.append(f"{self.gids[label].key}: {self.diagnose(exc)[0]}")

@@ -288,6 +288,7 @@ def _control_plane(rt: Runtime) -> ControlPlane:
     collective."""
     control = ControlPlane(timeout_s=join_timeout_s(rt), attempt=rt.attempt)  # the spare may still build
     control.set_timeout(rt.config.control_timeout_s)
+    control.cut_short = rt.data_plane.cut_short
     rt.data_plane.scope = control.namespace.rsplit("/", 1)[-1][:8]
     rt.control = rt.stragglers.control = control
     rt.trace.clock = control.clock
