@@ -7,8 +7,9 @@
     accelpact check --conformance      the spec's guards are the table's, and its edges equal the table's
     accelpact check --trace RUN_DIR    a recorded run must be a behaviour of the spec (trace.py)
     accelpact check --membership 3 4   the membership change (spec/Membership.tla, rank replacement
-                                       with hot spares) with 3 / 4 positions; the default check
-                                       runs 3 (--no-membership skips it), --mutants also runs its
+                                       with hot spares) with 3 / 4 positions (4 adds the shrink's
+                                       MC4shrink, _losses and _spare); the default check runs 3
+                                       (--no-membership skips it), --mutants also runs its
                                        mutants and witnesses (spec/membership/)
     python -m model_checking.check ... the same without the accelpact CLI
 
@@ -60,6 +61,10 @@ MEMBERSHIP_PROPERTY_TEXT = {
     "OutcomeAgreement": "no process acts on another membership or release value than a peer",
     "NoSplitFrontier": "processes training after the release of one world hold the same F (no half step)",
     "NoTrainOnRetiredWorld": "a process trains only with its own world's groups, never in a superseded one",
+    "ShrinkKeepsEveryShard": "a shrink is decided only when every shard keeps a live holder among the kept ranks",
+    "ShrinkKeepsWholeGroups": "a shrink keeps whole replica groups only (whole copies of the model)",
+    "LeaverNeverTrains": "a rank a shrink let go (its replica group broke) never trains again",
+    "NoStaleAverage": "every train record averages over its own world's size and replica count",
 }
 
 
@@ -232,16 +237,21 @@ def _check_witnesses(witnesses, results, args, out, records: list) -> bool:
 
 
 def _check_membership(positions: int, args, out, records: list) -> bool:
-    model = models.membership_model(positions, args.spec_dir)
-    consts = ", ".join(f"{k}={v}" for k, v in model.constants.items() if k != "Mutant")
-    print(f"\n== membership {model.name}: {positions} positions ({models.spec_module(model)}: {consts})", file=out)
-    for prop in (*model.invariants, *model.properties):
-        print(f"   {prop:<28} {MEMBERSHIP_PROPERTY_TEXT.get(prop, '')}", file=out)
-    result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
-    ok = _print_result(model, result, args.workers, out)
-    record = _record(model, result, ok)
-    record["model"] = f"membership/{model.name}"
-    records.append(record)
+    """MC<positions>, then its further models (the shrink's: models.MEMBERSHIP_EXTRA)."""
+    ok = True
+    for model in (models.membership_model(positions, args.spec_dir),
+                  *models.membership_extra(positions, args.spec_dir)):
+        consts = ", ".join(f"{k}={v}" for k, v in model.constants.items() if k != "Mutant")
+        print(f"\n== membership {model.name}: {positions} positions ({models.spec_module(model)}: {consts})",
+              file=out)
+        for prop in (*model.invariants, *model.properties):
+            print(f"   {prop:<28} {MEMBERSHIP_PROPERTY_TEXT.get(prop, '')}", file=out)
+        result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+        passed = _print_result(model, result, args.workers, out)
+        record = _record(model, result, passed)
+        record["model"] = f"membership/{model.name}"
+        records.append(record)
+        ok &= passed
     return ok
 
 

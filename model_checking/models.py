@@ -93,6 +93,8 @@ def check_model(model: ModelConfig, *, workers: int = 1, timeout_s: float = 600.
 MEMBERSHIP_DIR = "membership"
 MEMBERSHIP_SIZES: tuple[int, ...] = (3, 4)
 MEMBERSHIP_DEFAULT: tuple[int, ...] = (3,)  # the one the default check (and CI) runs
+#: further models that `--membership W` checks after MC<W>: the shrink (Config.on_loss="shrink").
+MEMBERSHIP_EXTRA: dict[int, tuple[str, ...]] = {4: ("MC4shrink", "MC4shrink_losses", "MC4shrink_spare")}
 
 
 def spec_module(model: ModelConfig) -> str:
@@ -116,6 +118,11 @@ def membership_model(positions: int, directory: Path | None = None) -> ModelConf
         raise FileNotFoundError(f"no membership model for {positions} positions at {path} "
                                 f"(shipped: {MEMBERSHIP_SIZES})")
     return ModelConfig.load(path)
+
+
+def membership_extra(positions: int, directory: Path | None = None) -> list[ModelConfig]:
+    """The models `--membership positions` checks after MC<positions> (MEMBERSHIP_EXTRA)."""
+    return [ModelConfig.load(membership_dir(directory) / f"{name}.cfg") for name in MEMBERSHIP_EXTRA.get(positions, ())]
 
 
 def membership_mutants(directory: Path | None = None) -> list[ModelConfig]:

@@ -53,6 +53,25 @@
 (* must violate, spec/membership/witnesses/*.cfg the states TLC must       *)
 (* reach; spec/membership/MC3.cfg and MC4.cfg are the models that pass.    *)
 (*                                                                         *)
+(* SHRINK (Shrink = TRUE, the runtime's Config.on_loss="shrink", opt-in):  *)
+(* when too few spares are free for the lost positions, the decision may   *)
+(* go on with fewer replicas instead.  A REPLICA GROUP is the positions    *)
+(* that together hold one whole copy of the model (derived from Replicas:  *)
+(* the c-th member of every replica set; in 2x2 HSDP with replica sets     *)
+(* {0,2} and {1,3} the groups are {0,1} and {2,3}).  A shrink keeps the    *)
+(* groups whose members are all present; every present position of a      *)
+(* broken group LEAVES (phase Left: it exits cleanly, never trains again); *)
+(* a lost one is fenced as by a Replace.  World e+1 holds the kept         *)
+(* positions only: its size and replica count shrink.  Refused (reject)    *)
+(* when no group is whole: a shard would have no live holder.  Otherwise   *)
+(* as a Replace: the agreed F (reject on split frontiers), survivors       *)
+(* restore F, build e+1, re-run F+1, vote, release.  The runtime renumbers *)
+(* the kept ranks 0..W'-1 in order and translates every group's rank list  *)
+(* with that map, so each keeps its index in its group and its shard; the  *)
+(* spec names them by their old positions (same groups, same shards).     *)
+(* Every member records, when it builds its world, the world size and     *)
+(* replica count its gradient average divides by (avgOver).               *)
+(*                                                                         *)
 (* Properties about train events (FencedNeverTrains,                       *)
 (* NoTrainOnRetiredWorld) are read from ghost sets filled by the step that *)
 (* writes a "train" record: a slow member may still sit in Train, or       *)
@@ -73,6 +92,7 @@ CONSTANTS
     Corruption,   \* TRUE: a state transfer may arrive corrupted (its digest check fails)
     InFlight,     \* TRUE: a loss may strike mid-update, a survivor holding the step applied
     Spurious,     \* TRUE: a release deadline may expire while every member is still coming
+    Shrink,       \* TRUE: every rank runs with on_loss="shrink" (go on with fewer replicas)
     Mutant        \* "none" or the name of a deliberately broken variant
 
 Positions == 0 .. (W - 1)
@@ -87,7 +107,8 @@ Corrupt == -2                 \* a state whose digest does not match
 Mutants == {"none", "release_before_transfer_verified", "partition_not_fenced",
             "two_claim_one_position", "transfer_from_non_replica", "frontier_split",
             "blind_release", "train_on_old_world", "late_present_joins", "stale_neighbour_copy",
-            "spare_claimed_twice"}
+            "spare_claimed_twice", "shrink_without_holder", "shrink_keeps_broken_group",
+            "stale_average", "leaver_trains"}
 
 Min(X) == CHOOSE x \in X : \A y \in X : x <= y
 ReplicaOf(i) == CHOOSE R \in Replicas : i \in R
@@ -98,11 +119,25 @@ Copies == IF CopyStride = 0 THEN {}
           ELSE {<<i, (i + CopyStride) % W>> : i \in {j \in Positions : ReplicaOf(j) = {j}}}
 (* The k-th smallest element of X (k from 0). *)
 Nth(X, k) == CHOOSE x \in X : Cardinality({y \in X : y < x}) = k
+ShardIds == {ShardOf(i) : i \in Positions}
+(* Replica groups (shard groups): the positions that hold one whole copy of the model together.
+   The k-th member of every replica set belongs to group k (2x2 HSDP, replica sets {0,2} {1,3}:
+   groups {0,1} {2,3}; DDP {{0,1}}: {0} and {1}; fully sharded {{0},{1},{2}}: {0,1,2}).  Only
+   for a uniform mesh (replica sets of one size: the runtime refuses to shrink another); a
+   non-uniform one counts as one group. *)
+Uniform == \A R1, R2 \in Replicas : Cardinality(R1) = Cardinality(R2)
+IndexIn(i) == Cardinality({j \in ReplicaOf(i) : j < i})   \* i's replica coordinate
+GroupOf(i) == IF Uniform THEN {j \in Positions : IndexIn(j) = IndexIn(i)} ELSE Positions
+Groups == {GroupOf(i) : i \in Positions}
+(* What a gradient average over the positions X divides by: the world size, the replica count. *)
+AvgOf(X) == [size |-> Cardinality(X), replicas |-> Cardinality({G \in Groups : G \subseteq X})]
+NoAvg == [size |-> 0, replicas |-> 0]   \* a spare before it builds a world
 
 ASSUME /\ W \in Nat \ {0} /\ S \in Nat /\ MaxLosses \in Nat /\ MaxFrontier \in Nat
        /\ UNION Replicas = Positions /\ {} \notin Replicas
        /\ \A R1, R2 \in Replicas : R1 = R2 \/ R1 \cap R2 = {}
        /\ Corruption \in BOOLEAN /\ InFlight \in BOOLEAN /\ Spurious \in BOOLEAN
+       /\ Shrink \in BOOLEAN /\ (Shrink => Uniform)
        /\ Mutant \in Mutants
        /\ CopyStride \in Nat /\ (CopyStride % W # 0 \/ CopyStride = 0)
 
@@ -113,11 +148,12 @@ Phases == {"Spare",   \* a spare waiting for an assignment
            "Build",   \* member of world[p] (new), building its groups, transferring, validating
            "Voted",   \* voted, waiting for the release register
            "Exit",    \* fenced: learned it was replaced, exited for good
+           "Left",    \* left a shrink with its broken replica group: exited cleanly, for good
            "Reject",  \* fail-stop (exit 75)
            "Dead"}    \* crashed
 
 NoReport == [proc |-> None, f |-> 0, applied |-> FALSE, held |-> None]
-NoDecision == [kind |-> "none", present |-> {}, holder |-> [i \in Positions |-> None],
+NoDecision == [kind |-> "none", present |-> {}, positions |-> {}, holder |-> [i \in Positions |-> None],
                src |-> [i \in Positions |-> None], f |-> 0, rewind |-> FALSE, why |-> "none"]
 NotResumed == [w |-> None, f |-> 0, stepped |-> FALSE]
 
@@ -143,26 +179,36 @@ VARIABLES
     zombie,    \* processes that wrote a train record while fenced
     stale,     \* processes that wrote a train record outside their world or in a superseded one
     resumedAt, \* resumedAt[p]: [w, f, stepped] of p's last train record after a release
-    held       \* held[p]: the frontier of the newest complete neighbour copy in p's memory
+    held,      \* held[p]: the frontier of the newest complete neighbour copy in p's memory
                \* (of the position <<i, pos[p]>> \in Copies names), None if none arrived yet
+    avgOver,   \* avgOver[p]: [size, replicas] p's gradient average divides by (set when it builds)
+    staleAvg,  \* processes that wrote a train record averaging over another world than theirs
+    leftTrained \* processes that wrote a train record after a shrink told them to leave
 
-procVars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, held>>
+procVars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, held, avgOver>>
 vars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
-          seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
+          seen, relSeen, claims, notReady, zombie, stale, resumedAt, held, avgOver, staleAvg,
+          leftTrained>>
 
 -----------------------------------------------------------------------------
 (* Helpers *)
+
+(* The positions of world e: all of them in world 0, else those the decision that formed it kept
+   (a Replace all of its world's, a shrink its whole replica groups). *)
+WorldPositions(e) == IF e = 0 THEN Positions ELSE reg[e - 1].positions
+(* What a gradient average in world e must divide by. *)
+Avg(e) == AvgOf(WorldPositions(e))
 
 (* Position i of world e is held by a process that trains (or is released to). *)
 HeldLive(e, i) == \E q \in Procs : /\ <<i, q>> \in claims[e] /\ world[q] = e
                                    /\ \/ phase[q] = "Train"
                                       \/ phase[q] = "Voted" /\ rel[e] = "resume"
 (* A collective of world e fails: some position is no longer held by a training process. *)
-Broken(e) == \E i \in Positions : ~HeldLive(e, i)
+Broken(e) == \E i \in WorldPositions(e) : ~HeldLive(e, i)
 
 Present(e) == {i \in Positions : rep[e][i].proc # None}
 (* Spares named by earlier registers (the decider reads them in the store). *)
-Assigned(d) == IF d.kind = "replace" THEN {d.holder[i] : i \in Positions \ d.present} ELSE {}
+Assigned(d) == IF d.kind = "replace" THEN {d.holder[i] : i \in d.positions \ d.present} ELSE {}
 (* Mutant spare_claimed_twice: the pool forgets the claims of earlier changes (only a second
    loss can meet a spare claimed before). *)
 FreeSpares(e) == IF Mutant = "spare_claimed_twice" THEN Spares
@@ -180,52 +226,79 @@ SourcesOf(e, i, f) == IF ReplicaSources(e, i) # {} THEN ReplicaSources(e, i) ELS
 (* The copy holder of position h is a neighbour (not a replica) source of i. *)
 ViaCopy(i, h) == h \notin ReplicaOf(i) /\ <<i, h>> \in Copies
 
-(* The decision computed purely from the present reports of epoch e. *)
+(* The decision computed purely from the present reports of epoch e.  With Shrink and too few
+   free spares: a shrink to the replica groups of world e whose members all reported, refused
+   when there is none.  Mutant shrink_without_holder: not refused; shrink_keeps_broken_group:
+   refused as it should, but every present position stays, the survivors of a broken group too. *)
 Decision(e) ==
-    LET P == Present(e)
-        L == Positions \ P
+    LET WP == WorldPositions(e)
+        P == Present(e)
+        L == WP \ P
         free == FreeSpares(e)
         okF == \/ \A i, j \in P : rep[e][i].f = rep[e][j].f
                \/ Mutant = "frontier_split"
         okSpare == Cardinality(free) >= Cardinality(L)
         f == IF P = {} THEN 0 ELSE Min({rep[e][i].f : i \in P})
         okReplica == \A i \in L : SourcesOf(e, i, f) # {}
+        shrink == Shrink /\ ~okSpare
+        whole == {G \in Groups : G \subseteq WP /\ G \subseteq P}
+        stay == IF Mutant = "shrink_keeps_broken_group" /\ whole # {} THEN P ELSE UNION whole
+        okGroup == stay # {} \/ Mutant = "shrink_without_holder"
     IN IF okF /\ okSpare /\ okReplica
-       THEN [kind |-> "replace", present |-> P,
+       THEN [kind |-> "replace", present |-> P, positions |-> WP,
              holder |-> [i \in Positions |-> IF i \in P THEN rep[e][i].proc
-                                             ELSE Nth(free, Cardinality({j \in L : j < i}))],
+                                             ELSE IF i \in L THEN Nth(free, Cardinality({j \in L : j < i}))
+                                             ELSE None],
              src |-> [i \in Positions |-> IF i \in P THEN None ELSE Min(SourcesOf(e, i, f))],
              f |-> f,
              rewind |-> \E i \in P : rep[e][i].applied,
              why |-> "ok"]
+       ELSE IF shrink /\ okF /\ okGroup
+       THEN [kind |-> "shrink", present |-> P, positions |-> stay,
+             holder |-> [i \in Positions |-> IF i \in stay THEN rep[e][i].proc ELSE None],
+             src |-> [i \in Positions |-> None],
+             f |-> f,
+             rewind |-> \E i \in P : rep[e][i].applied,
+             why |-> "ok"]
        ELSE [NoDecision EXCEPT !.kind = "reject", !.present = P,
-             !.why = IF ~okF THEN "frontier" ELSE IF ~okSpare THEN "no_spare" ELSE "no_replica"]
+             !.why = IF ~okF THEN "frontier" ELSE IF shrink THEN "no_group"
+                     ELSE IF ~okSpare THEN "no_spare" ELSE "no_replica"]
 
-(* p was fenced: a register of a world p held a position in decided without that position. *)
+(* p was fenced: a register of a world p held a position in decided without that position (a
+   Replace gave it to a spare; a shrink declared it lost). *)
 Fenced(p) == \E e \in Epochs, i \in Positions :
-                /\ <<i, p>> \in claims[e] /\ reg[e].kind = "replace" /\ i \notin reg[e].present
+                /\ <<i, p>> \in claims[e] /\ reg[e].kind \in {"replace", "shrink"} /\ i \notin reg[e].present
+(* Decision d leaves position i: a shrink without i's replica group, i present (alive). *)
+Leaves(d, i) == d.kind = "shrink" /\ i \in d.present /\ i \notin d.positions
+(* p was told to leave: a register of a world p held a position in leaves it. *)
+Left(p) == \E e \in Epochs, i \in Positions : <<i, p>> \in claims[e] /\ Leaves(reg[e], i)
 
 (* The decision that formed p's world, as p read it. *)
 Formed(p) == seen[p][world[p] - 1]
 IsSpareIn(p) == pos[p] \notin Formed(p).present
-Members(d) == {d.holder[i] : i \in Positions}
+Members(d) == {d.holder[i] : i \in d.positions}
 (* What release=resume must find: the member joined, built the world, holds an intact state. *)
 Ready(q, e) == world[q] = e /\ groups[q] = e /\ shard[q] >= 0
 
 (* p has read a register that decided without its position: it knows it was replaced. *)
 KnowsFenced(p) == \E e \in Epochs, i \in Positions :
-                     /\ <<i, p>> \in claims[e] /\ seen[p][e].kind = "replace" /\ i \notin seen[p][e].present
+                     /\ <<i, p>> \in claims[e] /\ seen[p][e].kind \in {"replace", "shrink"}
+                     /\ i \notin seen[p][e].present
 
 (* A train record by p (resuming after a release, or committing an update) with the groups of
    world `uses`: fill the ghosts.  A fenced process that has not read its fence yet may still
    resume into its world (it was slow to read the release while the world broke again): its
    first collective fails, it posts PRESENT and reads the fence.  What it must never do is
-   commit an update, or train once it has read the fence. *)
+   commit an update, or train once it has read the fence.  A rank a shrink let go never trains
+   after the register was written (it waits for it: no record between), and the average of every
+   record divides by its world's size and replica count. *)
 TrainRecord(p, uses, commit, knows) ==
     /\ zombie' = IF knows \/ (commit /\ Fenced(p)) THEN zombie \cup {p} ELSE zombie
     /\ stale' = IF \/ uses # world[p] \/ groups[p] # world[p]
                    \/ commit /\ \E x \in Epochs : x > world[p] /\ rel[x] = "resume"
                 THEN stale \cup {p} ELSE stale
+    /\ staleAvg' = IF avgOver[p] # Avg(world[p]) THEN staleAvg \cup {p} ELSE staleAvg
+    /\ leftTrained' = IF Left(p) THEN leftTrained \cup {p} ELSE leftTrained
 
 -----------------------------------------------------------------------------
 Init ==
@@ -251,6 +324,9 @@ Init ==
     /\ resumedAt = [p \in Procs |-> IF p \in Positions THEN [w |-> 0, f |-> 0, stepped |-> FALSE]
                                     ELSE NotResumed]
     /\ held = [p \in Procs |-> None]
+    /\ avgOver = [p \in Procs |-> IF p \in Positions THEN AvgOf(Positions) ELSE NoAvg]
+    /\ staleAvg = {}
+    /\ leftTrained = {}
 
 -----------------------------------------------------------------------------
 (* Training: a synchronous update commits in position order (a loss can strike between two
@@ -258,13 +334,13 @@ Init ==
    trains. *)
 Commit(p) ==
     /\ phase[p] = "Train" /\ frontier[p] < MaxFrontier
-    /\ \A i \in Positions : \E q \in Procs : <<i, q>> \in claims[world[p]] /\ world[q] = world[p]
+    /\ \A i \in WorldPositions(world[p]) : \E q \in Procs : <<i, q>> \in claims[world[p]] /\ world[q] = world[p]
                                              /\ phase[q] = "Train"
     /\ \A q \in Procs : world[q] = world[p] /\ phase[q] = "Train" =>
           IF pos[q] < pos[p] THEN frontier[q] = frontier[p] + 1 ELSE frontier[q] = frontier[p]
     /\ frontier' = [frontier EXCEPT ![p] = @ + 1]
     /\ TrainRecord(p, refs[p], TRUE, KnowsFenced(p))
-    /\ UNCHANGED <<phase, pos, world, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
+    /\ UNCHANGED <<phase, pos, world, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel, losses,
                    seen, relSeen, claims, notReady, resumedAt, held>>
 
 (* p's collective fails: it posts PRESENT for its world.  Mid-update it may already have applied
@@ -278,13 +354,15 @@ PostPresent(p, applied) ==
 Detect(p) ==
     /\ phase[p] = "Train" /\ Broken(world[p])
     /\ \E a \in BOOLEAN : (a => InFlight /\ frontier[p] < MaxFrontier) /\ PostPresent(p, a)
-    /\ UNCHANGED <<pos, world, frontier, shard, groups, refs, vote, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, shard, groups, avgOver, refs, vote, reg, rel, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* p obeys decision d of its epoch: reject -> exit 75; its position not in the present set ->
    fenced, exit; else it joins world e+1 at its position, restoring its boundary snapshot (an
-   update in flight is re-run by everyone).  Mutant late_present_joins: a survivor that posted
-   PRESENT too late to be in the present set joins anyway. *)
+   update in flight is re-run by everyone).  A shrink that keeps not p's replica group: p leaves
+   (exits cleanly).  Mutant late_present_joins: a survivor that posted PRESENT too late to be in
+   the present set joins anyway; leaver_trains: a leaving rank is not told, and goes on into the
+   smaller world like one that stays. *)
 Obey(p, d) ==
     LET e == world[p] IN
     /\ seen' = [seen EXCEPT ![p][e] = d]
@@ -293,6 +371,9 @@ Obey(p, d) ==
             /\ UNCHANGED <<world, stepped, claims, vote, held>>
        ELSE IF pos[p] \notin d.present /\ Mutant # "late_present_joins"
        THEN /\ phase' = [phase EXCEPT ![p] = "Exit"]
+            /\ UNCHANGED <<world, stepped, claims, vote, held>>
+       ELSE IF Leaves(d, pos[p]) /\ Mutant # "leaver_trains"
+       THEN /\ phase' = [phase EXCEPT ![p] = "Left"]
             /\ UNCHANGED <<world, stepped, claims, vote, held>>
        ELSE /\ phase' = [phase EXCEPT ![p] = "Build"]
             /\ world' = [world EXCEPT ![p] = e + 1]
@@ -309,15 +390,15 @@ Decide(p) ==
     /\ reg[world[p]].kind = "none" \/ Mutant = "two_claim_one_position"
     /\ reg' = [reg EXCEPT ![world[p]] = Decision(world[p])]
     /\ Obey(p, Decision(world[p]))
-    /\ UNCHANGED <<pos, frontier, shard, groups, refs, rep, rel, losses, relSeen, notReady,
-                   zombie, stale, resumedAt, held>>
+    /\ UNCHANGED <<pos, frontier, shard, groups, avgOver, refs, rep, rel, losses, relSeen, notReady,
+                   zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* p reads the register of its epoch, written by another, and obeys it. *)
 Follow(p) ==
     /\ phase[p] = "Wait" /\ reg[world[p]].kind # "none"
     /\ Obey(p, reg[world[p]])
-    /\ UNCHANGED <<pos, frontier, shard, groups, refs, rep, reg, rel, losses, relSeen, notReady,
-                   zombie, stale, resumedAt, held>>
+    /\ UNCHANGED <<pos, frontier, shard, groups, avgOver, refs, rep, reg, rel, losses, relSeen, notReady,
+                   zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* A spare reads a register that assigns it a lost position: it joins world e+1 holding it. *)
 Activate(s) ==
@@ -330,30 +411,33 @@ Activate(s) ==
           /\ world' = [world EXCEPT ![s] = e + 1]
           /\ seen' = [seen EXCEPT ![s][e] = reg[e]]
           /\ claims' = [claims EXCEPT ![e + 1] = @ \cup {<<i, s>>}]
-    /\ UNCHANGED <<frontier, stepped, shard, groups, refs, rep, reg, rel, losses, relSeen,
-                   notReady, zombie, stale, resumedAt, held>>
+    /\ UNCHANGED <<frontier, stepped, shard, groups, avgOver, refs, rep, reg, rel, losses, relSeen,
+                   notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* Build world e's groups (default, data, control) on a fresh prefix: a rendezvous of every
    member the decision names, so it completes only once each has joined and is alive.  The old
    world is retired for p (its groups are destroyed).  A survivor then validates and votes ok
    at once (one step: nothing observable happens in between); a spare votes once its state has
-   arrived (Vote). *)
+   arrived (Vote).  Its gradient average now divides by the new world's size and replica count.
+   Mutant stale_average: a survivor keeps the average of the world it came from. *)
 Build(p) ==
     /\ phase[p] = "Build" /\ groups[p] # world[p] /\ rel[world[p]] = "none"
     /\ \A q \in Members(Formed(p)) : world[q] = world[p] /\ phase[q] \in {"Build", "Voted"}
     /\ groups' = [groups EXCEPT ![p] = world[p]]
+    /\ avgOver' = [avgOver EXCEPT ![p] = IF Mutant = "stale_average" /\ ~IsSpareIn(p) THEN @
+                                          ELSE Avg(world[p])]
     /\ IF IsSpareIn(p) THEN UNCHANGED <<phase, vote, held>>
        ELSE /\ phase' = [phase EXCEPT ![p] = "Voted"]
             /\ vote' = [vote EXCEPT ![p] = "ok"]
     /\ UNCHANGED <<pos, world, frontier, stepped, shard, refs, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
+                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* The source of lost position i sends its state (at F: it restored its snapshot), or the
    neighbour copy of i it holds, with a digest to the spare, over world e's groups; the bytes
    may arrive corrupted. *)
 Transfer(p) ==
     /\ phase[p] \in {"Build", "Voted"} /\ groups[p] = world[p]
-    /\ \E i \in Positions \ Formed(p).present :
+    /\ \E i \in Formed(p).positions \ Formed(p).present :
           LET q == Formed(p).holder[i] IN
           /\ Formed(p).src[i] = pos[p]
           /\ phase[q] = "Build" /\ world[q] = world[p] /\ groups[q] = world[p] /\ shard[q] = NoShard
@@ -364,8 +448,8 @@ Transfer(p) ==
           \* a neighbour copy carries the lost rank's state of the update it was taken at
           /\ frontier' = [frontier EXCEPT ![q] = IF ViaCopy(i, pos[p]) THEN held[p] ELSE frontier[p]]
           /\ stepped' = [stepped EXCEPT ![q] = IF ViaCopy(i, pos[p]) THEN FALSE ELSE stepped[p]]
-    /\ UNCHANGED <<phase, pos, world, groups, refs, vote, rep, reg, rel, losses, seen, relSeen,
-                   claims, notReady, zombie, stale, resumedAt, held>>
+    /\ UNCHANGED <<phase, pos, world, groups, avgOver, refs, vote, rep, reg, rel, losses, seen, relSeen,
+                   claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* The spare validates: groups built, state arrived, digest checked; it votes. *)
 Vote(p) ==
@@ -373,8 +457,8 @@ Vote(p) ==
     /\ IsSpareIn(p) /\ shard[p] # NoShard
     /\ vote' = [vote EXCEPT ![p] = IF shard[p] = Corrupt THEN "fail" ELSE "ok"]
     /\ phase' = [phase EXCEPT ![p] = "Voted"]
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, refs, rep, reg, rel, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* A member writes release=resume once every member named by the decision voted ok in this
    world.  Mutant release_before_transfer_verified: the survivors' votes only. *)
@@ -387,7 +471,7 @@ ReleaseResume(p) ==
        IN /\ \A q \in voters : world[q] = e /\ vote[q] = "ok"
           /\ rel' = [rel EXCEPT ![e] = "resume"]
           /\ notReady' = [notReady EXCEPT ![e] = {q \in Members(d) : ~Ready(q, e)}]
-    /\ UNCHANGED <<procVars, rep, reg, losses, seen, relSeen, claims, zombie, stale, resumedAt>>
+    /\ UNCHANGED <<procVars, rep, reg, losses, seen, relSeen, claims, zombie, stale, staleAvg, leftTrained, resumedAt>>
 
 (* A failed vote or an expired deadline: compare-and-set release=reject.  The deadline expires
    when a member can no longer come (crashed) or, with Spurious, at any time.  Mutant
@@ -399,7 +483,7 @@ ReleaseReject(p) ==
     /\ \/ rel[world[p]] = "none"
        \/ Mutant = "blind_release" /\ rel[world[p]] = "resume"
     /\ rel' = [rel EXCEPT ![world[p]] = "reject"]
-    /\ UNCHANGED <<procVars, rep, reg, losses, seen, relSeen, claims, notReady, zombie, stale,
+    /\ UNCHANGED <<procVars, rep, reg, losses, seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained,
                    resumedAt>>
 
 (* release=resume read: train in world e at F, with the groups just built (the "train" record).
@@ -412,15 +496,15 @@ Resume(p) ==
     /\ phase' = [phase EXCEPT ![p] = "Train"]
     /\ relSeen' = [relSeen EXCEPT ![p][world[p]] = "resume"]
     /\ resumedAt' = [resumedAt EXCEPT ![p] = [w |-> world[p], f |-> frontier[p], stepped |-> stepped[p]]]
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, vote, rep, reg, rel, losses,
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, vote, rep, reg, rel, losses,
                    seen, claims, notReady, held>>
 
 Abort(p) ==
     /\ phase[p] \in {"Build", "Voted"} /\ rel[world[p]] = "reject"
     /\ phase' = [phase EXCEPT ![p] = "Reject"]
     /\ relSeen' = [relSeen EXCEPT ![p][world[p]] = "reject"]
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
-                   seen, claims, notReady, zombie, stale, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel, losses,
+                   seen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* Neighbour replication (issue 16): after a commit, p's state at its frontier reaches the
    memory of the process holding p's copy position in p's world, asynchronously: a loss may
@@ -431,27 +515,27 @@ Replicate(p) ==
           /\ <<pos[p], h>> \in Copies /\ <<h, q>> \in claims[world[p]] /\ world[q] = world[p]
           /\ phase[q] = "Train" /\ held[q] # frontier[p]
           /\ held' = [held EXCEPT ![q] = frontier[p]]
-    /\ UNCHANGED <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt>>
+    /\ UNCHANGED <<phase, pos, world, frontier, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt>>
 
 -----------------------------------------------------------------------------
 (* Faults *)
 
 (* A process crashes, at any point (a spare too). *)
 Crash(p) ==
-    /\ losses < MaxLosses /\ phase[p] \notin {"Dead", "Exit", "Reject", "Cut"}
+    /\ losses < MaxLosses /\ phase[p] \notin {"Dead", "Exit", "Reject", "Cut", "Left"}
     /\ phase' = [phase EXCEPT ![p] = "Dead"]
     /\ losses' = losses + 1
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel,
+                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* A training process is partitioned: alive, reaching neither its peers nor the store. *)
 Partition(p) ==
     /\ losses < MaxLosses /\ phase[p] = "Train"
     /\ phase' = [phase EXCEPT ![p] = "Cut"]
     /\ losses' = losses + 1
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel,
-                   seen, relSeen, claims, notReady, zombie, stale, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel,
+                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* The partitioned process reaches the store again.  Register of its epoch still empty: the
    partition was transient, it posts PRESENT like any survivor.  Written: it reads it, learns it
@@ -463,21 +547,21 @@ Heal(p) ==
     /\ LET e == world[p] IN
        IF reg[e].kind = "none" \/ Mutant = "two_claim_one_position"
        THEN /\ \E a \in BOOLEAN : (a => InFlight /\ frontier[p] < MaxFrontier) /\ PostPresent(p, a)
-            /\ UNCHANGED <<seen, zombie, stale, held>>
+            /\ UNCHANGED <<seen, zombie, stale, staleAvg, leftTrained, held>>
        ELSE /\ seen' = [seen EXCEPT ![p][e] = reg[e]]
             /\ UNCHANGED <<rep, stepped, held>>
             /\ IF Mutant = "partition_not_fenced"
                THEN /\ phase' = [phase EXCEPT ![p] = "Train"]
                     /\ TrainRecord(p, refs[p], FALSE,
-                                   reg[e].kind = "replace" /\ pos[p] \notin reg[e].present)
+                                   reg[e].kind # "reject" /\ pos[p] \notin reg[e].present)
                ELSE /\ phase' = [phase EXCEPT ![p] = IF reg[e].kind = "reject" THEN "Reject" ELSE "Exit"]
-                    /\ UNCHANGED <<zombie, stale, held>>
-    /\ UNCHANGED <<pos, world, frontier, shard, groups, refs, vote, reg, rel, losses, relSeen,
+                    /\ UNCHANGED <<zombie, stale, staleAvg, leftTrained, held>>
+    /\ UNCHANGED <<pos, world, frontier, shard, groups, avgOver, refs, vote, reg, rel, losses, relSeen,
                    claims, notReady, resumedAt, held>>
 
 (* Legitimate ends: nothing in a recovery any more.  Stuttering there is not a deadlock. *)
 Done ==
-    /\ \A p \in Procs : phase[p] \in {"Train", "Spare", "Dead", "Exit", "Reject"}
+    /\ \A p \in Procs : phase[p] \in {"Train", "Spare", "Dead", "Exit", "Reject", "Left"}
     /\ UNCHANGED vars
 
 Next ==
@@ -492,9 +576,11 @@ Spec == Init /\ [][Next]_vars
 -----------------------------------------------------------------------------
 (* Properties *)
 
-Decisions == [kind : {"none", "replace", "reject"}, present : SUBSET Positions,
+Decisions == [kind : {"none", "replace", "shrink", "reject"}, present : SUBSET Positions,
+              positions : SUBSET Positions,
               holder : [Positions -> Procs \cup {None}], src : [Positions -> Positions \cup {None}],
-              f : Frontiers, rewind : BOOLEAN, why : {"none", "ok", "frontier", "no_spare", "no_replica"}]
+              f : Frontiers, rewind : BOOLEAN,
+              why : {"none", "ok", "frontier", "no_spare", "no_replica", "no_group"}]
 
 TypeOK ==
     /\ phase \in [Procs -> Phases]
@@ -517,6 +603,8 @@ TypeOK ==
     /\ zombie \subseteq Procs /\ stale \subseteq Procs
     /\ resumedAt \in [Procs -> [w : Epochs \cup {None}, f : Frontiers, stepped : BOOLEAN]]
     /\ held \in [Procs -> Frontiers \cup {None}]
+    /\ avgOver \in [Procs -> {AvgOf(X) : X \in SUBSET Positions}]
+    /\ staleAvg \subseteq Procs /\ leftTrained \subseteq Procs
 
 (* release=resume of a world was written only when every member the decision names had joined,
    built the world's groups and held an intact, verified state (the spare's transfer checked).
@@ -542,9 +630,9 @@ FencedNeverTrains == zombie = {}
    held.  Excludes a late survivor that joins although the register left it out, beside the
    spare that took its position (late_present_joins). *)
 OnePositionOneProcess ==
-    \A e \in Epochs, i \in Positions :
-        /\ Cardinality({q \in Procs : <<i, q>> \in claims[e]}) <= 1
-        /\ rel[e] = "resume" => \E q \in Procs : <<i, q>> \in claims[e]
+    \A e \in Epochs :
+        /\ \A i \in Positions : Cardinality({q \in Procs : <<i, q>> \in claims[e]}) <= 1
+        /\ rel[e] = "resume" => \A i \in WorldPositions(e) : \E q \in Procs : <<i, q>> \in claims[e]
 
 (* No process acts on another value of a membership or release register than a peer did.
    Excludes a last-write-wins register on which each survivor writes and follows its own
@@ -575,6 +663,30 @@ NoSplitFrontier ==
    (train_on_old_world). *)
 NoTrainOnRetiredWorld == stale = {}
 
+(* A shrink is decided only when every shard keeps a live holder: each shard coordinate is held
+   by a present position the shrink keeps.  Excludes a shrink with no whole replica group left
+   (shrink_without_holder: the refusal is missing, a shard would have no holder). *)
+ShrinkKeepsEveryShard ==
+    \A e \in Epochs : reg[e].kind = "shrink" =>
+        \A c \in ShardIds : \E i \in reg[e].positions \cap reg[e].present : ShardOf(i) = c
+
+(* A shrink keeps whole replica groups only: with every kept position, all of its group (so every
+   kept replica is a whole copy of the model, and the replica count is a number of copies).
+   Excludes keeping the survivors of a broken group (shrink_keeps_broken_group). *)
+ShrinkKeepsWholeGroups ==
+    \A e \in Epochs : reg[e].kind = "shrink" =>
+        \A i \in reg[e].positions : GroupOf(i) \subseteq reg[e].positions
+
+(* A rank a shrink let go (alive, its replica group broken) never writes a train record once the
+   register that let it go was written: it leaves.  Excludes a leaving rank that is not told and
+   goes on into the smaller world (leaver_trains). *)
+LeaverNeverTrains == leftTrained = {}
+
+(* Every train record's gradient average divides by the world size and the replica count of the
+   world it trains in.  Excludes a rank that keeps the size of the world it came from after a
+   shrink (stale_average: the classic gradient scaled by W/W'). *)
+NoStaleAverage == staleAvg = {}
+
 -----------------------------------------------------------------------------
 (* Witnesses: interesting states, negated, that TLC must reach (spec/witnesses/membership_NAME.cfg). *)
 
@@ -600,5 +712,17 @@ NeverLossBeforeReleaseRejects ==
    what a process does after it has read its fence. *)
 NeverFencedMemberResumes ==
     ~ \E p \in Procs : Fenced(p) /\ phase[p] = "Train" /\ world[p] > 0 /\ resumedAt[p].w = world[p]
+(* A shrink goes on with fewer replicas and a kept rank commits an update in the smaller world
+   (Shrink; ShrinkKeepsEveryShard, ShrinkKeepsWholeGroups and NoStaleAverage talk about it). *)
+NeverShrinkTrains ==
+    ~ \E p \in Procs : /\ phase[p] = "Train" /\ world[p] > 0 /\ reg[world[p] - 1].kind = "shrink"
+                       /\ frontier[p] > reg[world[p] - 1].f /\ avgOver[p].size < W
+(* A rank of the broken replica group leaves while the kept ranks train in the smaller world
+   (LeaverNeverTrains talks about it). *)
+NeverLeaverLeaves ==
+    ~ \E p, q \in Procs : /\ phase[p] = "Left" /\ phase[q] = "Train" /\ world[q] = world[p] + 1
+                          /\ resumedAt[q].w = world[q]
+(* No replica group is whole after a loss: the shrink is refused (a shard would have no holder). *)
+NeverShrinkRefused == ~ \E e \in Epochs : reg[e].why = "no_group"
 
 =============================================================================

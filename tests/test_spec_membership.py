@@ -4,7 +4,10 @@ Its models live under spec/membership/ and name their module with a `\\* spec: M
 header: MC3 (the default check and CI: `accelpact check --ranks 2 3` runs it) and MC4 (2x2 HSDP,
 `make check`) must pass; each mutant in spec/membership/mutants/ must be caught by exactly the
 property it names (the first violation TLC reports, the invariants ordered in the cfgs from the
-release gate outwards); each witness in spec/membership/witnesses/ must be reached.
+release gate outwards); each witness in spec/membership/witnesses/ must be reached. The shrink
+(Config.on_loss="shrink": go on with fewer replicas when no spare is free) is switched on by the
+constant Shrink: MC4shrink (2x2 HSDP, no spare) runs here, MC4shrink_losses (a second loss) and
+MC4shrink_spare (a replacement, then a shrink) with MC4 in `make check`.
 
 MC3 itself is not run here (the CI model check runs it; ~75,000 states): a reduced model of the
 same protocol is, so that the suite still proves the pass path of the spec's own invariants.
@@ -23,7 +26,8 @@ from model_checking.tlc import ModelConfig, Status, render_cfg, run_tlc, run_tlc
 
 SAFETY = ("TypeOK", "SpareValidatedBeforeRelease", "StateFromReplica", "FencedNeverTrains",
           "OnePositionOneProcess", "SpareClaimedOnce", "OutcomeAgreement", "NoSplitFrontier",
-          "NoTrainOnRetiredWorld")
+          "NoTrainOnRetiredWorld", "ShrinkKeepsEveryShard", "ShrinkKeepsWholeGroups", "LeaverNeverTrains",
+          "NoStaleAverage")
 
 #: Each mutant and the one property it must be caught by (also in each cfg's `expect:` header).
 MUTANTS = {
@@ -37,6 +41,10 @@ MUTANTS = {
     "late_present_joins": "OnePositionOneProcess",
     "stale_neighbour_copy": "NoSplitFrontier",
     "spare_claimed_twice": "SpareClaimedOnce",
+    "shrink_without_holder": "ShrinkKeepsEveryShard",
+    "shrink_keeps_broken_group": "ShrinkKeepsWholeGroups",
+    "leaver_trains": "LeaverNeverTrains",
+    "stale_average": "NoStaleAverage",
 }
 
 #: Each witness and the interesting state it must reach (the invariant TLC must violate).
@@ -47,6 +55,9 @@ WITNESSES = {
     "loss_before_release_rejects": "NeverLossBeforeReleaseRejects",
     "fenced_member_resumes": "NeverFencedMemberResumes",
     "neighbour_copy_replacement": "NoNeighbourReplacement",
+    "shrink_trains": "NeverShrinkTrains",
+    "leaver_leaves": "NeverLeaverLeaves",
+    "shrink_refused": "NeverShrinkRefused",
 }
 
 
@@ -65,6 +76,22 @@ def test_membership_models_check_every_property_and_deadlock(positions):
     assert models.spec_module(model) == "Membership.tla"
     assert model.constants["W"] == str(positions) and model.constants["Mutant"] == '"none"'
     assert model.invariants == SAFETY
+    assert model.constants["Shrink"] == "FALSE", "MC<W> models the replacement; the shrink has its own models"
+
+
+def test_the_shrink_models_are_checked_with_make_check():
+    """MC4shrink (pytest too), MC4shrink_losses and MC4shrink_spare: 2x2 HSDP with the shrink on, every property."""
+    extra = models.membership_extra(4)
+    assert [m.name for m in extra] == ["MC4shrink", "MC4shrink_losses", "MC4shrink_spare"]
+    for model in extra:
+        assert model.expect == "pass" and model.check_deadlock, model.name
+        assert models.spec_module(model) == "Membership.tla"
+        assert model.constants["Shrink"] == "TRUE" and model.constants["Mutant"] == '"none"'
+        assert model.constants["Replicas"] == "{{0, 2}, {1, 3}}"
+        assert model.invariants == SAFETY, model.name
+    assert [m.constants["S"] for m in extra] == ["0", "0", "1"]
+    assert [m.constants["MaxLosses"] for m in extra] == ["1", "2", "2"]
+    assert models.membership_extra(3) == []
 
 
 def test_the_default_model_has_two_spares_and_two_losses():
@@ -124,19 +151,21 @@ def test_check_runs_the_membership_model_with_the_default_check(monkeypatch):
 def _reduced_cfg() -> str:
     """Two positions, one spare, one loss: replacement, fencing, a corrupted transfer."""
     return render_cfg({"W": 2, "S": 1, "Replicas": {frozenset({0, 1})}, "CopyStride": 0, "MaxLosses": 1,
-                       "MaxFrontier": 1, "Corruption": True, "InFlight": True, "Spurious": True, "Mutant": "none"},
+                       "MaxFrontier": 1, "Corruption": True, "InFlight": True, "Spurious": True, "Shrink": False,
+                       "Mutant": "none"},
                       invariants=SAFETY)
 
 
 @pytest.fixture(scope="module")
 def checked():
-    """The reduced model, the neighbour-copy model, every mutant and every witness checked by TLC,
+    """The reduced model, the neighbour-copy and shrink models, every mutant and every witness checked by TLC,
     two runs at a time (one worker each, as tests/test_spec.py's batch), once for the module:
     {name: (model, result)}. Each test below asserts on its own run. One after another they took
     a JVM start-up and an exploration each, end to end; side by side the batch takes about half
     (the runs are independent)."""
     copies = ModelConfig.load(models.membership_dir() / "MC3copies.cfg")
-    found = [copies, *models.membership_mutants(), *models.membership_witnesses()]
+    shrink = ModelConfig.load(models.membership_dir() / "MC4shrink.cfg")
+    found = [copies, shrink, *models.membership_mutants(), *models.membership_witnesses()]
     runs = [functools.partial(run_tlc, models.spec_dir() / "Membership.tla", _reduced_cfg(), workers=1,
                               timeout_s=100)]
     runs += [functools.partial(run_tlc, models.spec_dir() / models.spec_module(m), m.path, workers=1,
@@ -172,6 +201,18 @@ def test_the_neighbour_copy_model_passes(checked):
 
 @pytest.mark.tlc
 @pytest.mark.timeout(300)
+def test_the_shrink_model_passes(checked):
+    """2x2 HSDP, no spare, the shrink on: a loss goes on with the whole replica group; every
+    property holds (the shrink's and the replacement's), with a loss at any time and split
+    frontiers."""
+    model, result = checked["membership/MC4shrink"]
+    assert model.expect == "pass" and model.constants["Shrink"] == "TRUE"
+    assert result.status is Status.PASS, _explain(result)
+    assert result.distinct_states and result.distinct_states > 5_000
+
+
+@pytest.mark.tlc
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", sorted(MUTANTS))
 def test_mutant_violates_exactly_its_property(name, checked):
     model, result = checked[f"mutants/{name}"]
@@ -179,7 +220,9 @@ def test_mutant_violates_exactly_its_property(name, checked):
     assert models.spec_module(model) == "Membership.tla"
     assert result.status is Status.INVARIANT and result.violated == MUTANTS[name], _explain(result)
     assert models.expectation_met(model, result)
-    assert len(result.trace) >= 5, "a violation must come with its counterexample"
+    # the shortest counterexample: the initial state, a loss, a detection, the decision (a bad
+    # register value: shrink_without_holder)
+    assert len(result.trace) >= 4, "a violation must come with its counterexample"
 
 
 @pytest.mark.tlc
