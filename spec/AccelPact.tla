@@ -429,9 +429,10 @@ abort(r) ==
 
 (* Mutant barrier_skips_one_crash: resume_barrier "fixed" by leaving out the rank the failure
    detector reported lost, kept in one slot (the first loss it saw; here any one crashed rank).
-   Right with one crash.  Two ranks that crash after their ok votes (the register still says
-   resume) leave one of them waited for forever: the survivor never trains.  Only a second crash
-   exposes it, and only with a survivor: 3 ranks. *)
+   Right with one crash.  Two ranks that crash after their ok votes (every vote is in: rank 0
+   still publishes resume) leave one of them waited for forever: the survivor never trains.  A
+   lost rank is one of a set, not a slot.  Only a second crash exposes it, and only with a
+   survivor: 3 ranks. *)
 OneLost == IF crashed = {} THEN {} ELSE {CHOOSE q \in crashed : TRUE}
 
 resume_training(r) ==
