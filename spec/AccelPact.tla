@@ -68,7 +68,8 @@ Mutants == {"none", "release_before_validation", "skip_rebind", "local_frontier"
             "unilateral_release", "no_timeout", "preserve_uncommitted", "blind_outcome",
             "rewind_after_step", "rewind_keeps_step", "same_generation",
             "release_keeps_generation", "rewind_stand_by", "local_reject", "proof_by_epoch",
-            "one_failed_group", "resume_barrier", "control_failure_resumes"}
+            "one_failed_group", "resume_barrier", "control_failure_resumes",
+            "barrier_skips_one_crash"}
 
 (* Phase names: exactly the values of accelpact.fsm.phases.Phase. *)
 Phases == {"Train", "Observe", "Guard", "Agree", "Replace", "Rebind", "Validate", "Resume", "Reject"}
@@ -426,10 +427,19 @@ abort(r) ==
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome, retired,
                    crashed, phi, fr, resumedAt, tau, copy, cut, cpDown>>
 
+(* Mutant barrier_skips_one_crash: resume_barrier "fixed" by leaving out the rank the failure
+   detector reported lost, kept in one slot (the first loss it saw; here any one crashed rank).
+   Right with one crash.  Two ranks that crash after their ok votes (every vote is in: rank 0
+   still publishes resume) leave one of them waited for forever: the survivor never trains.  A
+   lost rank is one of a set, not a slot.  Only a second crash exposes it, and only with a
+   survivor: 3 ranks. *)
+OneLost == IF crashed = {} THEN {} ELSE {CHOOSE q \in crashed : TRUE}
+
 resume_training(r) ==
     /\ Allowed(r, "resume_training", Ok)
     \* mutant: a resume barrier that waits for every rank, a crashed one included
     /\ Mutant = "resume_barrier" => \A q \in Ranks : phase[q] \in {"Resume", "Train"}
+    /\ Mutant = "barrier_skips_one_crash" => \A q \in Ranks \ OneLost : phase[q] \in {"Resume", "Train"}
     /\ Step(r, "resume_training")
     /\ UNCHANGED <<frontier, gen, refs, validated, obs, reports, decision, outcome, retired,
                    crashed, phi, fr, resumedAt, tau, copy, cut, cpDown>>

@@ -8,7 +8,8 @@ surviving every property), and must be caught by exactly the property that safeg
 outwards). Why the witnesses: a property can also hold because nothing it talks about is
 reachable; each witness in spec/witnesses/ is an interesting state, stated negated, that TLC
 must reach (violate). ResumePossible is such a possibility: the same_generation mutant, which
-never resumes and breaks no safety property, is caught only by it.
+never resumes and breaks no safety property, is caught only by it. A mutant that only a second
+crash exposes (ONE_CRASH) is also run with one crash, and as the real protocol: both must pass.
 
 The parser tests run on captured TLC 2.15 `-tool` output so that they need no Java.
 """
@@ -57,7 +58,12 @@ MUTANTS = {
     "one_failed_group": "FailedGroupsRebuilt",  # a second group failing before agreement (LateFault)
     "resume_barrier": "RecoveryEnds",  # a crash after the outcome: survivors released, never training
     "control_failure_resumes": "OutcomeAgreement",  # the control-plane group failing mid-recovery
+    "barrier_skips_one_crash": "RecoveryEnds",  # a second crash (MaxCrashes = 2): see ONE_CRASH
 }
+
+#: Mutants that only the second crash exposes: each is also run with MaxCrashes = 1 and its other
+#: constants unchanged, where every property and deadlock freedom must hold.
+ONE_CRASH = ("barrier_skips_one_crash",)
 
 #: Each witness and the interesting state it must reach (the invariant TLC must violate).
 WITNESSES = {
@@ -84,11 +90,33 @@ def _explain(result) -> str:
 
 
 # -- TLC runs -------------------------------------------------------------------------------------
+def _variant(model: ModelConfig, directory, kind: str) -> ModelConfig:
+    """`model` with one change, expected to pass (every property, and deadlock freedom):
+    "one_crash" is the mutant with MaxCrashes = 1 instead of 2, "protocol" the real protocol
+    (Mutant = "none") with the mutant's constants, two crashes included."""
+    text = model.path.read_text()
+    change = ("MaxCrashes = 2", "MaxCrashes = 1") if kind == "one_crash" else \
+        (f'Mutant = "{model.name}"', 'Mutant = "none"')
+    for old, new in (change, (f"\\* expect: {model.expect}\n", "\\* expect: pass\n"),
+                     ("\\* deadlock: ignore\n", "\\* deadlock: check\n")):
+        assert text.count(old) == 1, (model.path, old)
+        text = text.replace(old, new)
+    (directory / kind).mkdir(exist_ok=True)
+    path = directory / kind / f"{model.name}.cfg"
+    path.write_text(text)
+    return ModelConfig.load(path)
+
+
 @pytest.fixture(scope="module")
-def checked():
+def checked(tmp_path_factory):
     """Every mutant and every witness checked by TLC, two runs at a time (one worker each), once
-    for the module: {cfg name: (model, result)}. Each test below asserts on its own model."""
+    for the module: {cfg name: (model, result)}; each ONE_CRASH mutant also with MaxCrashes = 1
+    ("one_crash/<name>") and as the real protocol ("protocol/<name>"). Each test below asserts on
+    its own model."""
     found = [*models.mutant_models(), *models.witness_models()]
+    here = tmp_path_factory.mktemp("variants")
+    found += [_variant(ModelConfig.load(models.spec_dir() / "mutants" / f"{n}.cfg"), here, kind)
+              for n in ONE_CRASH for kind in ("one_crash", "protocol")]
     results = models.check_models(found, workers=2, jobs=2, timeout_s=170)
     return {f"{m.path.parent.name}/{m.name}": (m, result) for m, result in zip(found, results, strict=True)}
 
@@ -137,7 +165,7 @@ def test_a_possibility_is_caught_by_a_passing_run():
     assert not models.expectation_met(mutant, TlcResult(Status.INVARIANT, violated="OutcomeAgreement"))
 
 
-# The first test to ask for `checked` waits for all 27 runs (about 40 s on 2 idle cores).
+# The first test to ask for `checked` waits for all 32 runs (about 40 s on 2 idle cores).
 @pytest.mark.tlc
 @needs_java
 @pytest.mark.timeout(600)
@@ -155,6 +183,28 @@ def test_mutant_violates_exactly_its_property(name, checked):
     assert models.expectation_met(model, result)
     assert len(result.trace) >= 5, "a violation must come with its counterexample"
     assert result.trace[0].action == "Initial predicate"
+
+
+@pytest.mark.tlc
+@needs_java
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("name", ONE_CRASH)
+def test_only_the_second_crash_exposes_the_mutant(name, checked):
+    """The same model with MaxCrashes = 1: every property and deadlock freedom hold, so the
+    violation needs the second crash (the model has 3 ranks: with 2, a second crash leaves nobody
+    alive to hang); and the real protocol passes the model with both crashes."""
+    mutant, caught = checked[f"mutants/{name}"]
+    assert mutant.constants["MaxCrashes"] == "2"
+    assert caught.violated == MUTANTS[name], _explain(caught)
+    crashed = caught.trace[-1].values["crashed"]
+    assert crashed.count(",") == 1, f"the counterexample needs two crashes, not {crashed}"
+    for kind, changed, value in (("one_crash", "MaxCrashes", "1"), ("protocol", "Mutant", '"none"')):
+        model, result = checked[f"{kind}/{name}"]
+        assert model.constants[changed] == value
+        assert {k: v for k, v in model.constants.items() if k != changed} == \
+            {k: v for k, v in mutant.constants.items() if k != changed}
+        assert model.expect == "pass" and model.check_deadlock and model.invariants == mutant.invariants
+        assert result.status is Status.PASS, f"{kind}: {_explain(result)}"
 
 
 @pytest.mark.tlc
