@@ -46,7 +46,7 @@ JOIN_TIMEOUT_FLOOR_S = 60.0
 _seq = itertools.count(1)  # this process's membership records (model_checking/membership_trace.py)
 
 
-def _record(rt: Runtime, event: str, **fields: Any) -> None:
+def trace_event(rt: Runtime, event: str, **fields: Any) -> None:
     """One membership trace record, as `model_checking.membership_trace` checks them."""
     rt.trace.write({"kind": "membership", "event": event, "seq": next(_seq), "position": rt.rank,
                     "pid": os.getpid(), **fields})
@@ -54,7 +54,7 @@ def _record(rt: Runtime, event: str, **fields: Any) -> None:
 
 def record_train(rt: Runtime) -> None:
     """Update F+1 trained from F and committing in this world (the checker's `train`, at F)."""
-    _record(rt, "train", world=rt.membership.world, frontier=rt.frontier, world_size=rt.world_size)
+    trace_event(rt, "train", world=rt.membership.world, frontier=rt.frontier, world_size=rt.world_size)
 
 
 def join_timeout_s(rt: Runtime) -> float:
@@ -74,7 +74,7 @@ class MemberChange:
     rebound: dict[str, int] = field(default_factory=dict)
 
 
-class _Clock:
+class PhaseClock:
     def __init__(self, into: dict[str, float]):
         self.into, self.t = into, time.perf_counter()
 
@@ -129,13 +129,13 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     rebuild the world around the spares or return the reject. RankFenced if this rank itself was
     declared lost (it was cut off, not dead)."""
     timings: dict[str, float] = {}
-    clock = _Clock(timings)
+    clock = PhaseClock(timings)
     failed_world = m.world
     neighbours.hold_still(rt)  # the restore below may write what the sender still reads
     presence, undo = presence_of(rt, phase)
     rt.trace.write({"kind": "observe", "seq": rt.control.seq, "update": rt.update_index, "phase_failed": str(phase),
                     "saw": True, "cause": "a member is missing", "failed_groups": []})
-    _record(rt, "present", world=failed_world, position=rt.rank, frontier=rt.frontier, applied=undo,
+    trace_event(rt, "present", world=failed_world, position=rt.rank, frontier=rt.frontier, applied=undo,
             rerun_ok=presence.rerun_ok, copies=[list(c) for c in presence.copies])
     register.post_presence(m.store, failed_world, presence)
     decision = register.await_decision(
@@ -145,9 +145,9 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
         small_state_at=lambda p: small_state.newest_frontier(m.store, p))
     clock.lap("agree")
     change = MemberChange(world=failed_world, decision=decision, timings_s=timings)
-    _record(rt, "decided", **decision.to_json())
+    trace_event(rt, "decided", **decision.to_json())
     if decision.fenced(rt.rank):
-        _record(rt, "fenced", world=failed_world, position=rt.rank)
+        trace_event(rt, "fenced", world=failed_world, position=rt.rank)
         m.store.add(keys.fenced_total(), 1)  # its agent will finish normally: no check-in for it
         m.store.append(keys.fenced_holders(), f"{m.launch_rank},")
         raise RankFenced(f"rank {rt.rank} was declared lost in world {failed_world} and a spare took its place",
@@ -168,18 +168,18 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
                      timeout=m.timeout)
     built = world.replay(rt.recipe, build_timeout_s=join_timeout_s(rt))
     _mirror_constructors(rt, built)
-    _record(rt, "world_built", world=m.world)
+    trace_event(rt, "world_built", world=m.world)
     clock.lap("rebuild")
-    control = _control_plane(rt)
+    control = rebuild_control_plane(rt)
     world.finish(rt.recipe)
-    _rebuild_checkpointer(rt)
+    rebuild_checkpointer(rt)
     clock.lap("control")
     _rebind_groups(rt, old_groups, built, change)
     _fresh_reducers(rt)
     clock.lap("rebind")
     _send_lost_shards(rt, m, control, change)
     clock.lap("transfer")
-    _finish(rt, m, control, change, clock)
+    validate_and_release(rt, m, control, change, clock)
     return change
 
 
@@ -234,7 +234,7 @@ def _send_lost_shards(rt: Runtime, m: Membership, control: ControlPlane, change:
             seconds = transfer.send(buf, to=lost, group=control.group)
             change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
                                      "digest": digest, "send_s": seconds, "via": decision.via.get(lost, "replica")})
-            _record(rt, "transfer_sent", world=m.world, position=rt.rank, to=lost, bytes=int(buf.numel()),
+            trace_event(rt, "transfer_sent", world=m.world, position=rt.rank, to=lost, bytes=int(buf.numel()),
                     digest=digest)
 
 
@@ -243,21 +243,21 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     same validate/vote/release as the survivors. The world and the control plane are already
     built (init_process_group, the script's groups, attach's control plane)."""
     timings: dict[str, float] = {}
-    clock = _Clock(timings)
+    clock = PhaseClock(timings)
     decision = register.read_decision(m.store, activation.world - 1)
     if decision is None or decision.assign.get(activation.position) != activation.spare:
         raise ControlPlaneError(f"spare {activation.spare} was claimed for rank {activation.position} but the "
                                 f"membership register of world {activation.world - 1} does not say so")
     change = MemberChange(world=activation.world - 1, decision=decision, timings_s=timings)
     rt._recoveries = decision.recoveries  # the next recovery's epoch is the survivors' next one
-    _record(rt, "world_built", world=activation.world)
-    _record(rt, "activated", world=activation.world, position=activation.position, spare=activation.spare)
+    trace_event(rt, "world_built", world=activation.world)
+    trace_event(rt, "activated", world=activation.world, position=activation.position, spare=activation.spare)
     lost = activation.position
     got = transfer.receive(m.store, m.world, lost, decision.source[lost], decision.holders[lost], model=rt.model,
                            optimizer=rt.optimizer, group=rt.control.group, timeout_s=rt.config.control_timeout_s)
     change.transfers.append({"lost": lost, "from": decision.source[lost], "via": decision.via.get(lost, "replica"),
                              **got.to_dict()})
-    _record(rt, "transfer_verified", world=m.world, position=lost, digest=got.digest, ok=True, bytes=got.nbytes,
+    trace_event(rt, "transfer_verified", world=m.world, position=lost, digest=got.digest, ok=True, bytes=got.nbytes,
             holders=got.holders_agreeing)
     clock.lap("transfer")
     state = small_state.decode(m.store.get(small_state.keys.small_state(lost)))
@@ -267,11 +267,11 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     small_state.apply(state, data_state=rt.data_state, stateful=rt.rewind.stateful, optimizer=rt.optimizer)
     rt.frontier = rt.opt_step = rt.update_index = decision.frontier
     clock.lap("small_state")
-    _finish(rt, m, rt.control, change, clock)
+    validate_and_release(rt, m, rt.control, change, clock)
     return change
 
 
-def _rebuild_checkpointer(rt: Runtime) -> None:
+def rebuild_checkpointer(rt: Runtime) -> None:
     """The checkpointer saves over the control group: it gets the new one, by the same gather a
     spare's attach runs (its saves so far are kept)."""
     if rt.checkpointer is None:
@@ -283,7 +283,7 @@ def _rebuild_checkpointer(rt: Runtime) -> None:
     rt.checkpointer.saves = saves
 
 
-def _control_plane(rt: Runtime) -> ControlPlane:
+def rebuild_control_plane(rt: Runtime) -> ControlPlane:
     """The same construction as attach's, so that the spare's attach meets it collective for
     collective."""
     control = ControlPlane(timeout_s=join_timeout_s(rt), attempt=rt.attempt)  # the spare may still build
@@ -295,7 +295,8 @@ def _control_plane(rt: Runtime) -> ControlPlane:
     return control
 
 
-def _finish(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange, clock: _Clock) -> None:
+def validate_and_release(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange,
+                         clock: PhaseClock) -> None:
     """Probe every data-plane group, vote, follow the release register."""
     ok, reasons = not change.reasons, list(change.reasons)
     if ok:
@@ -307,11 +308,11 @@ def _finish(rt: Runtime, m: Membership, control: ControlPlane, change: MemberCha
             ok, reasons = False, [f"rank {rt.rank}: validating the rebuilt groups: {type(exc).__name__}: {exc}"]
     clock.lap("validate")
     register.post_vote(m.store, m.world, rt.rank, ok, "; ".join(reasons))
-    _record(rt, "vote", world=m.world, position=rt.rank, ok=ok)
+    trace_event(rt, "vote", world=m.world, position=rt.rank, ok=ok)
     outcome, why = register.release(m.store, m.world, m.world_size, rt.config.control_timeout_s)
     clock.lap("release")
     change.outcome, change.reasons = outcome, why
-    _record(rt, "release", world=m.world, outcome=outcome)
+    trace_event(rt, "release", world=m.world, outcome=outcome)
     rt.generation = change.decision.generation
 
 

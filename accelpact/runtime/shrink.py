@@ -33,7 +33,7 @@ from .restore import restore_boundary
 from .stragglers import StragglerWatch
 
 if TYPE_CHECKING:
-    from .member_change import MemberChange, _Clock
+    from .member_change import MemberChange, PhaseClock
     from .runtime import Runtime
 
 log = logging.getLogger("accelpact.runtime")
@@ -53,11 +53,11 @@ def shrink_refusal(rt: Runtime) -> str:
     return ""
 
 
-def go_on_smaller(rt: Runtime, m: Membership, change: MemberChange, undo: bool, clock: _Clock) -> MemberChange:
+def go_on_smaller(rt: Runtime, m: Membership, change: MemberChange, undo: bool, clock: PhaseClock) -> MemberChange:
     """Leave (RankLeft) or carry the shrink out on this rank; the outcome is the release value."""
     d = change.decision
     if d.leaves(rt.rank):
-        mc._record(rt, "left", world=change.world, position=rt.rank)
+        mc.trace_event(rt, "left", world=change.world, position=rt.rank)
         m.finished = True  # holds no position at the end: the spares' and agents' count goes on without it
         raise RankLeft(f"rank {rt.rank}'s replica group lost rank(s) {list(d.lost)}; the job goes on with "
                        f"{d.replicas_after} of {d.replicas_before} replicas without it", rank=rt.rank, world=change.world)
@@ -74,12 +74,12 @@ def go_on_smaller(rt: Runtime, m: Membership, change: MemberChange, undo: bool, 
     rt.recipe = world.translated(rt.recipe, d.renumber)
     built = world.replay(rt.recipe, build_timeout_s=rt.config.control_timeout_s)
     _renumber(rt, new_rank, new_size, d.frontier)
-    mc._record(rt, "world_built", world=m.world, renumbered_from=old_rank)
+    mc.trace_event(rt, "world_built", world=m.world, renumbered_from=old_rank)
     clock.lap("rebuild")
-    control = mc._control_plane(rt)
+    control = mc.rebuild_control_plane(rt)
     rt.stragglers = StragglerWatch(control, rt.config, rank=new_rank, world_size=new_size)
     world.finish(rt.recipe)
-    mc._rebuild_checkpointer(rt)
+    mc.rebuild_checkpointer(rt)
     clock.lap("control")
     _rebind_shrunk(rt, old_groups, old_gids, built, d.renumber, change)
     rt.data_state.reshard(new_rank, new_size)
@@ -87,7 +87,7 @@ def go_on_smaller(rt: Runtime, m: Membership, change: MemberChange, undo: bool, 
     if snapshot is not None and snapshot.frontier == d.frontier:
         rt.rewind.snapshot = dataclasses.replace(snapshot, cursor=copy.deepcopy(rt.data_state.state_dict()))
     clock.lap("rebind")
-    mc._finish(rt, m, control, change, clock)
+    mc.validate_and_release(rt, m, control, change, clock)
     if change.outcome == "resume":
         rt.shrinks.append(describe_shrink(rt, change, old_rank))
     return change
