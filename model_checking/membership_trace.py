@@ -298,6 +298,7 @@ def check_membership_traces(
     voted_ok: dict[int, set[int]] = defaultdict(set)  # world -> positions that voted ok
     for proc, recs in procs.items():
         fenced_at: str | None = None
+        left_at: int | None = None  # a shrink let this process go (LeaverNeverTrains, not fenced)
         released: dict[int, str] = {}
         joined: set[int] = set()
         verified: dict[int, bool] = {}  # world -> verified a matching digest
@@ -317,6 +318,7 @@ def check_membership_traces(
                 if rec["outcome"] == "shrink" and pos is not None:
                     if pos in {int(p) for p in rec.get("leaving") or ()}:
                         fenced_at = fenced_at or f"its decided record (seq {seq}) made position {pos} leave"
+                        left_at = left_at or seq
                     elif pos in _int_keys(rec.get("renumber")):
                         joined.add(w + 1)
             elif ev == "fenced":
@@ -333,6 +335,7 @@ def check_membership_traces(
                     bad.append(f"[LeaverNeverTrains] {at}: left world {w} at position {rec['position']}, which no "
                                "shrink decision of that world made leave")
                 fenced_at = fenced_at or f"its left record (seq {seq})"
+                left_at = left_at or seq
             elif ev == "activated":
                 joined.add(w)
                 is_spare_in.add(w)
@@ -355,7 +358,7 @@ def check_membership_traces(
             elif ev == "train":
                 pos = int(rec["position"])
                 if fenced_at is not None:
-                    rule = "LeaverNeverTrains" if "left" in fenced_at or "leave" in fenced_at else "FencedNeverTrains"
+                    rule = "LeaverNeverTrains" if left_at is not None else "FencedNeverTrains"
                     bad.append(f"[{rule}] {at}: trains in world {w} after {fenced_at}")
                 if (w - 1) in decisions:  # a world some membership change formed (not the first one)
                     if released.get(w) != "resume":
