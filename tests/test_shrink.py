@@ -187,7 +187,7 @@ def test_an_hsdp_job_that_loses_a_rank_goes_on_with_one_replica_bitwise():
     assert job.codes[lost] == -9 and job.codes[peer] == 0, (job.codes, job.output)
     assert all(job.codes[p] == 0 for p in staying), (job.codes, job.output)
     assert job.result is not None and job.result["bitwise_ok"] and job.result["all_in_memory"], job.output
-    frontier = 4 if phase == "committed" else 3
+    frontier = 3  # a kill at update 4's committed point lands before its boundary is agreed: 4 is re-run
     for new_rank, verdict in enumerate(job.result["verdicts"]):
         assert verdict["rank"] == new_rank and verdict["mismatches"] == [] and verdict["compared"] > 10
         assert verdict["params_unlike_whole_world"] > 0  # one replica's average is not two's
