@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import logging
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RankLeft
@@ -35,8 +34,6 @@ from .stragglers import StragglerWatch
 if TYPE_CHECKING:
     from .member_change import MemberChange, PhaseClock
     from .runtime import Runtime
-
-log = logging.getLogger("accelpact.runtime")
 
 
 def shrink_refusal(rt: Runtime) -> str:
