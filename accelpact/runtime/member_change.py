@@ -136,7 +136,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     rt.trace.write({"kind": "observe", "seq": rt.control.seq, "update": rt.update_index, "phase_failed": str(phase),
                     "saw": True, "cause": "a member is missing", "failed_groups": []})
     trace_event(rt, "present", world=failed_world, position=rt.rank, frontier=rt.frontier, applied=undo,
-            rerun_ok=presence.rerun_ok, copies=[list(c) for c in presence.copies])
+                rerun_ok=presence.rerun_ok, copies=[list(c) for c in presence.copies])
     register.post_presence(m.store, failed_world, presence)
     decision = register.await_decision(
         m.store, failed_world, m.world_size, grace_s=presence_grace_s(rt.config.control_timeout_s,
@@ -157,11 +157,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     if not decision.replace:
         change.reasons = list(decision.reasons)
         return change
-    restored, _ = restore_boundary(rt.model, rt.optimizer, rt.data_state, rt.rewind,
-                                   RestoreBoundary(frontier=decision.frontier, undo_step=undo))
-    change.reasons += [] if restored.ok else [f"rank {rt.rank}: {restored.reason}"]  # a vote against
-    rt.opt_step = decision.frontier
-    clock.lap("restore")
+    restore_frontier(rt, change, undo, clock)
     old_groups = dict(rt.data_plane.groups)
     m.world = failed_world + 1
     world.init_world(m.store, m.world, position=rt.rank, world_size=m.world_size, backend=m.backend,
@@ -181,6 +177,16 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     clock.lap("transfer")
     validate_and_release(rt, m, control, change, clock)
     return change
+
+
+def restore_frontier(rt: Runtime, change: MemberChange, undo: bool, clock: PhaseClock) -> None:
+    """Back to the agreed frontier F (the update in flight is re-run by the new world); a failed
+    restore is this rank's vote against."""
+    restored, _ = restore_boundary(rt.model, rt.optimizer, rt.data_state, rt.rewind,
+                                   RestoreBoundary(frontier=change.decision.frontier, undo_step=undo))
+    change.reasons += [] if restored.ok else [f"rank {rt.rank}: {restored.reason}"]
+    rt.opt_step = change.decision.frontier
+    clock.lap("restore")
 
 
 def _rebind_groups(rt: Runtime, old_groups: dict, built: dict, change: MemberChange) -> None:
@@ -235,7 +241,7 @@ def _send_lost_shards(rt: Runtime, m: Membership, control: ControlPlane, change:
             change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
                                      "digest": digest, "send_s": seconds, "via": decision.via.get(lost, "replica")})
             trace_event(rt, "transfer_sent", world=m.world, position=rt.rank, to=lost, bytes=int(buf.numel()),
-                    digest=digest)
+                        digest=digest)
 
 
 def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
@@ -257,8 +263,8 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
                            optimizer=rt.optimizer, group=rt.control.group, timeout_s=rt.config.control_timeout_s)
     change.transfers.append({"lost": lost, "from": decision.source[lost], "via": decision.via.get(lost, "replica"),
                              **got.to_dict()})
-    trace_event(rt, "transfer_verified", world=m.world, position=lost, digest=got.digest, ok=True, bytes=got.nbytes,
-            holders=got.holders_agreeing)
+    trace_event(rt, "transfer_verified", world=m.world, position=lost, digest=got.digest, ok=True,
+                bytes=got.nbytes, holders=got.holders_agreeing)
     clock.lap("transfer")
     state = small_state.decode(m.store.get(small_state.keys.small_state(lost)))
     if state["frontier"] != decision.frontier:

@@ -23,12 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import RankLeft
 from ..fsm.decisions import GroupId
-from ..fsm.effects import RestoreBoundary
 from ..launch import Membership
 from ..membership import keys, world
 from ..rebind import reshape
 from . import member_change as mc  # the steps every membership change shares (imported both ways)
-from .restore import restore_boundary
 from .stragglers import StragglerWatch
 
 if TYPE_CHECKING:
@@ -58,11 +56,7 @@ def go_on_smaller(rt: Runtime, m: Membership, change: MemberChange, undo: bool, 
         m.finished = True  # holds no position at the end: the spares' and agents' count goes on without it
         raise RankLeft(f"rank {rt.rank}'s replica group lost rank(s) {list(d.lost)}; the job goes on with "
                        f"{d.replicas_after} of {d.replicas_before} replicas without it", rank=rt.rank, world=change.world)
-    restored, _ = restore_boundary(rt.model, rt.optimizer, rt.data_state, rt.rewind,
-                                   RestoreBoundary(frontier=d.frontier, undo_step=undo))
-    change.reasons += [] if restored.ok else [f"rank {rt.rank}: {restored.reason}"]  # a vote against
-    rt.opt_step = d.frontier
-    clock.lap("restore")
+    mc.restore_frontier(rt, change, undo, clock)
     old_rank, new_rank, new_size = rt.rank, d.renumber[rt.rank], len(d.renumber)
     old_groups, old_gids = dict(rt.data_plane.groups), dict(rt.data_plane.gids)
     m.world, m.world_size, m.position = change.world + 1, new_size, new_rank
