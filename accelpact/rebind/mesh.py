@@ -11,18 +11,27 @@ DTensor caches sharding decisions (a Python LRU cache and a C++ fast-path cache)
 carry the mesh object of the call that filled them, and meshes compare equal by layout, not by
 group names: an in-place op on a parameter can swap in a mesh from an earlier, equal mesh (another
 model's, say). Those caches cannot be walked. What they can hand out, though, is only a live mesh
-object, and every live one is on the heap: after a rebind that touched a mesh, a heap scan looks
-for any DeviceMesh still naming the replaced group or any retired one (those only the caches hold
+object, and every live one is known: after a rebind that touched a mesh, every live DeviceMesh is
+looked at for one still naming the replaced group or any retired one (those only the caches hold
 included). None: every mesh a cached decision carries names live groups, and the caches are kept,
 so the first update after a recovery runs hot (dropping them cost it 14x here). One or more: the
 caches are dropped, as before, and the next ops only see meshes this plan rewrote.
+
+Which meshes are live: a scan of the heap found them, at 33-76 ms per rebind for a tiny FSDP2 job
+(300,000 objects): most of a recovery's rebind phase, paid once per rebuilt group. So the meshes
+are tracked as they are made instead (`live_meshes`): DeviceMesh's ``__init__`` and
+``__setstate__`` (copies and unpickling) are wrapped once to remember each new mesh weakly, and
+one heap scan at that moment finds those made before. `tests/test_rebind_units.py` pins that a
+copied mesh the plans do not reach is found, and that the tracker sees what a heap scan sees.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import time
+import weakref
 from collections import deque
 
 from torch.distributed.device_mesh import DeviceMesh
@@ -56,6 +65,7 @@ class MeshRule:
                 ctx.expect(site is not None, f"{path}._pg_registry holds the group but the walk did not report it")
                 touched = True
             if touched:
+                live_meshes()  # start tracking meshes now, at discovery, not in the first recovery
                 ours = frozenset(id(m) for m, _ in ctx.watched("mesh"))  # rewritten and proven by the plans
                 ctx.add_action("dtensor.sharding_caches",
                                lambda replaced, ours=ours: keep_or_drop_sharding_caches(replaced, ours))
@@ -79,13 +89,46 @@ def keep_or_drop_sharding_caches(replaced: str, ours: frozenset[int] = frozenset
 
 
 def meshes_naming(names: set[str]) -> list[DeviceMesh]:
-    """Every live DeviceMesh that names one of `names`. An instance of a Python class refers to
-    its class for the collector, so the referrers of the mesh classes are every live mesh, those
-    only DTensor's caches hold included (a C-level scan, about half the time of listing every
-    object; tests/test_rebind_units.py pins that a mesh the plans do not reach is found)."""
-    kinds = _subclasses(DeviceMesh)  # by type: DeviceMesh's metaclass makes isinstance() slow (and warn)
-    return [obj for obj in gc.get_referrers(*kinds)
-            if type(obj) in kinds and names.intersection(obj.__dict__.get("_dim_group_names") or ())]
+    """Every live DeviceMesh that names one of `names` (those only DTensor's caches hold too)."""
+    return [obj for obj in live_meshes() if names.intersection(obj.__dict__.get("_dim_group_names") or ())]
+
+
+#: id -> every live DeviceMesh since `live_meshes` first ran (weakly: a mesh dies as before). By id:
+#: meshes compare and hash by layout, so a set would keep one of two equal meshes.
+_LIVE: weakref.WeakValueDictionary[int, DeviceMesh] | None = None
+
+
+def live_meshes() -> list[DeviceMesh]:
+    """Every live DeviceMesh. The first call wraps the constructor and ``__setstate__`` to record
+    each new mesh and finds the existing ones with one heap scan: an instance of a Python class
+    refers to its class for the collector, so the referrers of the mesh classes are every live
+    mesh (a C-level scan, about half the time of listing every object)."""
+    global _LIVE
+    if _LIVE is None:
+        live: weakref.WeakValueDictionary[int, DeviceMesh] = weakref.WeakValueDictionary()
+        _record_new_meshes(live)
+        kinds = _subclasses(DeviceMesh)  # by type: DeviceMesh's metaclass makes isinstance() slow (and warn)
+        for obj in gc.get_referrers(*kinds):
+            if type(obj) in kinds:
+                live[id(obj)] = obj
+        _LIVE = live
+    return list(_LIVE.values())
+
+
+def _record_new_meshes(live: weakref.WeakValueDictionary) -> None:
+    init, setstate = DeviceMesh.__init__, DeviceMesh.__setstate__
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):  # noqa: N807 - replaces DeviceMesh's own
+        init(self, *args, **kwargs)
+        live[id(self)] = self
+
+    @functools.wraps(setstate)
+    def __setstate__(self, state):  # noqa: N807
+        setstate(self, state)
+        live[id(self)] = self
+
+    DeviceMesh.__init__, DeviceMesh.__setstate__ = __init__, __setstate__
 
 
 def _subclasses(cls: type) -> set[type]:
