@@ -18,7 +18,6 @@ names any that does not.
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ from torch.distributed._mesh_layout import _MeshLayout
 from torch.distributed.device_mesh import DeviceMesh
 
 from .errors import RebindError
+from .mesh import live_meshes
 
 __all__ = ["ReshapeReport", "shrink_mesh_tensor", "reshape", "proof"]
 
@@ -60,11 +60,10 @@ def shrink_mesh_tensor(mesh: torch.Tensor, renumber: Mapping[int, int]) -> torch
 
 
 def _meshes_of(roots: Iterable[DeviceMesh]) -> tuple[list[DeviceMesh], list[DeviceMesh]]:
-    """The root meshes and every live submesh of one of them (FSDP2 makes one per parameter; the
-    heap is the only place that knows them all)."""
+    """The root meshes and every live submesh of one of them (FSDP2 makes one per parameter; only
+    the tracker of live meshes knows them all: `mesh.live_meshes`)."""
     root_ids = {id(m._root_mesh or m): m._root_mesh or m for m in roots}
-    children = [o for o in gc.get_objects() if isinstance(o, DeviceMesh) and o._root_mesh is not None
-                and id(o._root_mesh) in root_ids]
+    children = [o for o in live_meshes() if o._root_mesh is not None and id(o._root_mesh) in root_ids]
     return list(root_ids.values()), children
 
 
