@@ -502,7 +502,8 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
                   replicate="neighbour" if full else "off")
     cmd = [sys.executable, "-m", "accelpact.testing.spare_drill", "--drill", drill_json(drill), "--out", str(workdir)]
     t0 = time.monotonic()
-    codes, output, _ = launch_with_spares(cmd, active=WORLD, spares=spares, log_dir=workdir, timeout_s=timeout_s)
+    codes, output, _ = launch_with_spares(cmd, active=WORLD, spares=spares, log_dir=workdir, timeout_s=timeout_s,
+                                          start="forkserver")
     results = {int(f.stem.split("-")[1]): json.loads(f.read_text()) for f in workdir.glob("result-*.json")}
 
     def explain() -> str:
