@@ -214,7 +214,9 @@ class MeasuredEnvelope:
 
     @property
     def shares(self) -> dict[str, float]:
-        return {a: self.counts[a] / self.failures for a in IN_MEMORY_ACTIONS}
+        """Each in-memory action's share of the failures; a shrink only where the campaign met one
+        (it is opt-in: most campaigns never do, and a 0 % line would only be noise)."""
+        return {a: self.counts[a] / self.failures for a in IN_MEMORY_ACTIONS if a != "shrink" or self.counts[a]}
 
     @property
     def in_memory_share(self) -> float:

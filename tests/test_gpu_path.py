@@ -115,6 +115,7 @@ def _bare_plane(specs: dict[str, str], timeout_s: float):
     plane.backend_specs = dict(specs)
     plane.timeout_s = timeout_s
     plane._probes = {}
+    plane.cut_short = None  # no membership change watched
     return plane
 
 

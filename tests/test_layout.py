@@ -15,7 +15,9 @@ PKG = ROOT / "accelpact"
 #: The test harness is not the library: a spawned test rank whose parent died ends itself.
 HARNESS = {"accelpact/testing/spawn.py": "os._exit(",
            # the campaign's drill worker: a spare released by a rejected job exits as the job did
-           "accelpact/testing/spare_drill.py": "os._exit("}
+           "accelpact/testing/spare_drill.py": "os._exit(",
+           # a spares job's worker forked from the preloaded forkserver ends as its interpreter would
+           "accelpact/testing/spares.py": "os._exit("}
 
 
 def _functions(path: Path):
