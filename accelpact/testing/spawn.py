@@ -8,7 +8,10 @@ parent, and the parent kills every child's process group on timeout, on failure 
 
 Ranks start from a ``forkserver`` that has imported torch once (``preload``): on a loaded
 2-core machine four fresh ``import torch`` cost 10–30 s per world, a fork costs milliseconds.
-The runtime and the drills are preloaded too (0.3 s of CPU per rank otherwise, ~1 s per world).
+The runtime and the drills are preloaded too (0.3 s of CPU per rank otherwise, ~1 s per world),
+and what every rank imports lazily anyway: ``torch._dynamo`` (DDP's and FSDP's constructors
+reach for it; 0.5 s of CPU per rank, ~2 s per 4-rank world) and ``numpy.random``
+(``workloads.seed_everything``).
 ``start_method="spawn"`` gives fully fresh interpreters instead (and applies ``env`` before
 torch is imported).
 """
@@ -40,7 +43,7 @@ _LOCALHOST = "127.0.0.1"
 _POLL_S = 0.05
 _ENV_LOCK = threading.Lock()
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor",
-                   "torch.nn.parallel", "accelpact.runtime", "accelpact.testing.drills")
+                   "torch.nn.parallel", "torch._dynamo", "numpy.random", "accelpact.runtime", "accelpact.testing.drills")
 
 
 @dataclass(frozen=True)
