@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from .comm import connections
 from .comm.backends import parse_backends, uses_nccl
 from .comm.nccl_env import apply_required
 from .errors import ConfigError
@@ -59,6 +60,9 @@ class Membership:
     finished: bool = False
     #: ACCELPACT_ON_LOSS: "shrink" lets the whole replica groups go on without a lost one
     on_loss: str = "reject"
+    #: when each position's heartbeat last moved, as this process saw it while it watched for a
+    #: lost member in the current world: the decision's wait starts from that evidence, not anew
+    silence: dict | None = None
 
     @property
     def is_spare(self) -> bool:
@@ -89,6 +93,7 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     must be in place before this call), logging every value it changes."""
     global _attempt
     env = os.environ
+    connections.track()  # a retired world's connections can then be closed (`comm.connections`)
     if uses_nccl(parse_backends(backend)):
         for change in apply_required(env):
             log.warning("accelpact set %s", change)
@@ -151,7 +156,7 @@ def _on_loss(env) -> str:
 def _start_with_spares(backend, store, rank, launched, spares, timeout, on_loss="reject") -> None:
     """An active rank joins world 0 at once; a spare waits (heartbeating) until it is claimed
     for a lost position, then joins the world that replaces it, under that position's rank."""
-    from .membership import keys, pool, world
+    from .membership import keys, pool, warm, world
 
     global _membership
     m = Membership(store=store, spares=spares, world_size=launched - spares, launch_rank=rank, backend=backend,
@@ -159,8 +164,10 @@ def _start_with_spares(backend, store, rank, launched, spares, timeout, on_loss=
     _membership = m
     # which torchrun agent started this process: the exit-barrier check-in counts lost agents
     store.set(keys.agent_of(rank), os.environ.get("GROUP_RANK", str(rank)))
+    preload = warm.modules_to_preload(os.environ)  # checked on every process: a typo fails everywhere
     if m.is_spare:
         pool.register(store, rank)
+        warm.warm_up_in_background(preload)  # imports the script would otherwise pay after the claim
         log.info("rank %d waits as a spare", rank)
         activation = pool.wait_for_claim(store, rank)  # SpareReleased when the job ends first
         m.position, m.world, m.activation = activation.position, activation.world, activation

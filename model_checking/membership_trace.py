@@ -9,6 +9,7 @@ The runtime writes one JSON-lines file per process; its membership records carry
                        leaving (present positions that leave), renumber {old position: new position}
     fenced             world, position
     left               world, position (a live rank whose replica group a shrink took out)
+    left_world         world, position (it closed its connections of that world, now retired)
     activated          world (the new one), position, spare (the spare's id)
     world_built        world, position
     transfer_sent      world, position (the sender), to (position), bytes, digest
@@ -50,6 +51,8 @@ one), empty when the run keeps every rule. Only the order inside one file is kno
   trains again, and only a leaving position leaves; [OnePositionOneProcess] new position
   renumber[p] is trained only by the process that held p; [NoStaleAverage] a train record in the
   smaller world counts that world's size; [NoSplitFrontier] and [TrainAfterRelease] as above.
+- [NoTrainOnRetiredWorld] a process that closed its connections of a world (`left_world`) never
+  trains in that world again.
 - [TraceFormat] seq strictly increasing in each file; the fields an event needs are there.
 """
 
@@ -66,6 +69,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "decided": ("world", "outcome"),
     "fenced": ("world", "position"),
     "left": ("world", "position"),
+    "left_world": ("world", "position"),
     "activated": ("world", "position", "spare"),
     "world_built": ("world", "position"),
     "transfer_sent": ("world", "position", "to", "digest"),
@@ -304,6 +308,7 @@ def check_membership_traces(
         verified: dict[int, bool] = {}  # world -> verified a matching digest
         is_spare_in: set[int] = set()
         first_train: set[int] = set()
+        retired: set[int] = set()  # worlds whose connections this process closed
         for rec in recs:
             ev, w, seq = rec["event"], int(rec["world"]), rec["seq"]
             at = f"{proc} seq {seq}"
@@ -336,6 +341,8 @@ def check_membership_traces(
                                "shrink decision of that world made leave")
                 fenced_at = fenced_at or f"its left record (seq {seq})"
                 left_at = left_at or seq
+            elif ev == "left_world":
+                retired.add(w)
             elif ev == "activated":
                 joined.add(w)
                 is_spare_in.add(w)
@@ -357,6 +364,9 @@ def check_membership_traces(
                 released[w] = rec["outcome"]
             elif ev == "train":
                 pos = int(rec["position"])
+                if w in retired:
+                    bad.append(f"[NoTrainOnRetiredWorld] {at}: trains in world {w} after closing its connections "
+                               "of that world")
                 if fenced_at is not None:
                     rule = "LeaverNeverTrains" if left_at is not None else "FencedNeverTrains"
                     bad.append(f"[{rule}] {at}: trains in world {w} after {fenced_at}")

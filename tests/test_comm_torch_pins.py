@@ -99,3 +99,13 @@ def test_ddp_reducer_is_rebound_by_update_process_group():
     source = inspect.getsource(DistributedDataParallel._update_process_group)
     assert "self.reducer._update_process_group(new_process_group)" in source
     assert "self.process_group = new_process_group" in source
+
+
+def test_every_group_is_built_by_the_helper_connections_wraps():
+    """comm.connections records a group's sockets around c10d's `_new_process_group_helper`, which
+    it swaps as a module global: the default group and new_group must both call it by that name."""
+    assert callable(c10d._new_process_group_helper)
+    assert "_new_process_group_helper(" in inspect.getsource(c10d.init_process_group)
+    assert "_new_process_group_helper(" in inspect.getsource(c10d._new_group_with_tag)
+    params = list(inspect.signature(c10d._new_process_group_helper).parameters)
+    assert params[3] == "backend", params  # read positionally to leave NCCL groups alone

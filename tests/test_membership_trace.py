@@ -30,6 +30,7 @@ def _survivor(pos: int) -> list[dict]:
     recs = [
         {"event": "train", "world": 0, "position": pos, "frontier": 0},
         {"event": "present", "world": 0, "position": pos, "frontier": 5, "applied": pos == 0},
+        {"event": "left_world", "world": 0, "position": pos, "closed": 2},
         _decided(),
         {"event": "world_built", "world": 1, "position": pos},
     ]
@@ -117,6 +118,18 @@ def test_release_before_the_spare_verified_its_state_is_refused():
     assert any(v.startswith("[SpareValidatedBeforeRelease] world 1: release=resume") and "[1]" in v for v in bad), bad
 
 
+def test_training_in_a_world_whose_connections_it_closed_is_refused():
+    """A rank that closed its connections of world 0 (the loss it saw retires that world) must
+    not train in it again, even when no decision ever left it out."""
+    run = _run()
+    survivor = run["rank2.jsonl"]
+    at = next(i for i, r in enumerate(survivor) if r["event"] == "left_world")
+    survivor.insert(at + 1, {"kind": "membership", "event": "train", "world": 0, "position": 2, "frontier": 5})
+    bad = check_membership_traces({**run, "rank2.jsonl": _reseq(survivor)})
+    assert _rules(bad) == {"NoTrainOnRetiredWorld"}, bad
+    assert "after closing its connections" in bad[0]
+
+
 def test_a_digest_that_was_never_sent_is_refused():
     run = _run()
     run["spare4.jsonl"][3]["digest"] = "sha256:bb"
@@ -166,7 +179,7 @@ def test_a_source_outside_the_replica_set_is_refused():
 
 def test_two_decisions_for_one_world_are_refused():
     run = _run()
-    run["rank2.jsonl"][2] = {**run["rank2.jsonl"][2], "assign": {"1": 5}}
+    run["rank2.jsonl"][3] = {**run["rank2.jsonl"][3], "assign": {"1": 5}}
     bad = check_membership_traces(run)
     assert "OutcomeAgreement" in _rules(bad), bad
     assert any("one decision per world" in v for v in bad)

@@ -3,6 +3,7 @@ small state's round trip, the spare pool's claims."""
 
 import copy
 import datetime
+import os
 
 import pytest
 import torch
@@ -133,15 +134,73 @@ def test_a_member_whose_heartbeat_stops_is_seen_within_three_beats():
     worker = threading.Thread(target=beat, args=((0, 1, 2),), daemon=True)
     worker.start()
     try:
-        assert not register.a_member_went_silent(store, 3, 0.05, stop_early=lambda: False)
+        assert not register.a_member_went_silent(store, 0, 3, 0.05, stop_early=lambda: False)
         store.set(keys.heartbeat(3), "1")  # position 3 beat once, then its process was gone
         t = time.monotonic()
-        assert register.a_member_went_silent(store, 4, 0.05, stop_early=lambda: False)
+        assert register.a_member_went_silent(store, 0, 4, 0.05, stop_early=lambda: False)
         assert time.monotonic() - t < 1.0
-        assert register.a_member_went_silent(store, 3, 10.0, stop_early=lambda: True)  # a peer's presence
+        assert register.a_member_went_silent(store, 0, 3, 10.0, stop_early=lambda: True)  # a peer's presence
     finally:
         stop.set()
         worker.join()
+
+
+def test_a_dead_holder_on_this_host_is_certified_at_once_and_only_from_its_own_worlds_beat():
+    """Its heartbeat carries its process: a pid that is gone (or a zombie, or reused) is a loss
+    now, not after 2.5 beats; a beat of another world, or of another host, certifies nothing."""
+    import subprocess
+    import time
+
+    from accelpact.membership import liveness, register
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    where = liveness.identity().rsplit("/", 2)[0]
+    dead_beat = f"7|0|{where}/{gone.pid}/{liveness._start_time(os.getpid())}"
+    assert liveness.is_dead(dead_beat, 0) is True
+    assert liveness.is_dead(dead_beat, 1) is None  # an earlier world's beat (a shrink renumbers)
+    assert liveness.is_dead(liveness.beat_value(3, 0), 0) is False  # this very process runs
+    assert liveness.is_dead(dead_beat.replace(where, "another-host:pid:[1]"), 0) is None
+    assert liveness.is_dead("12", 0) is None  # a beat without its process (older format)
+    reused = f"7|0|{where}/{os.getpid()}/0"  # this pid, another start time: the pid was reused
+    assert liveness.is_dead(reused, 0) is True
+
+    store = dist.HashStore()
+    for p in range(3):
+        store.set(keys.heartbeat(p), liveness.beat_value(1, 0))
+    store.set(keys.heartbeat(3), dead_beat)
+    t = time.monotonic()
+    assert register.a_member_went_silent(store, 0, 4, 10.0, stop_early=lambda: False)  # 2.5 beats = 25 s
+    assert time.monotonic() - t < 1.0
+    # watching world 1, the same dead process's world-0 beat certifies nothing: only silence counts
+    t = time.monotonic()
+    assert register.a_member_went_silent(store, 1, 4, 0.2, stop_early=lambda: False)
+    assert time.monotonic() - t >= 0.45  # 2.5 beats of 0.2 s
+
+
+def test_the_decision_counts_a_silence_from_when_the_watch_saw_it_begin():
+    """A survivor that watched a position go silent for 2.5 beats decides at once: its wait for
+    the decision does not watch 2.5 more (measured in bench/rankloss.py: 1.26 s -> 0.01 s)."""
+    import time
+
+    from accelpact.membership import register
+    from accelpact.membership.decide import Presence
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=5))
+    for position in range(4):
+        store.set(keys.holder(position), str(position))
+    store.set(keys.heartbeat(3), "41")  # an old-format beat: no certificate, only its silence counts
+    pool.register(store, 4)
+    for position, replicas in ((0, (0, 2)), (1, (1, 3)), (2, (0, 2))):
+        register.post_presence(store, 0, Presence(position=position, frontier=5, generation=0, rerun_ok=True,
+                                                  replicas=replicas))
+    seen = {3: (b"41", time.monotonic() - 2.0)}  # silent for 2 s already, at a 0.8 s heartbeat
+    t = time.monotonic()
+    decision = register.await_decision(store, 0, 4, grace_s=30.0, heartbeat_s=0.8, small_state_at=lambda p: 5,
+                                       seen=seen)
+    assert decision.replace and decision.lost == (3,)
+    assert time.monotonic() - t < 0.5  # without `seen`: 2.5 * 0.8 = 2 s
 
 
 def test_the_exit_barrier_counts_a_lost_node_once_and_a_fenced_process_not_at_all():
@@ -181,3 +240,22 @@ def test_survivors_wait_for_a_live_peer_long_enough_to_fail_its_probes_and_the_c
     probes, control = 0.9 * 1.5, 6.0
     assert presence_grace_s(6.0, 1.5) > 7.06
     assert presence_grace_s(6.0, 1.5) >= late + probes + control
+
+
+def test_a_waiting_spare_preloads_the_framework_and_the_modules_named_for_it():
+    from accelpact.errors import ConfigError
+    from accelpact.membership import warm
+
+    modules = warm.modules_to_preload({warm.ENV_PRELOAD: " json.decoder, ,email.mime "})
+    assert modules[:len(warm.FRAMEWORK_MODULES)] == warm.FRAMEWORK_MODULES
+    assert modules[len(warm.FRAMEWORK_MODULES):] == ("json.decoder", "email.mime")
+    with pytest.raises(ConfigError, match="ACCELPACT_SPARE_PRELOAD names.*not module names"):
+        warm.modules_to_preload({warm.ENV_PRELOAD: "mypkg/model.py"})
+    took = warm.preload(["json.decoder", "accelpact_no_such_module"])
+    assert isinstance(took["json.decoder"], float)
+    assert took["accelpact_no_such_module"].startswith("ModuleNotFoundError")  # said, not fatal
+    thread = warm.warm_up_in_background(["email.mime.text"])
+    thread.join(30)
+    import sys
+
+    assert "email.mime.text" in sys.modules and not thread.is_alive()

@@ -25,6 +25,7 @@ from torch.distributed import distributed_c10d as c10d
 
 __all__ = [
     "abort_together",
+    "around_group_construction",
     "backend_config",
     "default_store",
     "group_timeout",
@@ -179,3 +180,19 @@ def member_groups() -> list[tuple[str, list[int], str]]:
         if ranks is not None:
             out.append((str(name), ranks, backend_config(pg) or ""))
     return out
+
+
+def around_group_construction(wrap) -> None:
+    """Route every group construction (``init_process_group``'s default group and each
+    ``new_group`` / DeviceMesh group) through ``wrap(build, *args, **kwargs)``, once per process.
+    c10d builds them all in ``_new_process_group_helper`` (looked up as a module global at each
+    call), which returns ``(pg, store)``; the first wrap installed stays."""
+    helper = c10d._new_process_group_helper
+    if getattr(helper, "_accelpact_wrapped", False):
+        return
+
+    def built(*args, **kwargs):
+        return wrap(helper, *args, **kwargs)
+
+    built._accelpact_wrapped = True  # type: ignore[attr-defined]
+    c10d._new_process_group_helper = built

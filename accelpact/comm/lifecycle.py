@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
 
-from accelpact.comm import _c10d
+from accelpact.comm import _c10d, connections
 from accelpact.comm.backends import BuildRequest, backend_spec, build_backends, parse_backends, uses_nccl
 from accelpact.errors import AccelPactError
 
@@ -127,7 +127,7 @@ def make_group(
         raise ValueError(f"a process group named {name!r} already exists in this process; "
                          "use a new generation for every replacement")
     prefix = PrefixStore(store_prefix(label, generation, members), store or _c10d.default_store())
-    pg = _build(members, members.index(me), name, prefix, timeout, backend)
+    pg = connections.recorded(lambda: _build(members, members.index(me), name, prefix, timeout, backend), backend)
     _c10d.register_group(pg, name=name, ranks=members, store=prefix, backend=backend)
     return pg
 

@@ -18,7 +18,7 @@ import time
 import torch.distributed as dist
 
 from ..errors import ControlPlaneError
-from . import keys, pool
+from . import keys, liveness, pool
 from .decide import MembershipDecision, Presence, decide_membership
 
 log = logging.getLogger("accelpact.membership")
@@ -28,8 +28,8 @@ class Heartbeat:
     """This position's pulse in the store, from a thread of its own (a store client of its own,
     so it never queues behind the training thread's store calls)."""
 
-    def __init__(self, store: dist.Store, position: int, interval_s: float):
-        self.store, self.position, self.interval_s = store, position, interval_s
+    def __init__(self, store: dist.Store, position: int, interval_s: float, world_of=lambda: 0):
+        self.store, self.position, self.interval_s, self.world_of = store, position, interval_s, world_of
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accelpact-heartbeat", daemon=True)
         self._thread.start()
@@ -39,7 +39,9 @@ class Heartbeat:
         while not self._stop.is_set():
             beat += 1
             try:
-                self.store.set(keys.heartbeat(self.position), str(beat))
+                # the process and its world ride on every beat: a peer on this host can certify
+                # a silent position dead at once (`liveness`)
+                self.store.set(keys.heartbeat(self.position), liveness.beat_value(beat, self.world_of()))
             except Exception as exc:  # the store is briefly unreachable: peers may count us gone
                 log.warning("heartbeat failed: %s: %s", type(exc).__name__, exc)
             self._stop.wait(self.interval_s)
@@ -53,15 +55,23 @@ def beat_of(store: dist.Store, position: int) -> bytes | None:
     return store.get(key) if store.check([key]) else None
 
 
-def a_member_went_silent(store: dist.Store, world_size: int, heartbeat_s: float, *, stop_early) -> bool:
+#: position -> (its heartbeat value, when this process last saw it change; time.monotonic())
+BeatsSeen = dict[int, tuple[bytes | None, float]]
+
+
+def a_member_went_silent(store: dist.Store, world: int, world_size: int, heartbeat_s: float, *, stop_early,
+                         seen: BeatsSeen | None = None) -> bool:
     """Watch every position's heartbeat for 2.5 beats: True as soon as one has not moved for that
-    long (its process is gone) or `stop_early()` says so; False when every one moved."""
+    long (its process is gone), or its holder is certified dead (`liveness`, from this host), or
+    `stop_early()` says so; False when every one moved. What it saw is left in `seen`, so that
+    `await_decision` can count a silence from when it began here."""
     start = time.monotonic()
-    seen = {p: (beat_of(store, p), start) for p in range(world_size)}
+    seen = {} if seen is None else seen
+    seen.update({p: (beat_of(store, p), start) for p in range(world_size) if p not in seen})
     quiet = 2.5 * heartbeat_s
     while True:
         now = time.monotonic()
-        if stop_early() or any(now - t >= quiet for _, t in seen.values()):
+        if stop_early() or any(now - t >= quiet or liveness.is_dead(v, world) for v, t in seen.values()):
             return True
         if now - start >= quiet:
             return False
@@ -97,13 +107,16 @@ def read_decision(store: dist.Store, world: int) -> MembershipDecision | None:
 
 
 def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: float, heartbeat_s: float,
-                   small_state_at) -> MembershipDecision:
+                   small_state_at, seen: BeatsSeen | None = None) -> MembershipDecision:
     """Wait for every position (present or gone) or the grace period, then decide — unless a
     peer decided first, whose value is then this rank's too. `small_state_at(position)` reads the
-    newest replicated small state's frontier."""
+    newest replicated small state's frontier. `seen`: this process's earlier look at the
+    heartbeats in this world (`a_member_went_silent`), so that a silence it already watched for
+    2.5 beats is not watched for 2.5 more (measured: the decision came 1.26 s after the last
+    survivor's presence, as long as the watch itself)."""
     deadline = time.monotonic() + grace_s
     dead_after = 2.5 * heartbeat_s
-    last_beat: dict[int, tuple[bytes | None, float]] = {}
+    last_beat: BeatsSeen = dict(seen or {})
     while True:
         decided = read_decision(store, world)
         if decided is not None:
@@ -114,7 +127,7 @@ def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: f
         for p, beat in _beats(store, missing).items():
             if p not in last_beat or last_beat[p][0] != beat:
                 last_beat[p] = (beat, now)
-        gone = [p for p in missing if now - last_beat[p][1] >= dead_after]
+        gone = [p for p in missing if now - last_beat[p][1] >= dead_after or liveness.is_dead(last_beat[p][0], world)]
         if len(present) + len(gone) == world_size or now >= deadline:
             return _decide(store, world, world_size, present, small_state_at)
         time.sleep(0.02)

@@ -180,7 +180,7 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     rt.membership, rt.origin_names = m, names
     plane.cut_short = control.cut_short = lambda: changing(rt)  # a peer left for a membership change
     rt.recipe = world.record(control.group, timeout_of)
-    rt.heartbeat = Heartbeat(m.store, rt.rank, config.heartbeat_s)
+    rt.heartbeat = Heartbeat(m.store, rt.rank, config.heartbeat_s, world_of=lambda: m.world)
     rt.replicator = Replicator(m.store, rt.rank)
     rt.listeners.insert(0, rt.replicator)  # joins its write before any other listener sees the forward
     neighbours.start(rt, m, plane, config)

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..comm import _c10d, validate_group
+from ..comm import _c10d, connections, validate_group
 from ..control import ControlPlane
 from ..errors import EXIT_REJECTED, ControlPlaneError, RankFenced
 from ..fsm.decisions import applied_steps, may_rerun, must_undo_step
@@ -138,11 +138,13 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     trace_event(rt, "present", world=failed_world, position=rt.rank, frontier=rt.frontier, applied=undo,
                 rerun_ok=presence.rerun_ok, copies=[list(c) for c in presence.copies])
     register.post_presence(m.store, failed_world, presence)
+    _leave_world(rt, failed_world)
     decision = register.await_decision(
         m.store, failed_world, m.world_size, grace_s=presence_grace_s(rt.config.control_timeout_s,
                                                                       rt.data_plane.timeout_s),
         heartbeat_s=rt.heartbeat.interval_s,
-        small_state_at=lambda p: small_state.newest_frontier(m.store, p))
+        small_state_at=lambda p: small_state.newest_frontier(m.store, p), seen=m.silence)
+    m.silence = None  # evidence of this world only
     clock.lap("agree")
     change = MemberChange(world=failed_world, decision=decision, timings_s=timings)
     trace_event(rt, "decided", **decision.to_json())
@@ -177,6 +179,15 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
     clock.lap("transfer")
     validate_and_release(rt, m, control, change, clock)
     return change
+
+
+def _leave_world(rt: Runtime, failed_world: int) -> None:
+    """Close this rank's connections of the retired world, now that its presence is posted:
+    every outcome (a new world, fewer replicas, fenced, reject) leaves these groups for good, and
+    a peer still waiting on this rank inside the framework's collectives learns at once instead of
+    at the data timeout, then finds the presence and comes to the same change."""
+    severed = connections.sever(rt.data_plane.groups.values())
+    trace_event(rt, "left_world", world=failed_world, closed=severed.total, skipped=sorted(severed.skipped))
 
 
 def restore_frontier(rt: Runtime, change: MemberChange, undo: bool, clock: PhaseClock) -> None:
@@ -353,8 +364,9 @@ def member_lost(rt: Runtime, cause: str) -> bool:
     if "connection_closed" not in cause and "timeout" not in cause:
         return False
     m = rt.membership
-    return register.a_member_went_silent(m.store, m.world_size, rt.heartbeat.interval_s,
-                                         stop_early=lambda: changing(rt))
+    m.silence = {}
+    return register.a_member_went_silent(m.store, m.world, m.world_size, rt.heartbeat.interval_s,
+                                         stop_early=lambda: changing(rt), seen=m.silence)
 
 
 def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detect_s: float) -> None:

@@ -1,0 +1,137 @@
+"""Each gloo group's own TCP connections, so that a rank leaving a retired world can close them.
+
+Why: when a member is lost, the rank that learns of it first leaves for the membership change,
+but its peers may sit inside the framework's own collectives with it (FSDP's all-gather, the
+replicate all-reduce). Those waits are c10d's, not ours: nothing can cut them short (gloo work
+cannot be aborted from another thread, pytorch#130345; ``abort``/``shutdown`` of a gloo group
+keeps its sockets open while the framework still holds the group), so each peer would wait out
+the data timeout. Closing this rank's connections of that world makes every peer's pending
+receive fail with "Connection closed by peer" at once, and the failure cascades at socket speed.
+
+How: a group's connections are the sockets that appeared in this process while it was built
+(gloo connects its full mesh in the group's constructor): c10d's groups (`track`) and
+AccelPact's own (`lifecycle.make_group`). They are recorded then, as (fd, inode)
+pairs, and shut down (``shutdown(SHUT_RDWR)`` on a duplicate: the connection closes for every
+descriptor of it, while gloo's own descriptor stays valid and its pair reports the error) only
+if the descriptor still names the same socket. Listening sockets are never touched: gloo's
+event loop treats an error on its listener as fatal (terminate), measured. Groups with an NCCL
+backend are not recorded (NCCL may build its communicator eagerly, and its sockets are its own;
+NCCL groups are aborted instead), nor are groups built before tracking began or without the
+kernel's ``/proc`` view of descriptors (then `sever` closes nothing and says so).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.distributed import ProcessGroup
+
+from . import _c10d
+
+log = logging.getLogger("accelpact.comm")
+
+_FD_DIR = "/proc/self/fd"
+_lock = threading.Lock()
+_by_group: dict[int, tuple[str, tuple[tuple[int, str], ...]]] = {}  # id(pg) -> (name, ((fd, "socket:[ino]"), ...))
+
+
+@dataclass
+class Severed:
+    """What `sever` did: connections closed per group name, and groups it could not close, why."""
+
+    closed: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return sum(self.closed.values())
+
+
+def _sockets() -> dict[int, str]:
+    """This process's socket descriptors: fd -> "socket:[inode]" (empty without /proc)."""
+    out: dict[int, str] = {}
+    try:
+        names = os.listdir(_FD_DIR)
+    except OSError:
+        return out
+    for name in names:
+        try:
+            target = os.readlink(f"{_FD_DIR}/{name}")
+        except OSError:  # closed while listing
+            continue
+        if target.startswith("socket:"):
+            out[int(name)] = target
+    return out
+
+
+def recorded(build: Callable[[], Any], backend: str, group_of: Callable[[Any], Any] = lambda built: built):
+    """Call `build` (which constructs a group) and record the sockets it opened for that group;
+    `group_of` picks the group out of what `build` returns. Groups with NCCL are not recorded."""
+    if "nccl" in backend.lower():
+        return build()
+    with _lock:  # two groups built at once by two threads would mix their sockets
+        before = _sockets()
+        built = build()
+        opened = tuple(sorted((fd, target) for fd, target in _sockets().items() if before.get(fd) != target))
+        pg = group_of(built)
+        if isinstance(pg, ProcessGroup):  # a non-member gets a sentinel and opens nothing
+            _by_group[id(pg)] = (str(pg.group_name), opened)
+    return built
+
+
+def _c10d_helper(helper, *args, **kwargs):
+    backend = str(args[3] if len(args) > 3 else kwargs.get("backend", ""))
+    return recorded(lambda: helper(*args, **kwargs), backend, group_of=lambda built: built[0])
+
+
+def track() -> None:
+    """From now on, record the connections of every group c10d builds in this process."""
+    _c10d.around_group_construction(_c10d_helper)
+
+
+def connections_of(pg) -> tuple[tuple[int, str], ...]:
+    """The (fd, "socket:[inode]") pairs recorded for `pg` (empty if it was not recorded)."""
+    entry = _by_group.get(id(pg))
+    if entry is None or entry[0] != str(pg.group_name):
+        return ()
+    return entry[1]
+
+
+def _shut(fd: int, target: str) -> bool:
+    """Shut down the connection behind `fd` if it is still `target` and connected."""
+    try:
+        if os.readlink(f"{_FD_DIR}/{fd}") != target:
+            return False  # closed, and the number reused: not ours any more
+        dup = os.dup(fd)
+    except OSError:
+        return False
+    with socket.socket(fileno=dup) as sock:
+        if sock.type != socket.SOCK_STREAM or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+            return False
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # not connected (any more): nothing to close
+            return False
+    return True
+
+
+def sever(groups: Iterable) -> Severed:
+    """Close this process's connections of `groups` (a retired world's: none of them is used
+    again), so that peers waiting on this rank in them fail at once instead of at their timeout."""
+    done = Severed()
+    for pg in groups:
+        name = str(pg.group_name)
+        recorded = connections_of(pg)
+        if not recorded:
+            done.skipped[name] = "no connections recorded (built before tracking, NCCL, or no /proc)"
+            continue
+        done.closed[name] = sum(_shut(fd, target) for fd, target in recorded)
+    log.info("accelpact severed the retired world's connections", extra={"closed": done.closed,
+                                                                          "skipped": done.skipped})
+    return done

@@ -1,0 +1,66 @@
+"""A death certificate: whether the process that held a position is gone, seen from its host.
+
+Why: a silent heartbeat proves a loss only after 2.5 beats (1.25 s at the default 0.5 s), and a
+survivor pays that before it may post that a member is lost, on every loss. But a peer on the
+same host can look the process up: its pid gone, a zombie, or the pid reused by another process
+(its start time differs) is a dead process, certain at once. Each heartbeat carries its process's
+identity and the world it beats in (`beat_value`), so a survivor can certify the holder of a
+silent position without another store key, and never from a beat of an earlier world (a shrink
+renumbers positions: a stale beat may name a process that left). From another host, or another
+PID namespace, nothing can be certified (`None`): the heartbeat's silence decides, as before.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import cache
+
+
+@cache
+def _where() -> str:
+    """This host's boot and PID namespace: pids compare only inside one."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}:{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""  # no /proc: nothing can be certified here or by peers
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None if
+    it does not exist; "Z" for a zombie or a dead entry (its parent has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state is fields[0]
+    return "Z" if fields[0] in ("Z", "X", "x") else fields[19]
+
+
+@cache
+def identity() -> str:
+    """This process, as a peer on its host can find it again: where/pid/start time."""
+    return f"{_where()}/{os.getpid()}/{_start_time(os.getpid())}"
+
+
+def beat_value(beat: int, world: int) -> str:
+    return f"{beat}|{world}|{identity()}"
+
+
+def is_dead(value: bytes | str | None, world: int) -> bool | None:
+    """Whether the process whose heartbeat `value` this is, beating in `world`, is gone: True
+    (certain), False (it runs), None (cannot tell from here: another host, another world's beat,
+    an old-format beat, no /proc)."""
+    if value is None:
+        return None
+    text = value.decode() if isinstance(value, bytes) else value
+    parts = text.split("|", 2)
+    if len(parts) != 3 or parts[1] != str(world) or not _where():
+        return None
+    where, pid, started = parts[2].rsplit("/", 2)
+    if where != _where() or not pid.isdigit():
+        return None
+    now = _start_time(int(pid))
+    return now is None or now == "Z" or now != started

@@ -1,0 +1,89 @@
+"""comm/connections.py: a rank that leaves a retired world closes its connections of it, and a
+peer waiting on it inside a collective learns at once instead of at the group's timeout."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from accelpact.comm import connections, make_group
+from accelpact.testing.spawn import run_world
+
+PEER_TIMEOUT_S = 20.0  # what the peer would wait without the close
+
+
+def _leave_and_wait(rank: int, world_size: int) -> dict:
+    connections.track()
+    retired = dist.new_group([0, 1], timeout=__import__("datetime").timedelta(seconds=PEER_TIMEOUT_S))
+    kept = dist.new_group([0, 1, 2])
+    labelled = make_group([0, 1, 2], label="probe", generation=0, timeout=20)  # AccelPact's own groups too
+    out: dict = {"recorded": len(connections.connections_of(retired)) if rank < 2 else None,
+                 "labelled": len(connections.connections_of(labelled))}
+    t = torch.ones(64)
+    if rank < 2:
+        dist.all_reduce(t, group=retired)  # the group works before
+    dist.barrier(group=kept)
+    if rank == 0:
+        time.sleep(0.3)  # the peer is waiting in its all-reduce by now
+        severed = connections.sever([retired])
+        out["closed"] = severed.closed
+        try:
+            dist.all_reduce(t, group=retired)
+            out["own_later_op"] = "completed"
+        except RuntimeError as exc:
+            out["own_later_op"] = str(exc)
+    elif rank == 1:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(t, group=retired)  # rank 0 never joins this one
+            out["peer_error"] = None
+        except RuntimeError as exc:
+            out["peer_error"] = str(exc)
+        out["peer_waited_s"] = time.monotonic() - t0
+    kept_sum = torch.ones(1)
+    dist.all_reduce(kept_sum, group=kept)  # the groups that were not severed still work
+    out["kept_sum"] = float(kept_sum)
+    out["untracked"] = connections.sever([dist.group.WORLD]).skipped
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_closing_a_retired_groups_connections_fails_the_waiting_peer_at_once():
+    r0, r1, r2 = run_world(_leave_and_wait, 3, timeout_s=90)
+    assert r0["recorded"] >= 1 and r1["recorded"] >= 1  # gloo connected the pair at construction
+    assert all(r["labelled"] >= 1 for r in (r0, r1, r2))
+    assert sum(r0["closed"].values()) >= 1
+    assert "closed by peer" in r1["peer_error"].lower() or "reset by peer" in r1["peer_error"].lower(), r1
+    assert r1["peer_waited_s"] < PEER_TIMEOUT_S / 4, r1  # the close, not the timeout, ended the wait
+    assert r0["own_later_op"] != "completed"  # the retired group stays unusable here too
+    assert [r["kept_sum"] for r in (r0, r1, r2)] == [3.0, 3.0, 3.0]  # and no process was taken down
+    # the default group was built before tracking began: nothing is closed, and it says why
+    assert all("before tracking" in why for why in r0["untracked"].values()) and r0["untracked"]
+
+
+def test_a_descriptor_that_names_another_socket_now_is_left_alone(monkeypatch):
+    """fd numbers are reused: a recorded (fd, inode) whose fd now names another socket is skipped."""
+    import socket
+
+    a, b = socket.socketpair()
+    try:
+        wrong = (a.fileno(), "socket:[1]")
+        assert connections._shut(*wrong) is False
+        a.send(b"x")
+        assert b.recv(1) == b"x"  # still connected: nothing was shut
+        # and a listening socket is never shut (gloo's event loop treats that as fatal)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        target = connections._sockets()[listener.fileno()]
+        assert connections._shut(listener.fileno(), target) is False
+        listener.close()
+        right = (a.fileno(), connections._sockets()[a.fileno()])
+        assert connections._shut(*right) is True
+        assert b.recv(1) == b""  # the peer sees the close
+    finally:
+        a.close()
+        b.close()
