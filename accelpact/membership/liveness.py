@@ -7,7 +7,7 @@ same host can look the process up: its pid gone, a zombie, or the pid reused by 
 identity and the world it beats in (`beat_value`), so a survivor can certify the holder of a
 silent position without another store key, and never from a beat of an earlier world (a shrink
 renumbers positions: a stale beat may name a process that left). From another host, or another
-PID namespace, nothing can be certified (`None`): the heartbeat's silence decides, as before.
+PID or network namespace, nothing can be certified (`None`): the heartbeat's silence decides.
 """
 
 from __future__ import annotations
@@ -18,11 +18,14 @@ from functools import cache
 
 @cache
 def _where() -> str:
-    """This host's boot and PID namespace: pids compare only inside one."""
+    """This host's boot, PID namespace and network namespace: pids compare only inside one PID
+    namespace, and processes in different network namespaces count as different hosts (the chaos
+    nodes are network namespaces of one machine: a node loss there is certified no faster than on
+    real, separate nodes)."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as f:
             boot = f.read().strip()
-        return f"{boot}:{os.readlink('/proc/self/ns/pid')}"
+        return f"{boot}:{os.readlink('/proc/self/ns/pid')}:{os.readlink('/proc/self/ns/net')}"
     except OSError:
         return ""  # no /proc: nothing can be certified here or by peers
 
