@@ -47,7 +47,21 @@ def _leave_and_wait(rank: int, world_size: int) -> dict:
     dist.all_reduce(kept_sum, group=kept)  # the groups that were not severed still work
     out["kept_sum"] = float(kept_sum)
     out["untracked"] = connections.sever([dist.group.WORLD]).skipped
+    out["cap"] = dict(connections.retransmit_cap)
+    out["kept_rto_max"] = [] if out["cap"]["unsupported"] else _rto_max(connections.connections_of(kept))
     return out
+
+
+def _rto_max(recorded) -> list[int]:
+    import os
+    import socket
+
+    values = []
+    for fd, _ in recorded:
+        with socket.socket(fileno=os.dup(fd)) as sock:
+            if not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                values.append(sock.getsockopt(socket.IPPROTO_TCP, connections.TCP_RTO_MAX_MS))
+    return values
 
 
 @pytest.mark.timeout(120)
@@ -60,6 +74,13 @@ def test_closing_a_retired_groups_connections_fails_the_waiting_peer_at_once():
     assert r1["peer_waited_s"] < PEER_TIMEOUT_S / 4, r1  # the close, not the timeout, ended the wait
     assert r0["own_later_op"] != "completed"  # the retired group stays unusable here too
     assert [r["kept_sum"] for r in (r0, r1, r2)] == [3.0, 3.0, 3.0]  # and no process was taken down
+    # every connection of a recorded group has its retransmission back-off capped at 1 s (or the
+    # kernel says why not: before Linux 6.15)
+    for r in (r0, r1, r2):
+        if r["cap"]["unsupported"]:
+            assert "TCP_RTO_MAX_MS" in r["cap"]["unsupported"] and not r["cap"]["capped"]
+        else:
+            assert r["cap"]["capped"] >= 2 and r["kept_rto_max"] and set(r["kept_rto_max"]) == {1000}, r
     # the default group was built before tracking began: nothing is closed, and it says why
     assert all("before tracking" in why for why in r0["untracked"].values()) and r0["untracked"]
 
