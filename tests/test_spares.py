@@ -46,6 +46,13 @@ def _traces_keep_the_membership_rules(job):
     assert {"present", "decided", "world_built", "transfer_sent", "transfer_verified", "vote", "release",
             "train"} <= events, events
     assert check_membership_traces(traces, replicas=HSDP_REPLICAS) == []
+    # every survivor closed its connections of the world it left (comm.connections): the peers
+    # waiting on it inside FSDP's collectives learnt at once
+    left = [rec for recs in traces.values() for rec in recs if rec["event"] == "left_world"]
+    presents = [rec for recs in traces.values() for rec in recs if rec["event"] == "present"]
+    assert len(left) == len(presents) and all(not rec["skipped"] for rec in left), left  # every group recorded
+    for world in {rec["world"] for rec in left}:  # (a connection its dead peer reset is closed already)
+        assert sum(rec["closed"] for rec in left if rec["world"] == world) > 0, left
 
 
 def test_fsdp1_hybrid_shard_rank_killed_after_its_step_is_replaced_bitwise():
