@@ -89,7 +89,10 @@ def test_a_descriptor_that_names_another_socket_now_is_left_alone(monkeypatch):
     """fd numbers are reused: a recorded (fd, inode) whose fd now names another socket is skipped."""
     import socket
 
-    a, b = socket.socketpair()
+    server = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(server.getsockname())
+    b, _ = server.accept()
+    server.close()
     try:
         wrong = (a.fileno(), "socket:[1]")
         assert connections._shut(*wrong) is False

@@ -259,3 +259,22 @@ def test_a_waiting_spare_preloads_the_framework_and_the_modules_named_for_it():
     import sys
 
     assert "email.mime.text" in sys.modules and not thread.is_alive()
+
+
+def test_a_forked_child_beats_with_its_own_identity_not_its_parents():
+    """A parent that computed its identity, then forked: had the child inherited it, the parent's
+    exit would get the living child certified dead."""
+    from accelpact.membership import liveness
+
+    parent = liveness.identity()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child reports its identity and leaves at once
+        os.write(write, liveness.identity().encode())
+        os._exit(0)
+    os.close(write)
+    child = os.read(read, 4096).decode()
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child != parent and child.rsplit("/", 2)[1] == str(pid)
+    assert liveness.is_dead(f"1|0|{child}", 0) is True  # and once reaped it is certified gone

@@ -10,16 +10,18 @@ receive fail with "Connection closed by peer" at once, and the failure cascades 
 
 How: a group's connections are the sockets that appeared in this process while it was built
 (gloo connects its full mesh in the group's constructor): c10d's groups (`track`) and
-AccelPact's own (`lifecycle.make_group`). They are recorded then, as (fd, inode)
-pairs, and shut down (``shutdown(SHUT_RDWR)`` on a duplicate: the connection closes for every
-descriptor of it, while gloo's own descriptor stays valid and its pair reports the error) only
-if the descriptor still names the same socket. Each recorded connection also gets its retransmission back-off capped (`_cap_retransmit`), so a
-collective stalled across a cut link resumes soon after the link returns. Listening sockets are
-never touched: gloo's
-event loop treats an error on its listener as fatal (terminate), measured. Groups with an NCCL
-backend are not recorded (NCCL may build its communicator eagerly, and its sockets are its own;
-NCCL groups are aborted instead), nor are groups built before tracking began or without the
-kernel's ``/proc`` view of descriptors (then `sever` closes nothing and says so).
+AccelPact's own (`lifecycle.make_group`). They are recorded then, as (fd, inode) pairs, and shut
+down (``shutdown(SHUT_RDWR)`` on a duplicate: the connection closes for every descriptor of it,
+while gloo's own descriptor stays valid and its pair reports the error) only if the descriptor
+still names the same socket. Listening sockets are never touched: gloo's event loop treats an
+error on its listener as fatal (terminate), measured. Each recorded connection also gets its
+retransmission back-off capped (`_cap_retransmit`), so a collective stalled across a cut link
+resumes soon after the link returns.
+
+Not recorded: groups with an NCCL backend (NCCL may build its communicator eagerly, and its
+sockets are its own; NCCL groups are aborted instead), groups built before tracking began, and
+everything without the kernel's ``/proc`` view of descriptors (`sever` then closes nothing and
+says so).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ import logging
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,24 +99,35 @@ RETRANSMIT_CAP_MS = 1000
 retransmit_cap: dict[str, object] = {"capped": 0, "unsupported": ""}
 
 
+@contextmanager
+def _connection(fd: int, target: str) -> Iterator[socket.socket | None]:
+    """A duplicate of `fd` as a socket, if `fd` still names `target` and is a TCP connection (not
+    a listener); None otherwise. Closing the duplicate leaves gloo's descriptor open."""
+    try:
+        if os.readlink(f"{_FD_DIR}/{fd}") != target:
+            yield None  # closed, and the number reused: not ours any more
+            return
+        dup = os.dup(fd)
+    except OSError:
+        yield None
+        return
+    with socket.socket(fileno=dup) as sock:
+        connected = (sock.type == socket.SOCK_STREAM and sock.family in (socket.AF_INET, socket.AF_INET6)
+                     and not sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
+        yield sock if connected else None
+
+
 def _cap_retransmit(fd: int, target: str) -> None:
     """Bound a group connection's retransmission back-off to 1 s. Why: a collective that waits
     across a cut link retransmits at doubling intervals (0.2, 0.4, 0.8, 1.6, 3.2 s ...); when the
     link returns it stays silent until the next one. Measured in `make chaos`: the control
     plane's boundary check returned 0.93-0.98 s after a 4.6 s cut was restored (0.04-0.05 s after
-    a 2.55 s one). With the cap, at most 1 s, and less the longer the cut. Kernels without the
-    option keep their back-off (`retransmit_cap["unsupported"]` says why)."""
+    a 2.55 s one); 0.29 s with the cap. Kernels without the option keep their back-off
+    (`retransmit_cap["unsupported"]` says why)."""
     if retransmit_cap["unsupported"]:
         return
-    try:
-        if os.readlink(f"{_FD_DIR}/{fd}") != target:
-            return
-        dup = os.dup(fd)
-    except OSError:
-        return
-    with socket.socket(fileno=dup) as sock:
-        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6) \
-                or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+    with _connection(fd, target) as sock:
+        if sock is None:
             return
         try:
             sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS, RETRANSMIT_CAP_MS)
@@ -144,14 +158,8 @@ def connections_of(pg) -> tuple[tuple[int, str], ...]:
 
 def _shut(fd: int, target: str) -> bool:
     """Shut down the connection behind `fd` if it is still `target` and connected."""
-    try:
-        if os.readlink(f"{_FD_DIR}/{fd}") != target:
-            return False  # closed, and the number reused: not ours any more
-        dup = os.dup(fd)
-    except OSError:
-        return False
-    with socket.socket(fileno=dup) as sock:
-        if sock.type != socket.SOCK_STREAM or sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+    with _connection(fd, target) as sock:
+        if sock is None:
             return False
         try:
             sock.shutdown(socket.SHUT_RDWR)

@@ -16,8 +16,13 @@ import os
 from functools import cache
 
 
-@cache
 def _where() -> str:
+    """`_where_of` for this process (recomputed after a fork or a namespace change: cheap)."""
+    return _where_of(os.getpid())
+
+
+@cache
+def _where_of(pid: int) -> str:
     """This host's boot, PID namespace and network namespace: pids compare only inside one PID
     namespace, and processes in different network namespaces count as different hosts (the chaos
     nodes are network namespaces of one machine: a node loss there is certified no faster than on
@@ -42,10 +47,16 @@ def _start_time(pid: int) -> str | None:
     return "Z" if fields[0] in ("Z", "X", "x") else fields[19]
 
 
-@cache
 def identity() -> str:
-    """This process, as a peer on its host can find it again: where/pid/start time."""
-    return f"{_where()}/{os.getpid()}/{_start_time(os.getpid())}"
+    """This process, as a peer on its host can find it again: where/pid/start time. Keyed by
+    pid, so that a forked child never carries its parent's identity (a parent that exits would
+    otherwise have its living child certified dead)."""
+    return _identity_of(os.getpid())
+
+
+@cache
+def _identity_of(pid: int) -> str:
+    return f"{_where_of(pid)}/{pid}/{_start_time(pid)}"
 
 
 def beat_value(beat: int, world: int) -> str:
