@@ -16,8 +16,8 @@ behind, and that loss is rejected with this reason."""
 from __future__ import annotations
 
 import copy
-import io
 import logging
+import pickle
 import queue
 import threading
 import time
@@ -40,13 +40,14 @@ def encode(snapshot: Any, frontier: int) -> bytes:
         "frontier": int(frontier), "rng": snapshot.rng, "cursor": snapshot.cursor, "has_cursor": snapshot.has_cursor,
         "stateful": [state for _, state in snapshot.stateful], "hyper": [hyper for _, hyper in snapshot.hyper],
     }
-    buf = io.BytesIO()
-    torch.save(payload, buf)
-    return int(frontier).to_bytes(_HEADER, "little", signed=True) + buf.getvalue()
+    # pickle, not torch.save: 88 µs instead of 372 µs per write (torch.save's zip container), on
+    # a thread that shares the cores with training; the store is the job's own, and torch.load
+    # of this payload unpickled it without weights_only anyway
+    return int(frontier).to_bytes(_HEADER, "little", signed=True) + pickle.dumps(payload, protocol=5)
 
 
 def decode(raw: bytes) -> dict[str, Any]:
-    return torch.load(io.BytesIO(raw[_HEADER:]), weights_only=False)
+    return pickle.loads(raw[_HEADER:])
 
 
 def frontier_of(raw: bytes) -> int:
