@@ -304,6 +304,25 @@ def test_runtime_campaign_spares_profile_replaces_a_kill_and_rewinds_after_it(tm
     assert (res.observed, res.recoveries) == ("replace", ["replace", "rewind"]), res
 
 
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("schedule,recoveries", [
+    # a boundary check abandoned for the change stayed queued on the old control group's gloo thread
+    # until the control timeout; that group's destructor joined the thread inside a survivor's first
+    # forward in the new world (6.8 s), its peers timed out, and the replacement's re-run was rewound
+    ("skip@3:optimizer:3,kill@6:optimizer:3", ["rewind", "replace"]),
+    # a Preserve that committed the re-run update at its boundary wrote no `train` record, so the
+    # membership checker saw the new world start one frontier late (NoSplitFrontier)
+    ("kill@3:backward:3,late@3:committed:2", ["replace", "preserve"]),
+])
+def test_campaign_schedules_that_failed_after_a_replace_now_keep_the_prescription(tmp_path, schedule, recoveries):
+    """Found by `make campaign-spares SEED=15` (4 of 40 schedules failed)."""
+    from accelpact.testing.campaign import run_schedule_with_spares
+
+    res = run_schedule_with_spares(parse_plan(schedule), tmp_path, spares=2)
+    assert (res.observed, res.recoveries) == ("replace", recoveries), res
+
+
 def test_a_replica_pair_lost_together_may_end_the_attempt_before_a_prescribed_later_loss():
     """Found by the spares campaign (seed 15): ranks 1 and 3 (one shard) killed in the same
     update with a later kill that exhausts the spares. Both branches end "killed", at update 2

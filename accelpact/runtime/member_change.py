@@ -53,8 +53,10 @@ def trace_event(rt: Runtime, event: str, **fields: Any) -> None:
 
 
 def record_train(rt: Runtime) -> None:
-    """Update F+1 trained from F and committing in this world (the checker's `train`, at F)."""
-    trace_event(rt, "train", world=rt.membership.world, frontier=rt.frontier, world_size=rt.world_size)
+    """Update F+1 trained from F and committing in this world (the checker's `train`, at F), when
+    the membership is watched: by a commit, or by a Preserve that commits it at its boundary."""
+    if rt.membership is not None:
+        trace_event(rt, "train", world=rt.membership.world, frontier=rt.frontier, world_size=rt.world_size)
 
 
 def join_timeout_s(rt: Runtime) -> float:
@@ -185,8 +187,15 @@ def _leave_world(rt: Runtime, failed_world: int) -> None:
     """Close this rank's connections of the retired world, now that its presence is posted:
     every outcome (a new world, fewer replicas, fenced, reject) leaves these groups for good, and
     a peer still waiting on this rank inside the framework's collectives learns at once instead of
-    at the data timeout, then finds the presence and comes to the same change."""
-    severed = connections.sever(rt.data_plane.groups.values())
+    at the data timeout, then finds the presence and comes to the same change.
+
+    The control plane's group too: a boundary check this rank or a peer abandoned
+    (`wait_unless`) stays queued on that group's gloo thread until the control timeout, and the
+    group's destructor joins that thread. Found by the spares campaign: a survivor's first
+    forward in the new world blocked 6.8 s where the old control group was freed, its peers timed
+    out, and the replacement's re-run was rewound."""
+    retired = [*rt.data_plane.groups.values(), rt.control.group]
+    severed = connections.sever(retired)
     trace_event(rt, "left_world", world=failed_world, closed=severed.total, skipped=sorted(severed.skipped))
 
 

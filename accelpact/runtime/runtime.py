@@ -180,8 +180,7 @@ class Runtime:
         stop_workers(self)
         self._tracker.remove()
         release_ddp_buckets(self.model)
-        if getattr(self.model, ATTACHED, False):
-            delattr(self.model, ATTACHED)
+        self.model.__dict__.pop(ATTACHED, None)  # the mark attach set
         self.trace.close()
         self.control.close()
 
@@ -233,8 +232,7 @@ class Runtime:
         self._recover(error, phase, saw, failed, cause, time.perf_counter() - t_detect, bug)
 
     def _commit(self) -> None:
-        if self.membership is not None:  # update F+1 trained from F in this world
-            record_train(self)
+        record_train(self)  # under membership: update F+1 trained from F in this world
         self.frontier += 1
         self.machine.fire("commit_update")
         self.observers.commit(self.frontier, self.generation)
@@ -257,6 +255,8 @@ class Runtime:
         if outcome.action is RecoveryAction.REJECT:
             record.reasons = list(outcome.reasons) + self.control.release_reasons(executor.epoch)
             self._reject(record.reasons, error, record, original=bug)
+        if outcome.frontier > self.frontier:  # a Preserve committed update F+1 at its boundary
+            record_train(self)
         self.frontier, self.generation = outcome.frontier, outcome.generation
         if outcome.action is RecoveryAction.REWIND:
             self.update_index -= 1  # the same update runs again (faults already fired stay fired)
