@@ -109,7 +109,10 @@ def wait_unless(work, cut_short: Callable[[], bool]) -> bool:
     update went well meets the loss only in the boundary's collectives, with peers that already
     left for the membership change, and would otherwise wait out the group's timeout there before
     joining them (6 s of a 7.6 s detection in the shrink demo). Safe only because every group of
-    the world is destroyed next: the abandoned op never pairs with a later collective. A finished
+    the world is destroyed next: the abandoned op never pairs with a later collective. Its gloo
+    thread would still wait for it until the group's timeout (and the group's destructor joins
+    that thread), so the membership change closes the retired world's connections
+    (`connections.sever`), which ends the op at once. A finished
     op (or a failed one, whose error is raised) returns at once; the group's timeout still bounds
     the wait."""
     from ..errors import CollectiveAbandoned
