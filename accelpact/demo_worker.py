@@ -135,7 +135,8 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
     if rt is not None and rt.replicator is not None:  # under spares: the small-state replication's cost
         rep = rt.replicator
         history_extra["replicator"] = {"written": rep.written, "bytes": rep.bytes, "seconds": rep.seconds,
-                                       "error": rep.error}
+                                       "error": rep.error, "captures": rep.captures, "capture_s": rep.capture_s,
+                                       "joins": rep.joins, "join_wait_s": rep.join_wait_s}
     if rt is not None and rt.neighbours is not None:  # neighbour copies: what they cost and hold
         history_extra["neighbours"] = rt.neighbours.stats()
     if rt is not None and rt.shrinks:  # the experiment changed: the reference must change with it

@@ -358,7 +358,11 @@ def steady_run(base: Path, spares: int, args, i: int) -> dict:
         out["replicator"] = {
             "writes": [r["written"] for r in reps], "bytes_per_write": statistics.median(r["bytes"] for r in reps),
             "s_per_write": statistics.median(r["seconds"] / max(1, r["written"]) for r in reps),
-            "s_total": statistics.median(r["seconds"] for r in reps), "errors": [r["error"] for r in reps if r["error"]]}
+            "s_total": statistics.median(r["seconds"] for r in reps), "errors": [r["error"] for r in reps if r["error"]],
+            # what the training thread itself pays per update: the boundary's capture, and the wait
+            # for the write before the check (the write runs under the boundary's health probes)
+            "on_path_s_per_update": statistics.median((r.get("capture_s", 0.0) + r.get("join_wait_s", 0.0))
+                                                      / max(1, r.get("captures", 0) or r["written"]) for r in reps)}
     return out
 
 
@@ -535,16 +539,21 @@ def main(argv=None) -> int:
         rows.append([i + 1, f"{p['none']['update_s'] * 1e3:.1f}", _load_str(*p["none"]["load"]),
                      f"{p['spare']['update_s'] * 1e3:.1f}", _load_str(*p["spare"]["load"]), f"{p['ratio']:.3f}",
                      rep.get("bytes_per_write", "-"), f"{rep.get('s_per_write', float('nan')) * 1e3:.2f}",
+                     f"{rep.get('on_path_s_per_update', float('nan')) * 1e3:.3f}",
                      f"{min(rep.get('writes', [0]))}/{args.steady_updates}"])
     print(table(["pair", "no spare ms/update", "load", "1 spare ms/update", "load", "ratio", "B/write",
-                 "ms/write (off path)", "writes"], rows))
+                 "ms/write (thread)", "ms/update on path", "writes"], rows))
     steady_ratio = statistics.median(p["ratio"] for p in steady)
     rep_ms = statistics.median(p["spare"].get("replicator", {}).get("s_per_write", float("nan")) for p in steady)
+    path_ms = statistics.median(p["spare"].get("replicator", {}).get("on_path_s_per_update", float("nan"))
+                                for p in steady)
     print(f"median ratio {steady_ratio:.3f} over {len(steady)} pair(s) of separate jobs: on this shared machine the "
           "load moves between the two jobs of a pair, and such ratios swing both ways (below 1 too); the Replicator's "
           f"own work is {rep_ms * 1e3:.1f} ms per commit on a thread of its own, "
-          f"{rep_ms / steady[0]['none']['update_s']:.1%} of a no-spare update. writes < updates: a value still "
-          "queued when the next came was dropped (only the newest matters)")
+          f"{rep_ms / steady[0]['none']['update_s']:.1%} of a no-spare update; the training thread pays "
+          f"{path_ms * 1e3:.3f} ms per update for it ({path_ms / steady[0]['none']['update_s']:.2%}): the capture at the "
+          "boundary and the wait for the write before the check (a peer may commit the update once this rank's "
+          "contribution reaches it, so its state of that update must be in the store first)")
     print(f"\nload {load_before} -> {load_after}; elapsed {time.time() - t0:.0f} s")
 
     goals = {"ratio_at_A5_ge_10": bool(ratio5 and ratio5 >= 10),
@@ -560,6 +569,7 @@ def main(argv=None) -> int:
         "cold_slope_s_per_update": cold_slope,
         "spare_slope_s_per_update": slope,
         "spare_after_detection_slope_s_per_update": slope_after, "transfer_over_raw": transfer_ratio, "steady_ratio": steady_ratio,
+        "small_state_on_path_s_per_update": path_ms,
         "goals": goals, "spare": spare, "cold": cold, "cold_failstop": failstop, "raw_gloo": raw, "steady": steady, "spurious": spurious,
     })
     if spurious:

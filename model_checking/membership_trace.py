@@ -3,10 +3,13 @@
 The runtime writes one JSON-lines file per process; its membership records carry
 `"kind": "membership"`, a monotonic `seq` per file, and an `event`:
 
-    present            world, position, frontier, applied
+    present            world, position, frontier, applied [, at_check]
     decided            world, outcome ("replace" | "shrink" | "reject"), present, lost, assign {position:
-                       spare id}, source {position: source position}, frontier [, replicas]; a shrink:
-                       leaving (present positions that leave), renumber {old position: new position}
+                       spare id}, source {position: source position}, frontier [, replicas]
+                       [, rolled (present positions one update behind that commit the frontier)];
+                       a shrink: leaving (present positions that leave), renumber {old position:
+                       new position}
+    rolled_forward     world (the one that failed), position, frontier (the update it commits)
     fenced             world, position
     left               world, position (a live rank whose replica group a shrink took out)
     left_world         world, position (it closed its connections of that world, now retired)
@@ -33,8 +36,12 @@ one), empty when the run keeps every rule. Only the order inside one file is kno
   position -> holder, when given) that reported in its PRESENT a complete copy of it at the
   decision's frontier (a copy of another update is NoSplitFrontier's violation); a transfer is
   sent by the decision's source of its destination.
-- [NoSplitFrontier] a replace decision's present reports all hold its frontier; a process's first
-  train record in a replaced world is at the decision's frontier.
+- [NoSplitFrontier] a replace decision's present reports all hold its frontier F, except the
+  positions it rolls forward (`rolled`), which reported F-1 having contributed to the boundary
+  check of F (`at_check`: a member was lost inside that check); a process rolls forward only
+  where its decision says so, to its F, and one the decision rolls forward records it before it
+  trains in the new world; a process's first train record in a replaced world is at the
+  decision's frontier.
 - [SpareValidatedBeforeRelease] a spare votes ok only after it verified a transfer whose digest is
   the one sent to its position in its world; a verified transfer with another digest is not ok;
   release=resume of a world only with an ok vote of every member of it.
@@ -77,6 +84,7 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "vote": ("world", "position", "ok"),
     "release": ("world", "outcome"),
     "train": ("world", "position", "frontier"),
+    "rolled_forward": ("world", "position", "frontier"),
 }
 
 
@@ -209,6 +217,7 @@ def check_membership_traces(
     # who posted PRESENT for which position of which world; who activated into which position
     presenter: dict[tuple[int, int], set[str]] = defaultdict(set)
     present_f: dict[tuple[int, int], list[int]] = defaultdict(list)
+    at_check: dict[tuple[int, int], bool] = {}  # it reported its clean contribution to the check of F+1
     present_copies: dict[tuple[int, int], set[tuple[int, int]]] = defaultdict(set)  # the copies reported
     activated: dict[tuple[int, int], dict[str, int]] = defaultdict(dict)  # (new world, pos) -> {proc: spare}
     for proc, recs in procs.items():
@@ -217,6 +226,7 @@ def check_membership_traces(
             if rec["event"] == "present":
                 presenter[key].add(proc)
                 present_f[key].append(rec["frontier"])
+                at_check[key] = bool(rec.get("at_check", False))
                 present_copies[key] |= {(int(a), int(b)) for a, b in rec.get("copies") or ()}
             elif rec["event"] == "activated":
                 activated[key][proc] = int(rec["spare"])
@@ -262,10 +272,7 @@ def check_membership_traces(
                         bad.append(f"[StateFromReplica] {where}: lost position {i} gets its state from position "
                                    f"{source[i]}, outside its replica set "
                                    f"{sorted(mine[0]) if mine else '(none)'}")
-        fs = {f for i in present for f in present_f.get((w, i), [])}
-        if fs - {rec.get("frontier")}:
-            bad.append(f"[NoSplitFrontier] {where}: present reports at frontiers {sorted(fs)} but the decision "
-                       f"resumes at F={rec.get('frontier')}")
+        bad += _frontier_violations(w, where, rec, present, present_f, at_check)
         new = w + 1
         holders[new] = {i: set(presenter.get((w, i), ())) for i in present}
         for i in lost:
@@ -279,7 +286,7 @@ def check_membership_traces(
 
     for w, (proc, rec) in sorted(decisions.items()):
         if rec["outcome"] == "shrink":
-            bad += _shrink_decision_violations(w, proc, rec, presenter, present_f)
+            bad += _shrink_decision_violations(w, proc, rec, presenter, present_f, at_check)
             holders[w + 1] = {n: set(presenter.get((w, p), ())) for p, n in _int_keys(rec.get("renumber")).items()}
 
     # -- transfers: sent by the source, verified against the digest sent --------------------------
@@ -309,6 +316,7 @@ def check_membership_traces(
         is_spare_in: set[int] = set()
         first_train: set[int] = set()
         retired: set[int] = set()  # worlds whose connections this process closed
+        rolled: set[int] = set()  # worlds in whose membership change this process committed an update
         for rec in recs:
             ev, w, seq = rec["event"], int(rec["world"]), rec["seq"]
             at = f"{proc} seq {seq}"
@@ -343,6 +351,14 @@ def check_membership_traces(
                 left_at = left_at or seq
             elif ev == "left_world":
                 retired.add(w)
+            elif ev == "rolled_forward":
+                dec = decisions.get(w)
+                if dec is None or int(rec["position"]) not in {int(p) for p in dec[1].get("rolled") or ()} \
+                        or rec["frontier"] != dec[1].get("frontier"):
+                    bad.append(f"[NoSplitFrontier] {at}: position {rec['position']} rolls forward to F={rec['frontier']} "
+                               f"in world {w}, which its decision "
+                               f"({_describe_decision(dec[1]) if dec else 'none recorded'}) does not say")
+                rolled.add(w)
             elif ev == "activated":
                 joined.add(w)
                 is_spare_in.add(w)
@@ -389,6 +405,11 @@ def check_membership_traces(
                             and rec["frontier"] != dec[1].get("frontier"):
                         bad.append(f"[NoSplitFrontier] {at}: resumes world {w} at frontier {rec['frontier']}, "
                                    f"the decision's is {dec[1].get('frontier')}")
+                    own = _own_position(recs, w - 1)
+                    if w not in first_train and dec is not None and w - 1 not in rolled and own is not None \
+                            and own in {int(p) for p in dec[1].get("rolled") or ()}:
+                        bad.append(f"[NoSplitFrontier] {at}: trains in world {w} without committing update "
+                                   f"{dec[1].get('frontier')}, which the decision of world {w - 1} rolled it forward to")
                 first_train.add(w)
                 trained[(w, pos)].add(proc)
     for (w, pos), who in sorted(trained.items()):
@@ -411,8 +432,27 @@ def check_membership_traces(
     return bad
 
 
-def _shrink_decision_violations(w: int, proc: str, rec: Mapping[str, Any], presenter: Mapping, present_f: Mapping
-                                ) -> list[str]:
+def _frontier_violations(w: int, where: str, rec: Mapping[str, Any], positions: Iterable[int], present_f: Mapping,
+                         at_check: Mapping) -> list[str]:
+    """[NoSplitFrontier] of one decision: each of `positions` reported its frontier F, or F-1 with
+    its clean contribution to the boundary check of F where the decision rolls it forward; the
+    decision rolls forward no other."""
+    f = rec.get("frontier")
+    rolled = {int(p) for p in rec.get("rolled") or ()}
+    bad = []
+    for i in sorted(positions):
+        for got in present_f.get((w, i), []):
+            if i in rolled and (f is None or got != f - 1 or not at_check.get((w, i), False)):
+                bad.append(f"[NoSplitFrontier] {where}: position {i} is rolled forward to F={f} but reported F={got}"
+                           f"{'' if at_check.get((w, i), False) else ' without a contribution to the check'}")
+            elif i not in rolled and got != f:
+                bad.append(f"[NoSplitFrontier] {where}: position {i} reported F={got} but the decision resumes at "
+                           f"F={f}")
+    return bad
+
+
+def _shrink_decision_violations(w: int, proc: str, rec: Mapping[str, Any], presenter: Mapping, present_f: Mapping,
+                                at_check: Mapping) -> list[str]:
     """A shrink decision is complete: present = leaving + renumbered, new numbers 0..W'-1 in the
     old order, every renumbered position posted PRESENT at the decision's frontier."""
     where = f"world {w} (decided by {proc})"
@@ -429,10 +469,7 @@ def _shrink_decision_violations(w: int, proc: str, rec: Mapping[str, Any], prese
     for p in sorted(renumber):
         if not presenter.get((w, p)):
             bad.append(f"[DecisionComplete] {where}: renumbered position {p} has no PRESENT record")
-        if any(f != rec.get("frontier") for f in present_f.get((w, p), [])):
-            bad.append(f"[NoSplitFrontier] {where}: position {p} reported another frontier than the decision's "
-                       f"F={rec.get('frontier')}")
-    return bad
+    return bad + _frontier_violations(w, where, rec, sorted(renumber), present_f, at_check)
 
 
 def _own_position(recs: Sequence[Mapping[str, Any]], world: int) -> int | None:

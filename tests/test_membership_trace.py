@@ -201,6 +201,49 @@ def test_a_decision_over_split_frontiers_is_refused():
     assert _rules(bad) == {"NoSplitFrontier"}, bad
 
 
+def _rolled_run() -> dict[str, list[dict]]:
+    """Position 1 was lost inside the boundary check of update 6: ranks 0 and 2 committed it
+    (PRESENT at F=6), rank 3's check failed after its contribution left (PRESENT at F=5,
+    at_check); the decision rolls rank 3 forward and the new world starts at F=6."""
+    run = _run()
+    for recs in run.values():
+        for rec in recs:
+            if rec["event"] == "decided":
+                rec.update(frontier=6, rolled=[3])
+            if rec["event"] == "present":
+                rec["frontier"] = 5 if rec["position"] == 3 else 6
+                rec["at_check"] = rec["position"] == 3
+            if rec["event"] == "train" and rec["world"] == 1:
+                rec["frontier"] = 6
+    r3 = run["rank3.jsonl"]
+    r3.insert(4, {"event": "rolled_forward", "world": 0, "position": 3, "frontier": 6, "kind": "membership",
+                  "rank": 3})
+    _reseq(r3)
+    return run
+
+
+def test_a_roll_forward_keeps_every_rule_and_its_doctored_copies_are_refused():
+    assert check_membership_traces(_rolled_run()) == []
+    # the rolled rank never committed the update before training in the new world
+    run = _rolled_run()
+    run["rank3.jsonl"] = _reseq([r for r in run["rank3.jsonl"] if r["event"] != "rolled_forward"])
+    bad = check_membership_traces(run)
+    assert _rules(bad) == {"NoSplitFrontier"} and "without committing update 6" in bad[0], bad
+    # rolled forward although it never reached the check
+    run = _rolled_run()
+    for rec in run["rank3.jsonl"]:
+        if rec["event"] == "present":
+            rec["at_check"] = False
+    bad = check_membership_traces(run)
+    assert _rules(bad) == {"NoSplitFrontier"} and "without a contribution to the check" in bad[0], bad
+    # a rank the decision does not roll forward commits the update anyway
+    run = _rolled_run()
+    run["rank0.jsonl"].insert(4, {"event": "rolled_forward", "world": 0, "position": 0, "frontier": 6,
+                                  "kind": "membership", "rank": 0})
+    bad = check_membership_traces({**run, "rank0.jsonl": _reseq(run["rank0.jsonl"])})
+    assert _rules(bad) == {"NoSplitFrontier"} and "position 0 rolls forward to F=6" in bad[0], bad
+
+
 @pytest.mark.parametrize("doctor", ["seq", "field"])
 def test_malformed_records_are_refused(doctor):
     run = _run()

@@ -4,6 +4,7 @@ small state's round trip, the spare pool's claims."""
 import copy
 import datetime
 import os
+import time
 
 import pytest
 import torch
@@ -91,8 +92,58 @@ def test_the_replicator_writes_the_newest_state_off_the_training_thread():
     for frontier in range(5):
         rep.offer(copy.copy(snap), frontier)
     rep.flush()
-    assert small_state.newest_frontier(store, 2) == 4 and rep.written >= 1 and not rep.error
-    assert small_state.newest_frontier(store, 3) is None
+    assert 4 in small_state.frontiers_held(store, 2) and rep.written >= 1 and not rep.error
+    assert small_state.frontiers_held(store, 3) == frozenset()
+    rep.stop()
+
+
+def test_two_slots_keep_the_state_of_f_while_that_of_f_plus_1_is_written():
+    """A rank writes its state of F+1 before the check of F+1; if nobody commits F+1, a spare
+    still needs F. A single latest-wins key would hand it F+1's state (and the stream would be
+    one update ahead); a slot of another frontier is refused by name."""
+    store = dist.HashStore()
+    rep = small_state.Replicator(store, 1)
+    rep.offer(BoundarySnapshot.capture(_Cursor(), 4), 4)
+    rep.flush()
+    later = _Cursor()
+    later.i = 5
+    rep.offer(BoundarySnapshot.capture(later, 5), 5)
+    rep.flush()
+    assert small_state.frontiers_held(store, 1) == {4, 5}
+    assert small_state.read(store, 1, 4)["cursor"] == {"i": 0}
+    assert small_state.read(store, 1, 5)["cursor"] == {"i": 5}
+    with pytest.raises(ValueError, match="of F=4, not F=6"):
+        small_state.read(store, 1, 6)
+    with pytest.raises(ValueError, match="no small state of rank 0"):
+        small_state.read(store, 0, 4)
+    rep.stop()
+
+
+def test_the_boundary_captures_the_state_of_the_update_it_commits_and_joins_it_before_the_check():
+    """The replicator as the runtime's first listener: the clean boundary of update 5 captures
+    the state of 5 and `before_check` returns only once the store has it; the step entry of update
+    6 writes nothing more (the state of 5 is there already), unless this position never wrote it."""
+    from accelpact.fsm.phases import FailurePhase
+
+    class _SlowStore(dist.HashStore):
+        def set(self, key, value):
+            time.sleep(0.05)
+            super().set(key, value)
+
+    store = _SlowStore()
+    cursor = _Cursor()
+    cursor.i = 5
+    rep = small_state.Replicator(store, 3, capture=lambda: BoundarySnapshot.capture(cursor, 5))
+    rep.on_phase(5, FailurePhase.COMMITTED)
+    assert rep.captures == 1 and rep.pending()
+    rep.before_check(5)
+    assert not rep.pending() and small_state.read(store, 3, 5)["cursor"] == {"i": 5}
+    rep.offer_at_step_entry(BoundarySnapshot.capture(cursor, 5), 5)
+    assert not rep.pending() and rep.written == 1
+    rep.position = 1  # a shrink renumbered this rank: its new position has no state of 5 from it
+    rep.offer_at_step_entry(BoundarySnapshot.capture(cursor, 5), 5)
+    rep.on_phase(6, FailurePhase.FORWARD)
+    assert rep.written == 2 and small_state.read(store, 1, 5)["cursor"] == {"i": 5}
     rep.stop()
 
 
@@ -197,7 +248,7 @@ def test_the_decision_counts_a_silence_from_when_the_watch_saw_it_begin():
                                                   replicas=replicas))
     seen = {3: (b"41", time.monotonic() - 2.0)}  # silent for 2 s already, at a 0.8 s heartbeat
     t = time.monotonic()
-    decision = register.await_decision(store, 0, 4, grace_s=30.0, heartbeat_s=0.8, small_state_at=lambda p: 5,
+    decision = register.await_decision(store, 0, 4, grace_s=30.0, heartbeat_s=0.8, small_state_at=lambda p: {5},
                                        seen=seen)
     assert decision.replace and decision.lost == (3,)
     assert time.monotonic() - t < 0.5  # without `seen`: 2.5 * 0.8 = 2 s
@@ -220,7 +271,7 @@ def test_the_exit_barrier_counts_a_lost_node_once_and_a_fenced_process_not_at_al
     for position, replicas in ((0, (0, 2)), (1, (1, 3))):
         register.post_presence(store, 0, Presence(position=position, frontier=5, generation=0, rerun_ok=True,
                                                   replicas=replicas))
-    decision = register._decide(store, 0, 4, [0, 1], lambda position: 5)
+    decision = register._decide(store, 0, 4, [0, 1], lambda position: {5})
     assert decision.replace and decision.assign == {2: 4, 3: 5}
     assert pool.agents_lost(store) == 1  # two ranks, one node
     store.append(keys.fenced_holders(), "3,")  # had rank 3 only been cut off, its sibling still died

@@ -80,7 +80,7 @@ def _presence(position: int, *, frontier: int = 5, copies=(), faults=()) -> Pres
 def _decide(reports, spares=(4,)):
     lost = [p for p in range(4) if p not in {r.position for r in reports}]
     return decide_membership(world=0, world_size=4, reports=reports, free_spares=spares,
-                             small_state_at={p: 5 for p in lost})
+                             small_state_at={p: {5} for p in lost})
 
 
 def test_a_fully_sharded_loss_is_replaced_from_the_neighbour_copy_at_the_agreed_frontier():

@@ -85,6 +85,34 @@ def test_a_kill_or_stall_can_be_planned_inside_a_recovery_and_strikes_at_that_st
     assert struck == ["kill@5:agree:2"]
 
 
+def test_a_kill_or_miss_at_the_boundary_check_strikes_after_the_check_before_the_commit(monkeypatch):
+    """`kill@U:check:R` dies with update U finished and its contribution out; `miss@U:check:R` makes
+    the check fail on R although it completed (what a rank sees when a peer dies mid-all-reduce)."""
+    from accelpact.errors import ControlPlaneError
+    from accelpact.faults import injector as injector_module
+    from accelpact.faults.plan import FaultPlan
+    from accelpact.runtime.listeners import checked
+
+    plan = FaultPlan.parse("kill@3:check:1,miss@3:check:2")
+    for bad, why in (("skip@3:check:1", "only kill or miss can strike at the boundary's 'check'"),
+                     ("miss@3:forward:1", "a miss strikes at the boundary check only"),
+                     ("kill@3:elsewhere:1", "or the boundary's: check")):
+        with pytest.raises(ConfigError, match=why):
+            FaultPlan.parse(bad)
+    killed = []
+    monkeypatch.setattr(injector_module, "kill_self", lambda: killed.append(True))
+    calls = []
+    killer = FaultInjector(plan, rank=1, data_timeout_s=0.01)
+    assert checked([killer], 2, lambda: calls.append(2) or 0) == 0 and not killed
+    with pytest.raises(ControlPlaneError):  # kill_self returns here only because it is patched
+        checked([killer], 3, lambda: calls.append(3) or 0)
+    assert killed == [True] and calls == [2, 3]  # the check ran first: the contribution is out
+    misser = FaultInjector(plan, rank=2, data_timeout_s=0.01)
+    with pytest.raises(ControlPlaneError, match="injected miss@3:check:2: the boundary check of update 3 failed"):
+        checked([misser], 3, lambda: 0)
+    assert checked([misser], 3, lambda: 0) == 0  # once
+
+
 def test_the_recovery_driver_tells_the_executor_each_step_it_enters():
     from accelpact.runtime.executor import RecoveryExecutor
 

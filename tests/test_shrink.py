@@ -39,7 +39,7 @@ def _hsdp(*positions: int, **kw) -> list[Presence]:
 def _decide(reports, spares=(), world_size=4):
     lost = [p for p in range(world_size) if p not in {r.position for r in reports}]
     return decide_membership(world=3, world_size=world_size, reports=reports, free_spares=list(spares),
-                             small_state_at={p: 5 for p in lost})
+                             small_state_at={p: {5} for p in lost})
 
 
 # -- the decision ------------------------------------------------------------------------------

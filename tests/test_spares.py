@@ -114,3 +114,31 @@ def test_ddp_rank_killed_after_its_step_is_replaced_bitwise_and_an_unneeded_spar
     _replaced(job, 1)
     assert job.codes == [0, -9, 0, 0, 0, 0], _explain(job)
     assert "took over" in job.output[4] and "took over" not in job.output[5], _explain(job)
+
+
+def test_a_rank_lost_inside_the_boundary_check_splits_the_survivors_who_roll_forward_bitwise():
+    """Rank 3 dies right after its boundary check of update 3 completed; on rank 1 the check fails
+    after its contribution left (`miss`: what a rank sees when a peer dies in the middle of the
+    all-reduce), while ranks 0 and 2 commit update 3. The survivors stand at F=2 and F=3: rank 1
+    finished update 3 and contributed to its check, so it commits it in the change, and the
+    spare continues rank 3's stream from its state of 3, written before its contribution left.
+    Before, this split frontier was rejected."""
+    job = run_spare_job(framework="fsdp2", faults="kill@3:check:3,miss@3:check:1", updates=5, spares=1)
+    (replace,) = _replaced(job, 3)
+    assert replace["frontier"] == 3 and replace["replacement"]["rolled"] == [1], replace
+    assert job.codes == [0, 0, 0, -9, 0], _explain(job)
+    assert "rank 1 commits update 3 in the membership change" in job.output[1], _explain(job)
+    _traces_keep_the_membership_rules(job)
+    rolled = [rec for recs in load_membership_traces(job.trace_dir).values() for rec in recs
+              if rec["event"] == "rolled_forward"]
+    assert [(rec["position"], rec["frontier"]) for rec in rolled] == [(1, 3)], rolled
+
+
+def test_a_rank_lost_after_its_check_before_it_commits_is_replaced_with_its_state_of_that_update():
+    """Every survivor committed update 3; rank 2 died before it did. Its state of 3 reached the
+    store before its contribution left the check, so the spare continues from F=3 (before, the
+    state of 3 was written only when update 4 began, and this loss was rejected)."""
+    job = run_spare_job(framework="ddp", faults="kill@3:check:2", updates=5, spares=1)
+    (replace,) = _replaced(job, 2)
+    assert replace["frontier"] == 3 and replace["replacement"]["rolled"] == [], replace
+    assert job.codes == [0, 0, -9, 0, 0], _explain(job)

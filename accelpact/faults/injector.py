@@ -14,7 +14,7 @@ import logging
 import os
 import time
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ControlPlaneError
 from ..fsm.phases import FailurePhase
 from .inject import LATE_MARGIN_S, kill_self, perform
 from .plan import Fault, FaultKind, FaultPlan
@@ -97,6 +97,19 @@ class FaultInjector:
         fault = self._take(update, step)
         if fault is not None:
             perform(fault, data_timeout_s=self.data_timeout_s)
+
+    def after_check(self, update: int, flag: int) -> None:
+        """The boundary check of `update` completed on this rank: a kill planned at `check` strikes
+        before it commits; a miss makes the check fail here although it completed (its peers
+        commit, this rank joins the recovery as one whose all-reduce broke mid-exchange)."""
+        fault = self._take(update, "check")
+        if fault is None:
+            return
+        log.info("injecting %s", fault, extra={"fault": str(fault)})
+        if fault.kind is FaultKind.KILL:
+            kill_self()
+        raise ControlPlaneError(f"injected {fault}: the boundary check of update {update} failed on this rank after "
+                                "its contribution left")
 
     def probe_order(self, labels: list[str]) -> list[str]:
         """The group a boundary fault targets goes last, so a late rank does not stall the others.

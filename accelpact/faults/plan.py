@@ -22,12 +22,22 @@ class FaultKind(StrEnum):
     #: the rank freezes, alive (heartbeating), for STALL_FACTOR x the data timeout: cut off from
     #: its peers long enough to be declared lost; when it wakes it must learn that it was replaced
     STALL = "stall"
+    #: the rank's boundary check fails after its contribution left (`miss@5:check:1`): its peers
+    #: may complete the check and commit, this rank never learns it. What a rank sees when a peer
+    #: dies in the middle of the all-reduce; with a `kill@5:check:R` it splits the survivors
+    #: across two frontiers (the roll forward's drill)
+    MISS = "miss"
 
 
 #: Steps of a recovery a `kill` or `stall` can strike in (`kill@5:agree:2`: rank 2 dies when the
 #: recovery that update 5's failure started reaches agreement): the effect phases of
 #: `accelpact.fsm.effects`, in protocol order.
 RECOVERY_STEPS = ("guard", "agree", "restore", "replace", "rebind", "validate", "release")
+
+#: Points of the boundary a `kill` or `miss` can strike at. `check`: right after the rank's
+#: boundary check completed, before it commits (`kill@5:check:3`: its contribution reached every
+#: peer, it dies with update 5 finished but not committed), or failed (`miss`).
+BOUNDARY_STEPS = ("check",)
 
 
 @dataclass(frozen=True, order=True)
@@ -105,6 +115,12 @@ def _parse_one(item: str) -> Fault:
     if update < 1:
         raise ConfigError(f"fault {item!r}: update must be >= 1 (updates are counted from 1)")
     step = phase_text.strip().lower()
+    if step in BOUNDARY_STEPS:
+        if kind not in (FaultKind.KILL, FaultKind.MISS):
+            raise ConfigError(f"fault {item!r}: only kill or miss can strike at the boundary's {step!r}")
+        return Fault(update, step, rank, kind)
+    if kind is FaultKind.MISS:
+        raise ConfigError(f"fault {item!r}: a miss strikes at the boundary check only (miss@U:check:R)")
     if step in RECOVERY_STEPS:
         if kind not in (FaultKind.KILL, FaultKind.STALL):
             raise ConfigError(f"fault {item!r}: only kill or stall can strike inside a recovery (step {step!r})")
@@ -112,5 +128,6 @@ def _parse_one(item: str) -> Fault:
     try:
         phase = FailurePhase.parse(phase_text)
     except ValueError as exc:
-        raise ConfigError(f"fault {item!r}: {exc}; or a recovery step: {', '.join(RECOVERY_STEPS)}") from None
+        raise ConfigError(f"fault {item!r}: {exc}; or a recovery step: {', '.join(RECOVERY_STEPS)}; or the "
+                          f"boundary's: {', '.join(BOUNDARY_STEPS)}") from None
     return Fault(update, phase, rank, kind)

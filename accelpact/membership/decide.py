@@ -10,10 +10,13 @@ A lost position can be taken over only when
   sharded job), a survivor holds a complete neighbour copy of it (`neighbour.py`) taken at the
   agreed frontier F whose bytes still verify — a copy of another update, or a partial one, is
   never used;
-- every survivor stands at the same committed frontier F and can re-run update F+1: the lost
-  rank's own small state (RNG, data cursor, schedulers) is replicated at the boundary of F, so the
-  whole new world re-runs F+1 from F (a Replace always rewinds the update in flight);
-- the lost rank's small state of F reached the store before it died;
+- the survivors agree on a frontier F (`agreed_frontier`): they stand at the same one, or a member
+  was lost inside the boundary check of F and the survivors that never learned its outcome
+  finished F and roll forward to it (they commit it in the change);
+- every survivor that stands at F can re-run update F+1: the new world re-runs the update in
+  flight from F (a Replace rewinds it);
+- the lost rank's small state (RNG, data cursor, schedulers) of F reached the store before it
+  died: it is written at each clean boundary before the rank's contribution to the check leaves;
 - every survivor's recovery envelope qualifies Replace for the phase it failed in.
 Where too few spares are free and every survivor runs with `on_loss="shrink"`, the job may go on
 with fewer replicas instead (`shrink.plan_shrink`: the replica groups that are still whole).
@@ -22,7 +25,7 @@ Anything else rejects, with every reason, so the fail-stop evidence says why.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
 from .shrink import plan_shrink
@@ -58,6 +61,9 @@ class Presence:
     on_loss: str = "reject"
     shrink_ok: bool = False
     shrink_reason: str = ""
+    #: this rank finished update F+1 (its body ran, its step is applied) and contributed a clean
+    #: flag to its boundary check, but never learned the check's outcome: its state is that of F+1
+    at_check: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -71,7 +77,8 @@ class Presence:
                    copies=tuple((int(s), int(f)) for s, f in d.get("copies", ())),
                    copy_faults=tuple(str(x) for x in d.get("copy_faults", ())),
                    shard_group=tuple(int(r) for r in d.get("shard_group", ())), on_loss=str(d.get("on_loss", "reject")),
-                   shrink_ok=bool(d.get("shrink_ok", False)), shrink_reason=str(d.get("shrink_reason", "")))
+                   shrink_ok=bool(d.get("shrink_ok", False)), shrink_reason=str(d.get("shrink_reason", "")),
+                   at_check=bool(d.get("at_check", False)))
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,9 @@ class MembershipDecision:
     #: a shrink: replica groups (whole copies of the model) before and after
     replicas_before: int = 0
     replicas_after: int = 0
+    #: present positions one update behind `frontier` that commit it in the change (a member was
+    #: lost inside its boundary check, whose outcome they never learned)
+    rolled: tuple[int, ...] = ()
 
     @property
     def replace(self) -> bool:
@@ -137,16 +147,42 @@ class MembershipDecision:
                    frontier=int(d["frontier"]), generation=int(d["generation"]), reasons=tuple(d["reasons"]),
                    recoveries=int(d.get("recoveries", 0)), leaving=tuple(d.get("leaving", ())),
                    renumber={int(k): int(v) for k, v in d.get("renumber", {}).items()},
-                   replicas_before=int(d.get("replicas_before", 0)), replicas_after=int(d.get("replicas_after", 0)))
+                   replicas_before=int(d.get("replicas_before", 0)), replicas_after=int(d.get("replicas_after", 0)),
+                   rolled=tuple(int(p) for p in d.get("rolled", ())))
+
+
+def agreed_frontier(reports: Sequence[Presence]) -> tuple[int, tuple[int, ...], list[str]]:
+    """The frontier F the new world starts from, the present positions that roll forward to it,
+    and why no frontier can be agreed (then the first one, for the record).
+
+    Equal frontiers are agreed as they are. Two consecutive ones, F-1 and F, come from a member
+    lost inside the boundary check of update F: the all-reduce completed on some survivors (they
+    committed F) and failed on others. A survivor at F-1 that reports `at_check` finished F and
+    contributed a clean flag; its state is F's. The peers could commit only once every rank's
+    contribution had arrived, and each rank writes its small state of F before its contribution
+    leaves: so the lost rank's state of F is in the store too (`decide_membership` checks it). A
+    survivor at F-1 without `at_check` cannot be told apart from one that did not finish F."""
+    frontiers = sorted({r.frontier for r in reports})
+    if len(frontiers) <= 1:
+        return (frontiers[0] if frontiers else 0), (), []
+    behind = [r.position for r in reports if r.frontier == frontiers[0]]
+    if len(frontiers) == 2 and frontiers[1] == frontiers[0] + 1:
+        unfinished = sorted(r.position for r in reports if r.frontier == frontiers[0] and not r.at_check)
+        if not unfinished:
+            return frontiers[1], tuple(sorted(behind)), []
+        return frontiers[0], (), [f"survivors stand at different frontiers {frontiers}, and rank(s) {unfinished} at "
+                                  f"F={frontiers[0]} did not contribute to the boundary check of update {frontiers[1]} "
+                                  "(only a rank that finished it can roll forward)"]
+    return frontiers[0], (), [f"survivors stand at different frontiers {frontiers}"]
 
 
 def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence], free_spares: Sequence[int],
-                      small_state_at: Mapping[int, int | None]) -> MembershipDecision:
+                      small_state_at: Mapping[int, Collection[int]]) -> MembershipDecision:
     """The membership decision of `world` from the survivors' `reports`.
 
     `free_spares`: launch ids of the spares alive and not yet claimed, in the order to use them.
-    `small_state_at`: lost position -> the frontier of its newest replicated small state (None:
-    none reached the store)."""
+    `small_state_at`: lost position -> the frontiers of its small state in the store (its two
+    slots; empty: none arrived)."""
     present = tuple(sorted({r.position for r in reports}))
     lost = tuple(p for p in range(world_size) if p not in present)
     base = {"world": world, "present": present, "lost": lost}
@@ -155,22 +191,19 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
         return MembershipDecision(outcome="reject", reasons=(
             "the control plane failed but every rank is present: no rank was lost (not a membership change)",),
             **base)
-    frontiers = sorted({r.frontier for r in reports})
+    frontier, rolled, reasons = agreed_frontier(reports)
     generations = sorted({r.generation for r in reports})
-    if len(frontiers) > 1:
-        reasons.append(f"survivors stand at different frontiers {frontiers}")
     if len(generations) > 1:
         reasons.append(f"survivors stand at different generations {generations}")
     for r in reports:
-        if not r.rerun_ok:
+        if not r.rerun_ok and r.position not in rolled:  # a rank rolled forward re-runs nothing
             reasons.append(f"rank {r.position} cannot re-run the update in flight: {r.rerun_reason or 'unknown'}")
         if not r.replace_ok:
             reasons.append(f"rank {r.position} cannot take part in a Replace: {r.replace_reason or 'unknown'}")
-    frontier = frontiers[0] if frontiers else 0
     if len(free_spares) < len(lost) and reports and all(r.on_loss == "shrink" for r in reports):
         plan = plan_shrink(world_size=world_size, lost=lost, reports=reports)
         if plan.ok and not reasons:
-            return MembershipDecision(outcome="shrink", frontier=frontier, generation=generations[0] + 1,
+            return MembershipDecision(outcome="shrink", frontier=frontier, rolled=rolled, generation=generations[0] + 1,
                                       recoveries=max(r.recoveries for r in reports), leaving=plan.leaving,
                                       renumber=plan.renumber, replicas_before=plan.replicas_before,
                                       replicas_after=plan.replicas_after, **base)
@@ -191,14 +224,14 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
             reasons.append(_no_holder(p, frontier, reports))
             continue
         source[p] = holders[p][i % len(holders[p])]
-        at = small_state_at.get(p)
-        if at != frontier:
+        held = sorted(small_state_at.get(p, ()))
+        if frontier not in held:
             reasons.append(f"the small state (RNG, data cursor) of lost rank {p} was not replicated at F={frontier}"
-                           f" (newest: {'none' if at is None else f'F={at}'})")
+                           f" (held: {', '.join(f'F={f}' for f in held) or 'none'})")
     if reasons:
         return MembershipDecision(outcome="reject", frontier=frontier, reasons=tuple(reasons), **base)
     return MembershipDecision(outcome="replace", assign=assign, source=source, holders=holders, via=via,
-                              frontier=frontier, generation=generations[0] + 1,
+                              frontier=frontier, rolled=rolled, generation=generations[0] + 1,
                               recoveries=max(r.recoveries for r in reports), **base)
 
 

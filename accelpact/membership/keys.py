@@ -84,8 +84,11 @@ def release(world: int) -> str:
     return f"membership/world{world}/release"
 
 
-def small_state(position: int) -> str:
-    return f"membership/small/{position}"
+def small_state(position: int, frontier: int) -> str:
+    """One of `position`'s two small-state slots: the one of `frontier`'s parity. Two, because a
+    rank writes its state of F+1 before the boundary check of F+1 while its peers may still need
+    that of F (nobody committed F+1)."""
+    return f"membership/small/{position}/{frontier % 2}"
 
 
 def neighbour_address(position: int) -> str:

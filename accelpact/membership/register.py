@@ -110,7 +110,7 @@ def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: f
                    small_state_at, seen: BeatsSeen | None = None) -> MembershipDecision:
     """Wait for every position (present or gone) or the grace period, then decide — unless a
     peer decided first, whose value is then this rank's too. `small_state_at(position)` reads the
-    newest replicated small state's frontier. `seen`: this process's earlier look at the
+    frontiers of its small state in the store. `seen`: this process's earlier look at the
     heartbeats in this world (`a_member_went_silent`), so that a silence it already watched for
     2.5 beats is not watched for 2.5 more (measured: the decision came 1.26 s after the last
     survivor's presence, as long as the watch itself)."""

@@ -2,25 +2,34 @@
 scalers, the optimizer's hyperparameters — replicated off it at every boundary, so that a spare
 taking over a lost position continues the lost rank's exact stream.
 
-Why at the boundary snapshot: `rt.step` captures exactly this at F before update F+1 starts, and
-a Replace always re-runs F+1 from F. The write goes to the job store from a background thread
-(latest value wins; a value still queued when the next one arrives is dropped), so training never
-waits for it; `decide` refuses a Replace whose lost rank's state of F never arrived.
+When: at the clean boundary of update F+1, *before* the rank's contribution to the boundary
+check leaves. Its state then is exactly the state of F+1 (the body ran, the step is applied), and
+a peer can commit F+1 only once every rank's contribution reached it. So if any survivor
+committed F+1, the state of F+1 of every rank — the one that died inside the check included —
+is in the store, and the survivors that did not learn the check's outcome can roll forward to
+F+1 with it (`decide`). The write runs on a background thread from the moment the boundary
+starts (its health probes overlap it) and is joined right before the check (`before_check`):
+what it costs the update is measured by `bench/rankloss.py`.
 
-The write of F is started when update F+1 begins and joined when its forward begins (the
-replicator is an update listener, ahead of every other): it overlaps the user's data loading,
-and no rank enters a collective of F+1 — where a peer could see it lost — before its state of F
-is in the store. A rank lost before its first forward hook (its data loader, say) leaves F-1
-behind, and that loss is rejected with this reason."""
+Where: two slots per position, by frontier parity (`keys.small_state`), each value headed by its
+frontier. A rank writes F+1 before the check of F+1 while a Replace that nobody committed F+1
+in still needs F. A spare reads the slot of the agreed frontier and refuses another frontier.
+
+A rank that starts an update without its state of F in the store under its current position
+(its first update, or after a shrink renumbered it) offers the step-entry snapshot, joined before
+the update's first forward: no rank enters a collective of F+1, where a peer could see it lost,
+before its state of F is in the store."""
 
 from __future__ import annotations
 
+import collections
 import copy
 import logging
 import pickle
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,12 +63,27 @@ def frontier_of(raw: bytes) -> int:
     return int.from_bytes(raw[:_HEADER], "little", signed=True)
 
 
-def newest_frontier(store: dist.Store, position: int) -> int | None:
-    """The frontier of `position`'s newest replicated small state, None if none arrived."""
-    key = keys.small_state(position)
+def frontiers_held(store: dist.Store, position: int) -> frozenset[int]:
+    """The frontiers of `position`'s small state in the store (its two slots; empty: none arrived)."""
+    held = set()
+    for slot in (0, 1):
+        key = keys.small_state(position, slot)
+        if store.check([key]):
+            held.add(frontier_of(store.get(key)))
+    return frozenset(held)
+
+
+def read(store: dist.Store, position: int, frontier: int) -> dict[str, Any]:
+    """`position`'s small state of `frontier` (a spare about to continue its stream); ValueError
+    when the slot holds another frontier or nothing."""
+    key = keys.small_state(position, frontier)
     if not store.check([key]):
-        return None
-    return frontier_of(store.get(key))
+        raise ValueError(f"no small state of rank {position} in the store")
+    raw = store.get(key)
+    if frontier_of(raw) != frontier:
+        raise ValueError(f"the small state of rank {position} in the store is of F={frontier_of(raw)}, not "
+                         f"F={frontier}")
+    return decode(raw)
 
 
 def apply(state: dict[str, Any], *, data_state: Any, stateful: tuple[Any, ...],
@@ -82,39 +106,55 @@ def apply(state: dict[str, Any], *, data_state: Any, stateful: tuple[Any, ...],
 
 
 class Replicator:
-    """Writes this rank's small state to the store off the training thread."""
+    """Writes this rank's small state to the store off the training thread. An update listener,
+    ahead of every other: it captures the state of F+1 when the clean boundary of update F+1
+    starts (`capture`), and the boundary joins the write right before its check (`before_check`)."""
 
-    def __init__(self, store: dist.Store, position: int):
+    def __init__(self, store: dist.Store, position: int, capture: Callable[[], Any] | None = None):
         self.store, self.position = store, position
-        self._queue: queue.Queue[tuple[int, Any] | None] = queue.Queue(maxsize=1)
+        #: the state at the clean boundary, its `.frontier` the update that boundary commits
+        self.capture = capture
+        self._queue: queue.Queue[tuple[int, int, Any] | None] = queue.Queue(maxsize=1)
         self._done = threading.Condition()
-        self.newest = None  # frontier of the newest value in the store
-        self.offered = None  # frontier of the newest value offered
+        self.newest: tuple[int, int] | None = None  # (position, frontier) of the newest value written
+        self.offered: tuple[int, int] | None = None  # (position, frontier) of the newest value offered
+        self._mine: collections.deque[tuple[int, int]] = collections.deque(maxlen=4)  # offered, not failed
         self.join_wait_s = 0.0  # time the training thread waited for a write (the critical-path cost)
         self.joins = 0
+        self.capture_s = 0.0  # time the training thread spent capturing at boundaries
+        self.captures = 0
         self.written = 0
         self.seconds = 0.0  # time spent serialising and writing (off the critical path)
         self.bytes = 0
         self.error = ""
+        self.capture_problem = ""  # why the boundary's state could not be captured
         self._thread = threading.Thread(target=self._run, name="accelpact-small-state", daemon=True)
         self._thread.start()
 
     def offer(self, snapshot: Any, frontier: int) -> None:
         """Replicate `snapshot` (taken at `frontier`); never blocks. The snapshot's copies are its
         own (it is rebuilt at every boundary), so the thread may read them later."""
-        item = (frontier, snapshot)
-        self.offered = frontier
+        item = (self.position, frontier, snapshot)
+        self.offered = (self.position, frontier)
+        self._mine.append(self.offered)
         try:
             self._queue.put_nowait(item)
         except queue.Full:
             try:
-                self._queue.get_nowait()  # drop the older one: only the newest matters
+                self._queue.get_nowait()  # drop the older one: a join comes before every check
             except queue.Empty:
                 pass
             try:
                 self._queue.put_nowait(item)
             except queue.Full:
                 pass
+
+    def offer_at_step_entry(self, snapshot: Any, frontier: int) -> None:
+        """`rt.step`'s snapshot of F, where this process has not written its state of F under its
+        current position yet (its first update, or a shrink renumbered it); the boundary's own
+        capture stands otherwise (the same state, and one store write less per update)."""
+        if (self.position, frontier) not in self._mine:
+            self.offer(snapshot, frontier)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until the newest offered value is in the store; False on timeout or error."""
@@ -126,12 +166,31 @@ class Replicator:
         self.joins += 1
         return bool(ok) and not self.error
 
-    # -- UpdateListener: join the write before the update's first forward ----------------------
+    def pending(self) -> bool:
+        return self.offered is not None and self.newest != self.offered
+
+    # -- UpdateListener -------------------------------------------------------------------------
     def on_phase(self, update: int, phase: Any) -> None:
-        if str(phase) == "forward" and self.offered is not None and self.newest != self.offered:
-            if not self.flush():
-                log.warning("small state of F=%s not replicated before the forward: %s", self.offered,
-                            self.error or "timed out", extra={"position": self.position})
+        """At the clean boundary: capture the state of the update it commits. Before the first
+        forward: join a write offered at step entry."""
+        if str(phase) == "committed" and self.capture is not None:
+            t = time.perf_counter()
+            try:
+                snapshot = self.capture()
+            except TypeError as exc:  # a data_state without state_dict: no Replace (the decision says why)
+                self.capture_problem = str(exc)
+                return
+            self.capture_s += time.perf_counter() - t
+            self.captures += 1
+            self.offer(snapshot, snapshot.frontier)
+        elif str(phase) == "forward" and self.pending():
+            self._join("the forward")
+
+    def before_check(self, update: int) -> None:
+        """Right before this rank's contribution to the boundary check leaves: once a peer can
+        commit update `update`, this rank's state of it is in the store."""
+        if self.pending():
+            self._join("the boundary check")
 
     def probe_order(self, labels: list[str]) -> list[str]:
         return labels
@@ -145,25 +204,33 @@ class Replicator:
         except queue.Full:
             pass
 
+    def _join(self, before: str) -> None:
+        if not self.flush():
+            log.warning("small state of F=%s not replicated before %s: %s", self.offered[1] if self.offered else None,
+                        before, self.error or "timed out", extra={"position": self.position})
+
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            frontier, snapshot = item
+            position, frontier, snapshot = item
             t = time.perf_counter()
             try:
                 raw = encode(snapshot, frontier)
-                self.store.set(keys.small_state(self.position), raw)
+                self.store.set(keys.small_state(position, frontier), raw)
+                self.store.check([keys.small_state(position, frontier)])  # a reply: the store has it
             except Exception as exc:  # the decision refuses a Replace without it; keep the cause
                 with self._done:
                     self.error = f"{type(exc).__name__}: {exc}"
+                    if (position, frontier) in self._mine:
+                        self._mine.remove((position, frontier))
                     self._done.notify_all()
-                log.warning("small-state replication failed: %s", self.error, extra={"position": self.position})
+                log.warning("small-state replication failed: %s", self.error, extra={"position": position})
                 continue
             self.written += 1
             self.bytes = len(raw)
             self.seconds += time.perf_counter() - t
             with self._done:
-                self.newest, self.error = frontier, ""
+                self.newest, self.error = (position, frontier), ""
                 self._done.notify_all()

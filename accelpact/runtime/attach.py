@@ -164,6 +164,7 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     from ..membership.small_state import Replicator
     from . import neighbours
     from .member_change import changing
+    from .snapshot import BoundarySnapshot
 
     m = membership()
     if m is None:
@@ -181,7 +182,8 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     plane.cut_short = control.cut_short = lambda: changing(rt)  # a peer left for a membership change
     rt.recipe = world.record(control.group, timeout_of)
     rt.heartbeat = Heartbeat(m.store, rt.rank, config.heartbeat_s, world_of=lambda: m.world)
-    rt.replicator = Replicator(m.store, rt.rank)
+    rt.replicator = Replicator(m.store, rt.rank, capture=lambda: BoundarySnapshot.capture(
+        rt.data_state, rt.frontier + 1, optimizer=rt.optimizer, stateful=rt.rewind.stateful))
     rt.listeners.insert(0, rt.replicator)  # joins its write before any other listener sees the forward
     neighbours.start(rt, m, plane, config)
 

@@ -27,6 +27,7 @@ from ..errors import AccelPactError, ControlPlaneError
 from ..fsm.deferral import DeferralFacts, why_synchronous
 from ..fsm.effects import Quiesce
 from ..fsm.phases import FailurePhase
+from .listeners import tell_before_check
 
 log = logging.getLogger("accelpact.runtime")
 
@@ -69,6 +70,7 @@ def defer(rt, arrived: float) -> bool:
                           digest_due=digests is not None and digests.due(rt.frontier + 1))
     if why_synchronous(facts) is not None:
         return False
+    tell_before_check(rt.listeners, rt.update_index)
     try:
         work = rt.stragglers.post(0, arrived)
     except ControlPlaneError as exc:

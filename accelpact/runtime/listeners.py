@@ -14,6 +14,7 @@ turn a recovered failure into a lost job."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from ..fsm.phases import FailurePhase
@@ -27,7 +28,9 @@ log = logging.getLogger("accelpact.runtime")
 @runtime_checkable
 class UpdateListener(Protocol):
     """Hears where an update stands. Optional, looked up by name: `on_recovery_step(update, step)`,
-    called as a recovery enters each step (guard, agree, ...; `RecoveryExecutor.before_effect`)."""
+    called as a recovery enters each step (guard, agree, ...; `RecoveryExecutor.before_effect`);
+    `before_check(update)` and `after_check(update, flag)`, called around the boundary's
+    control-plane check (`checked`)."""
 
     def on_phase(self, update: int, phase: FailurePhase) -> None:
         """Update `update` (1-based) entered `phase`; COMMITTED: its boundary check begins."""
@@ -37,6 +40,28 @@ class UpdateListener(Protocol):
 
     def before_probe(self, label: str) -> bool:
         """Called right before probing group `label`; False holds the probe back."""
+
+
+def checked(listeners: Sequence[object], update: int, check: Callable[[], int]) -> int:
+    """The boundary's control-plane check, `check()`, with every listener told right before this
+    rank's contribution leaves (the small-state replicator joins its write there: a peer may
+    commit `update` as soon as every contribution reached it) and right after its flag is known,
+    before anything is committed. A ControlPlaneError of either is the check's own failure."""
+    tell_before_check(listeners, update)
+    flag = check()
+    for listener in listeners:
+        hook = getattr(listener, "after_check", None)
+        if hook is not None:
+            hook(update, flag)
+    return flag
+
+
+def tell_before_check(listeners: Sequence[object], update: int) -> None:
+    """`before_check` of every listener that has one (a deferred boundary posts its check after it)."""
+    for listener in listeners:
+        hook = getattr(listener, "before_check", None)
+        if hook is not None:
+            hook(update)
 
 
 @runtime_checkable

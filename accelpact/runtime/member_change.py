@@ -86,8 +86,9 @@ class PhaseClock:
         self.t = now
 
 
-def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
-    """This survivor's report, and whether it holds an applied step it must put back."""
+def presence_of(rt: Runtime, phase: FailurePhase, at_check: bool = False) -> tuple[Presence, bool]:
+    """This survivor's report, and whether it holds an applied step it must put back.
+    `at_check`: its update ended clean and its boundary check failed after its contribution left."""
     rt.opt_step = applied_steps(rt.opt_step, rt.frontier, phase)
     facts = rt.rewind.facts(frontier=rt.frontier, update=rt.update_index, phase=phase,
                             has_data_cursor=rt.data_state is not None)
@@ -110,7 +111,8 @@ def presence_of(rt: Runtime, phase: FailurePhase) -> tuple[Presence, bool]:
                     rerun_reason=why, replicas=tuple(replicas), replace_ok=qualified,
                     replace_reason=unqualified, recoveries=rt._recoveries, copies=copies,
                     copy_faults=copy_faults, shard_group=tuple(shard.ranks) if shard is not None else (),
-                    on_loss=rt.config.on_loss, shrink_ok=not no_shrink, shrink_reason=no_shrink), undo
+                    on_loss=rt.config.on_loss, shrink_ok=not no_shrink, shrink_reason=no_shrink,
+                    at_check=at_check and phase is FailurePhase.COMMITTED and rt.update_index == rt.frontier + 1), undo
 
 
 def presence_grace_s(control_timeout_s: float, data_timeout_s: float) -> float:
@@ -126,26 +128,26 @@ def presence_grace_s(control_timeout_s: float, data_timeout_s: float) -> float:
     return control_timeout_s + 2 * data_timeout_s + 1.0
 
 
-def survive(rt: Runtime, m: Membership, phase: FailurePhase) -> MemberChange:
+def survive(rt: Runtime, m: Membership, phase: FailurePhase, at_check: bool = False) -> MemberChange:
     """A member was lost (the control plane failed at the boundary): agree on who, and either
     rebuild the world around the spares or return the reject. RankFenced if this rank itself was
-    declared lost (it was cut off, not dead)."""
+    declared lost (it was cut off, not dead). `at_check`: as `presence_of`."""
     timings: dict[str, float] = {}
     clock = PhaseClock(timings)
     failed_world = m.world
     neighbours.hold_still(rt)  # the restore below may write what the sender still reads
-    presence, undo = presence_of(rt, phase)
+    presence, undo = presence_of(rt, phase, at_check)
     rt.trace.write({"kind": "observe", "seq": rt.control.seq, "update": rt.update_index, "phase_failed": str(phase),
                     "saw": True, "cause": "a member is missing", "failed_groups": []})
     trace_event(rt, "present", world=failed_world, position=rt.rank, frontier=rt.frontier, applied=undo,
-                rerun_ok=presence.rerun_ok, copies=[list(c) for c in presence.copies])
+                rerun_ok=presence.rerun_ok, copies=[list(c) for c in presence.copies], at_check=presence.at_check)
     register.post_presence(m.store, failed_world, presence)
     _leave_world(rt, failed_world)
     decision = register.await_decision(
         m.store, failed_world, m.world_size, grace_s=presence_grace_s(rt.config.control_timeout_s,
                                                                       rt.data_plane.timeout_s),
         heartbeat_s=rt.heartbeat.interval_s,
-        small_state_at=lambda p: small_state.newest_frontier(m.store, p), seen=m.silence)
+        small_state_at=lambda p: small_state.frontiers_held(m.store, p), seen=m.silence)
     m.silence = None  # evidence of this world only
     clock.lap("agree")
     change = MemberChange(world=failed_world, decision=decision, timings_s=timings)
@@ -200,13 +202,35 @@ def _leave_world(rt: Runtime, failed_world: int) -> None:
 
 
 def restore_frontier(rt: Runtime, change: MemberChange, undo: bool, clock: PhaseClock) -> None:
-    """Back to the agreed frontier F (the update in flight is re-run by the new world); a failed
-    restore is this rank's vote against."""
+    """Back to the agreed frontier F (the update in flight is re-run by the new world), or on to
+    it (`roll_forward`); a failed restore is this rank's vote against."""
+    if rt.rank in change.decision.rolled:
+        roll_forward(rt, change)
+        clock.lap("restore")
+        return
     restored, _ = restore_boundary(rt.model, rt.optimizer, rt.data_state, rt.rewind,
                                    RestoreBoundary(frontier=change.decision.frontier, undo_step=undo))
     change.reasons += [] if restored.ok else [f"rank {rt.rank}: {restored.reason}"]
     rt.opt_step = change.decision.frontier
     clock.lap("restore")
+
+
+def roll_forward(rt: Runtime, change: MemberChange) -> None:
+    """Commit update F here: this rank finished it and contributed to its boundary check, a member
+    was lost inside the check, and peers committed it (`decide.agreed_frontier`). Its state is
+    F's (the body ran, the step is applied), so nothing is restored; what a commit runs after it
+    (replica digests, a checkpoint) is not: both need the retired world, and they reject on the
+    peers that ran them with the dead member."""
+    d = change.decision
+    if rt.frontier + 1 != d.frontier:  # the decision named this rank: it reported F-1 with at_check
+        change.reasons.append(f"rank {rt.rank} was to roll forward to F={d.frontier} from F={rt.frontier}")
+        return
+    rt.frontier = rt.opt_step = d.frontier
+    rt.machine.fire("commit_update")
+    rt.observers.commit(rt.frontier, rt.generation)
+    trace_event(rt, "rolled_forward", world=change.world, position=rt.rank, frontier=d.frontier)
+    log.warning("rank %d commits update %d in the membership change: a member was lost inside its boundary check",
+                rt.rank, d.frontier)
 
 
 def _rebind_groups(rt: Runtime, old_groups: dict, built: dict, change: MemberChange) -> None:
@@ -286,10 +310,10 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     trace_event(rt, "transfer_verified", world=m.world, position=lost, digest=got.digest, ok=True,
                 bytes=got.nbytes, holders=got.holders_agreeing)
     clock.lap("transfer")
-    state = small_state.decode(m.store.get(small_state.keys.small_state(lost)))
-    if state["frontier"] != decision.frontier:
-        raise ControlPlaneError(f"the small state of rank {lost} is of F={state['frontier']}, the decision's "
-                                f"F={decision.frontier}")
+    try:
+        state = small_state.read(m.store, lost, decision.frontier)
+    except ValueError as exc:  # the decision saw it in the store: only a later write can have replaced it
+        raise ControlPlaneError(f"spare {activation.spare} cannot continue rank {lost}'s stream: {exc}") from exc
     small_state.apply(state, data_state=rt.data_state, stateful=rt.rewind.stateful, optimizer=rt.optimizer)
     rt.frontier = rt.opt_step = rt.update_index = decision.frontier
     clock.lap("small_state")
@@ -347,7 +371,7 @@ def describe(change: MemberChange, rank: int) -> dict[str, Any]:
     d = change.decision
     return {"lost": list(d.lost), "spares": {str(k): v for k, v in d.assign.items()},
             "sources": {str(k): v for k, v in d.source.items()}, "via": {str(k): v for k, v in d.via.items()},
-            "world": change.world + 1,
+            "world": change.world + 1, "rolled": list(d.rolled),
             "transfers": change.transfers, "rank": rank}
 
 
@@ -378,14 +402,16 @@ def member_lost(rt: Runtime, cause: str) -> bool:
                                          stop_early=lambda: changing(rt), seen=m.silence)
 
 
-def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detect_s: float) -> None:
+def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detect_s: float, *,
+                   at_check: bool = False) -> None:
     """The runtime's side of a membership change: run it, record it, and resume (re-running the
-    update in flight) or reject with the agreed reasons."""
+    update in flight, unless this rank committed it in the change) or reject with the agreed
+    reasons. `at_check`: this rank's update was clean and its boundary check is what failed."""
     m = rt.membership
     rt._recoveries += 1
     t0 = time.perf_counter()
     try:
-        change = survive(rt, m, phase)
+        change = survive(rt, m, phase, at_check)
     except RankFenced:  # RankLeft too: this rank's replica group left the job
         raise
     except Exception as exc:  # the cause is the reject's reason; peers reject on the release register
@@ -418,9 +444,9 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
     if not resumed:
         rt._reject(record.reasons or ["the membership change was rejected"], error, record)
     rt.frontier = d.frontier
-    rt.update_index -= 1  # every member re-runs update F+1
-    rt._rewound = True
-    rt.rewind.rewinds += 1
+    rerun = rt.update_index > d.frontier  # every member re-runs update F+1, but one that committed it here
+    rt.update_index, rt._rewound = d.frontier, rerun
+    rt.rewind.rewinds += rerun
     log.warning(record.summary())
 
 

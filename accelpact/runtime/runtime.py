@@ -39,7 +39,7 @@ from .fail_stop import fail_stop
 from .history import RecoveryRecord
 from .hooks import PhaseTracker
 from .late_discovery import discover_late
-from .listeners import Observers, UpdateListener
+from .listeners import Observers, UpdateListener, checked
 from .member_change import member_lost, on_lost_member, record_train, release_spares, stop_workers
 from .recovery import drive, observe
 from .rewind import RewindState
@@ -151,7 +151,7 @@ class Runtime:
         self.rewind.begin_step(self.data_state, self.frontier + (self.deferral.pending is not None), self.model,
                                self.optimizer)  # a boundary in flight is the one this snapshot is of
         if self.replicator is not None and self.rewind.snapshot is not None:  # off the critical path
-            self.replicator.offer(self.rewind.snapshot, self.frontier)
+            self.replicator.offer_at_step_entry(self.rewind.snapshot, self.frontier)
         while True:
             self._rewound = False
             self.rewind.in_step = True
@@ -220,10 +220,11 @@ class Runtime:
         try:
             if self.membership is not None and saw and member_lost(self, cause):
                 raise ControlPlaneError("a member is lost")  # its peers left, or will leave, the control plane
-            flag = self.stragglers.check(1 if saw else 0, t_detect)  # carries this rank's update time
+            flag = checked(self.listeners, self.update_index,  # the check carries this rank's update time
+                           lambda: self.stragglers.check(1 if saw else 0, t_detect))
         except ControlPlaneError as exc:
             if self.membership is not None:  # a member may be lost: a spare can take its place
-                return on_lost_member(self, error or exc, phase, time.perf_counter() - t_detect)
+                return on_lost_member(self, error or exc, phase, time.perf_counter() - t_detect, at_check=not saw)
             self._reject_without_protocol(f"control plane failed at the boundary: {exc}", error or exc)
         if flag == 0:
             self._commit()
@@ -247,8 +248,7 @@ class Runtime:
                           "phase_failed": str(phase), "saw": saw, "cause": cause,
                           "failed_groups": [g.key for g in failed]})
         executor = RecoveryExecutor.for_runtime(self, f"r{self._recoveries}")
-        driven = drive(self.machine, obs, executor)
-        outcome = driven.outcome
+        outcome = (driven := drive(self.machine, obs, executor)).outcome
         record = RecoveryRecord.of(self._recoveries, self.update_index, obs, detect_s, driven, executor)
         self.history.append(record)
         self.trace.write({"kind": "recovery", **record.to_dict()})
