@@ -373,3 +373,45 @@ def test_a_split_step_before_a_deferred_boundary_may_end_killed_by_the_next_upda
     assert not expected_deferred(faults, updates=6, checkpoint_every=3).alternatives  # boundary 3 is synchronous
     assert not expected_deferred((Fault(3, "optimizer", 0, "skip"), Fault(4, "optimizer", 2, "kill")),
                                  updates=6).alternatives  # the step waits for the settle: never reached
+
+
+def test_a_kill_at_the_boundary_check_is_met_in_the_next_forward_or_inside_the_recovery_it_starts():
+    """`kill@U:check:R` (spares campaign): after a clean check the survivors commit U and meet the
+    loss in U+1's forward (R's own faults of U+1 never fire); after a check some fault made dirty,
+    R dies inside the recovery it starts and every survivor rejects; after an earlier kill of R in
+    U it never fires."""
+    from accelpact.testing.campaign import check_kills_as_seen
+
+    clean = expected((Fault(3, "check", 2, "kill"), Fault(4, "backward", 2, "skip"), Fault(4, "forward", 0, "skip")),
+                     spares=2)
+    assert clean.outcome == "replace" and clean.replaced_updates == (4,)
+    assert [str(f) for f in clean.unfired] == ["skip@4:backward:2"]
+    dirty = expected((Fault(3, "check", 2, "kill"), Fault(3, "committed", 0, "skip")), spares=2)
+    assert (dirty.outcome, dirty.reject_update) == ("killed", 3)
+    assert dirty.matches(["reject"], observed="killed") == 0
+    assert dirty.matches(["preserve"], observed="killed") is None
+    first = (Fault(3, "check", 2, "kill"), Fault(3, "forward", 2, "kill"))
+    assert check_kills_as_seen(first)[1] == (Fault(3, "check", 2, "kill"),)
+    assert expected(first, spares=2).replaced_updates == (3,)
+
+
+@settings(max_examples=200, deadline=None)
+@given(fault_schedules(updates=6, check_kills=True))
+def test_check_kills_are_drawn_only_as_kills_before_the_last_update(faults):
+    for f in faults:
+        assert f.phase != "check" or (f.kind == "kill" and f.update < 6)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("schedule,observed,recoveries", [
+    ("kill@3:check:1,skip@4:forward:2", "replace", None),  # the loss is met in update 4's forward
+    ("kill@3:check:1,skip@3:committed:2", "killed", ["reject"]),  # lost inside the Preserve it started
+])
+def test_a_kill_at_the_boundary_check_keeps_the_campaigns_prescription(tmp_path, schedule, observed, recoveries):
+    from accelpact.testing.campaign import run_schedule_with_spares
+
+    res = run_schedule_with_spares(parse_plan(schedule), tmp_path, spares=2)
+    assert res.observed == observed, res
+    if recoveries is not None:
+        assert res.recoveries == recoveries, res

@@ -15,7 +15,8 @@ spec/AccelPact.tla (TLC).
 
 With `--spares S` every schedule runs on 4 active ranks + S hot spares (each a process, the store
 hosted here as torchrun's agent would): a killed rank's position is taken over in memory
-(Replace), and the summary counts it as recovered in memory (`expected_with_spares`). With
+(Replace), and the summary counts it as recovered in memory (`expected_with_spares`); a kill may
+then also strike right after a rank's boundary check (`kill@U:check:R`, `check_kills_as_seen`). With
 `--profile fsdp2-full` the job is FSDP2 fully sharded over the 4 ranks (no replica holds a
 shard) with `Config.replicate="neighbour"`: a killed rank's state comes from the copy in its ring
 successor's memory.
@@ -51,6 +52,9 @@ WORLD = 4
 #: share `rank % LOCAL`
 LOCAL = 2
 PHASES = ("forward", "backward", "optimizer", "committed")
+#: with spares a kill may also strike at the boundary check (`kill@U:check:R`: right after the
+#: rank's check of update U completed, before it commits; `accelpact.faults.plan.BOUNDARY_STEPS`)
+CHECK = "check"
 #: the campaign's job shapes: HSDP 2x2 (replica peers hold each shard), or FSDP2 fully sharded
 #: over the 4 ranks with neighbour copies (rank r's copy in rank r+1's memory)
 PROFILES = ("hsdp", "fsdp2-full")
@@ -312,6 +316,36 @@ def shares_holder(a: int, b: int, profile: str = "hsdp") -> bool:
     return a % LOCAL == b % LOCAL
 
 
+def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tuple[Fault, ...], int | None]:
+    """A kill at the boundary check, as the survivors meet it: (the schedule with each such kill
+    moved, the faults that never fire, the update a kill after a dirty check ends the attempt in).
+
+    `kill@U:check:R` strikes after R's check of U completed. A clean check commits U on every
+    survivor (R's state of U is in the store: it was written before its contribution left), and
+    they find R gone in the forward of U+1: the schedule is then the one with `kill@U+1:forward:R`,
+    and R's own faults of update U+1 never fire (its spare starts at U, and the faults of the
+    update it takes over fired in the process it replaced). A check that some rank's fault made
+    dirty (a skip or late at U's boundary) starts a recovery that R dies in: a member lost inside
+    a recovery is not replaced, every survivor rejects. A check kill whose rank died earlier in U
+    never fires."""
+    out, unfired, dirty_end = [], [], None
+    checks = [f for f in faults if f.kind == "kill" and f.phase == CHECK]
+    for f in faults:
+        if f not in checks:
+            out.append(f)
+    for k in checks:
+        if any(f.kind == "kill" and f.rank == k.rank and f.update == k.update and f.phase != CHECK for f in faults):
+            unfired.append(k)
+            continue
+        if any(f.kind != "kill" and f.update == k.update and struck_phase(f) == "committed" for f in faults):
+            dirty_end = k.update if dirty_end is None else min(dirty_end, k.update)
+            continue
+        gone = [f for f in out if f.rank == k.rank and f.update == k.update + 1]
+        unfired += [f for f in gone if f.kind != "kill"]
+        out = [f for f in out if f not in gone] + [Fault(k.update + 1, "forward", k.rank, "kill")]
+    return tuple(sorted(set(out))), tuple(unfired), dirty_end
+
+
 def expected_with_spares(faults: Sequence[Fault], spares: int, *, profile: str = "hsdp") -> Expectation:
     """The prescription when the job runs with `spares` hot spares and every update as rt.step.
 
@@ -335,12 +369,13 @@ def expected_with_spares(faults: Sequence[Fault], spares: int, *, profile: str =
       holder of their state: the schedule may then end "killed" there (`alternatives`); fully
       sharded, a rank and the holder of its neighbour copy (`shares_holder`).
     """
+    faults, moved_unfired, dirty_end = check_kills_as_seen(faults)
     free = spares
     preserved: list[int] = []
     rewound: list[int] = []
     replaced: list[int] = []
     tokens: list[str] = []
-    unfired: list[Fault] = []
+    unfired: list[Fault] = list(moved_unfired)
     alternatives: list[Expectation] = []
 
     def out(outcome: str, end: int | None) -> Expectation:
@@ -348,7 +383,14 @@ def expected_with_spares(faults: Sequence[Fault], spares: int, *, profile: str =
                            tuple(unfired), tuple(alternatives))
 
     for update in sorted({f.update for f in faults}):
+        if dirty_end is not None and update > dirty_end:
+            break
         here = [f for f in faults if f.update == update]
+        if update == dirty_end:  # a check kill after a dirty check: lost inside the recovery it starts
+            mid = [f for f in here if f.kind != "kill" and struck_phase(f) != "committed"]
+            kills = [f for f in here if f.kind == "kill"]  # Replaces, then the re-run's dirty check
+            tokens.append(_interleavings(0, min(free, len(kills)), len(mid)) + "R")
+            return out("killed", update)
         first_kill = {}
         for f in here:
             if f.kind == "kill":
@@ -384,10 +426,15 @@ def expected_with_spares(faults: Sequence[Fault], spares: int, *, profile: str =
     return out("replace" if replaced else "rewind" if rewound else "preserve", None)
 
 
-def fault_schedules(updates: int = 6, max_faults: int = 10, kinds: Sequence[str] = KINDS) -> st.SearchStrategy:
-    """1..max_faults distinct faults on updates 2..updates (update 1 wires FSDP lazily)."""
-    fault = st.builds(Fault, st.integers(2, updates), st.sampled_from(PHASES), st.integers(0, WORLD - 1),
-                      st.sampled_from(list(kinds)))
+def fault_schedules(updates: int = 6, max_faults: int = 10, kinds: Sequence[str] = KINDS,
+                    check_kills: bool = False) -> st.SearchStrategy:
+    """1..max_faults distinct faults on updates 2..updates (update 1 wires FSDP lazily).
+    `check_kills` (spares): a kill may also strike at the boundary check of an update before the
+    last (after the last one nobody would meet the loss)."""
+    phases = PHASES + ((CHECK,) if check_kills else ())
+    fault = st.builds(Fault, st.integers(2, updates), st.sampled_from(phases), st.integers(0, WORLD - 1),
+                      st.sampled_from(list(kinds))).filter(
+        lambda f: f.phase != CHECK or (f.kind == "kill" and f.update < updates))
     return st.lists(fault, min_size=1, max_size=max_faults,
                     unique_by=lambda f: (f.update, f.phase, f.rank)).map(lambda fs: tuple(sorted(fs)))
 
@@ -598,7 +645,7 @@ def campaign(examples: int, *, updates: int, derandomize: bool, seed: int | None
 
     @settings(max_examples=examples, deadline=None, derandomize=derandomize, database=None, print_blob=True,
               suppress_health_check=list(HealthCheck))
-    @given(fault_schedules(updates=updates, kinds=kinds))
+    @given(fault_schedules(updates=updates, kinds=kinds, check_kills=spares > 0 and "kill" in kinds))
     def one(faults):
         with tempfile.TemporaryDirectory(prefix="accelpact-campaign-") as tmp:
             try:
