@@ -60,6 +60,8 @@ MEMBERSHIP_PROPERTY_TEXT = {
     "SpareClaimedOnce": "no spare is claimed by two membership changes",
     "OutcomeAgreement": "no process acts on another membership or release value than a peer",
     "NoSplitFrontier": "processes training after the release of one world hold the same F (no half step)",
+    "SpareContinuesLostStream": "a spare resumes with the lost rank's small state of exactly the agreed F",
+    "SplitOnlyAtCheck": "a process one update behind a peer of its world entered that update's check",
     "NoTrainOnRetiredWorld": "a process trains only with its own world's groups, never in a superseded one",
     "ShrinkKeepsEveryShard": "a shrink is decided only when every shard keeps a live holder among the kept ranks",
     "ShrinkKeepsWholeGroups": "a shrink keeps whole replica groups only (whole copies of the model)",

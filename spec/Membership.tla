@@ -15,13 +15,15 @@
 (* - a loss (CRASH: gone for good; PARTITION: alive, cut off from its      *)
 (*   peers and the store, may reach the store again later) breaks world e; *)
 (* - survivors detect it (their collective fails) and post PRESENT(e,      *)
-(*   position, frontier F, applied) in the store;                          *)
+(*   position, frontier F, applied, atCheck) in the store;                 *)
 (* - the first present survivor whose wait ends (all W present, or its     *)
 (*   deadline: at any time) writes the MEMBERSHIP REGISTER of e            *)
 (*   (compare-and-set, first write wins) with a decision computed only     *)
-(*   from the reports it read: REPLACE (each lost position -> a free spare *)
-(*   and a source position from its replica set; the agreed F) or REJECT   *)
-(*   (no spare, no live replica, frontiers differ);                        *)
+(*   from the reports it read (and the small-state slots in the store):    *)
+(*   REPLACE (each lost position -> a free spare and a source position     *)
+(*   from its replica set; the agreed F) or REJECT (no spare, no live      *)
+(*   replica, frontiers that cannot be agreed, a lost rank's small state   *)
+(*   of F missing);                                                        *)
 (* - everyone obeys the register: a process whose position is not in the   *)
 (*   decided present set is FENCED (it exits when it reads the register,   *)
 (*   e.g. a partitioned process reaching the store again, or a survivor    *)
@@ -36,10 +38,31 @@
 (*                                                                         *)
 (* Survivors restore their boundary snapshot when they join (an update in  *)
 (* flight is re-run by everyone: Rewind semantics), so the source sends    *)
-(* the state at F.  Further losses may strike a released world (e+1 ->     *)
-(* e+2) or a recovery in progress (a member of e+1 lost before its vote:   *)
-(* the release rejects; one lost after its ok vote is found by the next    *)
-(* collective: a new change).                                              *)
+(* the state at F (the agreed F: see roll forward below).                  *)
+(*                                                                         *)
+(* THE BOUNDARY CHECK AND ROLL FORWARD.  Update F+1 ends with a check: an  *)
+(* all-reduce of a clean flag over every member (Enter: the body ran, the  *)
+(* step is applied; before its contribution leaves, the rank writes its    *)
+(* SMALL STATE of F+1 -- RNG, data cursor, schedulers: what lives on that  *)
+(* rank only -- to the store, acknowledged).  A rank commits F+1 when the  *)
+(* all-reduce completes on it, which needs every member's contribution     *)
+(* (Commit).  So a loss between two commits leaves survivors at F and F+1, *)
+(* and then every member (the lost one too) entered the check of F+1 and   *)
+(* wrote its small state of F+1 (SplitOnlyAtCheck).  A survivor that       *)
+(* entered the check and never learned its outcome reports atCheck; when   *)
+(* the reports stand at F and F+1 and every one at F is atCheck, the       *)
+(* decision ROLLS FORWARD to F+1: those survivors commit F+1 locally when  *)
+(* they join (their state is F+1's), the others restore F+1.  Any other    *)
+(* difference of frontiers rejects.  The store keeps two small-state slots *)
+(* per position, by frontier parity (a rank writes F+1 while a decision    *)
+(* that nobody committed F+1 in still needs F); a spare reads the slot of  *)
+(* the agreed F and refuses another frontier (its vote fails), and the     *)
+(* decision rejects a lost position whose slot does not hold F.            *)
+(*                                                                         *)
+(* Further losses may strike a released world (e+1 -> e+2) or a recovery   *)
+(* in progress (a member of e+1 lost before its vote: the release rejects; *)
+(* one lost after its ok vote is found by the next collective: a new       *)
+(* change).                                                                *)
 (*                                                                         *)
 (* Not modelled: a partition that strikes a process during a recovery (a   *)
 (* crash stands for it there: it stops taking part, and a partitioned      *)
@@ -64,8 +87,9 @@
 (* a lost one is fenced as by a Replace.  World e+1 holds the kept         *)
 (* positions only: its size and replica count shrink.  Refused (reject)    *)
 (* when no group is whole: a shard would have no live holder.  Otherwise   *)
-(* as a Replace: the agreed F (reject on split frontiers), survivors       *)
-(* restore F, build e+1, re-run F+1, vote, release.  The runtime renumbers *)
+(* as a Replace: the agreed F (rolled forward as above, else reject on     *)
+(* split frontiers), survivors restore F (or commit it), build e+1, re-run *)
+(* F+1, vote, release.  The runtime renumbers                              *)
 (* the kept ranks 0..W'-1 in order and translates every group's rank list  *)
 (* with that map, so each keeps its index in its group and its shard; the  *)
 (* spec names them by their old positions (same groups, same shards).     *)
@@ -90,7 +114,8 @@ CONSTANTS
     MaxLosses,    \* at most this many losses (crashes and partitions) in a run
     MaxFrontier,  \* training is bounded: at most MaxFrontier committed updates
     Corruption,   \* TRUE: a state transfer may arrive corrupted (its digest check fails)
-    InFlight,     \* TRUE: a loss may strike mid-update, a survivor holding the step applied
+    InFlight,     \* TRUE: a loss may strike mid-update: members finish an update (enter its check)
+                  \* one at a time, and a survivor may hold the step applied before it entered
     Spurious,     \* TRUE: a release deadline may expire while every member is still coming
     Shrink,       \* TRUE: every rank runs with on_loss="shrink" (go on with fewer replicas)
     Mutant        \* "none" or the name of a deliberately broken variant
@@ -108,7 +133,7 @@ Mutants == {"none", "release_before_transfer_verified", "partition_not_fenced",
             "two_claim_one_position", "transfer_from_non_replica", "frontier_split",
             "blind_release", "train_on_old_world", "late_present_joins", "stale_neighbour_copy",
             "spare_claimed_twice", "shrink_without_holder", "shrink_keeps_broken_group",
-            "stale_average", "leaver_trains"}
+            "stale_average", "leaver_trains", "newest_small_state", "commit_without_all"}
 
 Min(X) == CHOOSE x \in X : \A y \in X : x <= y
 ReplicaOf(i) == CHOOSE R \in Replicas : i \in R
@@ -152,9 +177,10 @@ Phases == {"Spare",   \* a spare waiting for an assignment
            "Reject",  \* fail-stop (exit 75)
            "Dead"}    \* crashed
 
-NoReport == [proc |-> None, f |-> 0, applied |-> FALSE, held |-> None]
+NoReport == [proc |-> None, f |-> 0, applied |-> FALSE, atCheck |-> FALSE, held |-> None]
 NoDecision == [kind |-> "none", present |-> {}, positions |-> {}, holder |-> [i \in Positions |-> None],
                src |-> [i \in Positions |-> None], f |-> 0, rewind |-> FALSE, why |-> "none"]
+Slots == {0, 1}   \* the two small-state slots of a position, by frontier parity
 NotResumed == [w |-> None, f |-> 0, stepped |-> FALSE]
 
 VARIABLES
@@ -163,6 +189,8 @@ VARIABLES
     world,     \* world[p]: the world epoch p belongs to (None for a spare)
     frontier,  \* frontier[p]: committed updates in p's memory
     stepped,   \* stepped[p]: p holds the in-flight update's step applied (not committed)
+    entered,   \* entered[p]: p finished update frontier[p]+1 and contributed to its boundary check
+               \* (its small state of frontier[p]+1 is in the store), outcome not learned yet
     shard,     \* shard[p]: the shard coordinate of the state in p's memory (NoShard, Corrupt)
     groups,    \* groups[p]: the world whose groups p built last (older ones retired)
     refs,      \* refs[p]: the world whose groups p's training loop uses
@@ -170,6 +198,7 @@ VARIABLES
     rep,       \* rep[e][i]: PRESENT report of position i in epoch e (store)
     reg,       \* reg[e]: the membership register of epoch e (store)
     rel,       \* rel[e]: the release register of world e (store); world 0 starts released
+    small,     \* small[i][k]: the frontier of position i's small state in slot k (store), None if none
     losses,    \* losses so far
     \* ghosts (read by the properties only)
     seen,      \* seen[p][e]: the membership decision of e that p acted on
@@ -183,12 +212,14 @@ VARIABLES
                \* (of the position <<i, pos[p]>> \in Copies names), None if none arrived yet
     avgOver,   \* avgOver[p]: [size, replicas] p's gradient average divides by (set when it builds)
     staleAvg,  \* processes that wrote a train record averaging over another world than theirs
-    leftTrained \* processes that wrote a train record after a shrink told them to leave
+    leftTrained, \* processes that wrote a train record after a shrink told them to leave
+    sstate     \* sstate[p]: the frontier of the small state p applied as a spare taking over a lost
+               \* position (None otherwise; reset when p joins a later world as a survivor)
 
-procVars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, held, avgOver>>
-vars == <<phase, pos, world, frontier, stepped, shard, groups, refs, vote, rep, reg, rel, losses,
+procVars == <<phase, pos, world, frontier, stepped, entered, shard, groups, refs, vote, held, avgOver, sstate>>
+vars == <<phase, pos, world, frontier, stepped, entered, shard, groups, refs, vote, rep, reg, rel, small, losses,
           seen, relSeen, claims, notReady, zombie, stale, resumedAt, held, avgOver, staleAvg,
-          leftTrained>>
+          leftTrained, sstate>>
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -226,42 +257,62 @@ SourcesOf(e, i, f) == IF ReplicaSources(e, i) # {} THEN ReplicaSources(e, i) ELS
 (* The copy holder of position h is a neighbour (not a replica) source of i. *)
 ViaCopy(i, h) == h \notin ReplicaOf(i) /\ <<i, h>> \in Copies
 
-(* The decision computed purely from the present reports of epoch e.  With Shrink and too few
-   free spares: a shrink to the replica groups of world e whose members all reported, refused
-   when there is none.  Mutant shrink_without_holder: not refused; shrink_keeps_broken_group:
-   refused as it should, but every present position stays, the survivors of a broken group too. *)
+(* The newest of position i's two small-state slots (mutant newest_small_state: one key, latest
+   write wins). *)
+Newest(i) == IF small[i][0] >= small[i][1] THEN small[i][0] ELSE small[i][1]
+
+(* The decision computed purely from the present reports of epoch e (and the small-state slots of
+   the lost positions in the store).  The agreed frontier: the reports' F if they are equal; F+1
+   if they stand at F and F+1 and every one at F entered the check of F+1 (atCheck): someone
+   committed F+1, so every member finished it and wrote its small state of F+1 (SplitOnlyAtCheck),
+   and those at F roll forward; else reject ("frontier").  Every lost position's small state of
+   the agreed F must be in its slot (else reject, "small_state"): a spare continues its stream
+   from there, a shrink drops it.  rewind: a survivor at the agreed F holds the step of F+1
+   applied, which it discards (one rolled forward keeps its step: it commits it).  With Shrink and
+   too few free spares: a shrink to the replica groups of world e whose members all reported,
+   refused when there is none.  Mutant frontier_split: differing frontiers are not checked and
+   nothing rolls forward (F is the smallest, every survivor keeps its own); newest_small_state:
+   the slot is not checked (one latest-wins key: nobody compares its frontier with F);
+   shrink_without_holder: not refused; shrink_keeps_broken_group: refused as it should, but every
+   present position stays, the survivors of a broken group too. *)
 Decision(e) ==
     LET WP == WorldPositions(e)
         P == Present(e)
         L == WP \ P
         free == FreeSpares(e)
-        okF == \/ \A i, j \in P : rep[e][i].f = rep[e][j].f
-               \/ Mutant = "frontier_split"
+        fs == {rep[e][i].f : i \in P}
+        f0 == IF P = {} THEN 0 ELSE Min(fs)
+        roll == /\ Mutant # "frontier_split"
+                /\ fs = {f0, f0 + 1}
+                /\ \A i \in P : rep[e][i].f = f0 => rep[e][i].atCheck
+        okF == Cardinality(fs) <= 1 \/ roll \/ Mutant = "frontier_split"
         okSpare == Cardinality(free) >= Cardinality(L)
-        f == IF P = {} THEN 0 ELSE Min({rep[e][i].f : i \in P})
+        f == IF roll THEN f0 + 1 ELSE f0
+        okSmall == \/ \A i \in L : small[i][f % 2] = f
+                   \/ Mutant = "newest_small_state"
         okReplica == \A i \in L : SourcesOf(e, i, f) # {}
         shrink == Shrink /\ ~okSpare
         whole == {G \in Groups : G \subseteq WP /\ G \subseteq P}
         stay == IF Mutant = "shrink_keeps_broken_group" /\ whole # {} THEN P ELSE UNION whole
         okGroup == stay # {} \/ Mutant = "shrink_without_holder"
-    IN IF okF /\ okSpare /\ okReplica
+    IN IF okF /\ okSmall /\ okSpare /\ okReplica
        THEN [kind |-> "replace", present |-> P, positions |-> WP,
              holder |-> [i \in Positions |-> IF i \in P THEN rep[e][i].proc
                                              ELSE IF i \in L THEN Nth(free, Cardinality({j \in L : j < i}))
                                              ELSE None],
              src |-> [i \in Positions |-> IF i \in P THEN None ELSE Min(SourcesOf(e, i, f))],
              f |-> f,
-             rewind |-> \E i \in P : rep[e][i].applied,
+             rewind |-> \E i \in P : rep[e][i].applied /\ rep[e][i].f = f,
              why |-> "ok"]
-       ELSE IF shrink /\ okF /\ okGroup
+       ELSE IF shrink /\ okF /\ okSmall /\ okGroup
        THEN [kind |-> "shrink", present |-> P, positions |-> stay,
              holder |-> [i \in Positions |-> IF i \in stay THEN rep[e][i].proc ELSE None],
              src |-> [i \in Positions |-> None],
              f |-> f,
-             rewind |-> \E i \in P : rep[e][i].applied,
+             rewind |-> \E i \in P : rep[e][i].applied /\ rep[e][i].f = f,
              why |-> "ok"]
        ELSE [NoDecision EXCEPT !.kind = "reject", !.present = P,
-             !.why = IF ~okF THEN "frontier" ELSE IF shrink THEN "no_group"
+             !.why = IF ~okF THEN "frontier" ELSE IF ~okSmall THEN "small_state" ELSE IF shrink THEN "no_group"
                      ELSE IF ~okSpare THEN "no_spare" ELSE "no_replica"]
 
 (* p was fenced: a register of a world p held a position in decided without that position (a
@@ -307,6 +358,7 @@ Init ==
     /\ world = [p \in Procs |-> IF p \in Positions THEN 0 ELSE None]
     /\ frontier = [p \in Procs |-> 0]
     /\ stepped = [p \in Procs |-> FALSE]
+    /\ entered = [p \in Procs |-> FALSE]
     /\ shard = [p \in Procs |-> IF p \in Positions THEN ShardOf(p) ELSE NoShard]
     /\ groups = [p \in Procs |-> IF p \in Positions THEN 0 ELSE None]
     /\ refs = groups
@@ -314,6 +366,7 @@ Init ==
     /\ rep = [e \in Epochs |-> [i \in Positions |-> NoReport]]
     /\ reg = [e \in Epochs |-> NoDecision]
     /\ rel = [e \in Epochs |-> IF e = 0 THEN "resume" ELSE "none"]
+    /\ small = [i \in Positions |-> [k \in Slots |-> IF k = 0 THEN 0 ELSE None]]
     /\ losses = 0
     /\ seen = [p \in Procs |-> [e \in Epochs |-> NoDecision]]
     /\ relSeen = [p \in Procs |-> [e \in Epochs |-> "none"]]
@@ -327,57 +380,105 @@ Init ==
     /\ avgOver = [p \in Procs |-> IF p \in Positions THEN AvgOf(Positions) ELSE NoAvg]
     /\ staleAvg = {}
     /\ leftTrained = {}
+    /\ sstate = [p \in Procs |-> None]
 
 -----------------------------------------------------------------------------
-(* Training: a synchronous update commits in position order (a loss can strike between two
-   commits, so survivors' frontiers may differ by one), only while every position of the world
-   trains. *)
+(* Training, one synchronous update F+1 in two steps.  Enter: p finishes it (the body ran, the
+   step is applied) and contributes a clean flag to its boundary check, an all-reduce over every
+   member; before the contribution leaves, p's small state of F+1 is written to its position's
+   slot of F+1's parity and acknowledged.  Only while every position of the world is held by a
+   training process at p's frontier (nobody has committed F+1 before everyone entered).  With
+   InFlight the members enter one at a time, from the highest position down (a loss may strike
+   when some have entered and others not; one order keeps the interleavings few); without, the
+   whole world finishes the update and enters at once (one step, taken by its highest position): a
+   loss strikes before the update, inside its check (everyone entered, some may have committed) or
+   after it. *)
+Enter(p) ==
+    /\ phase[p] = "Train" /\ ~entered[p] /\ frontier[p] < MaxFrontier
+    /\ \A i \in WorldPositions(world[p]) : \E q \in Procs : <<i, q>> \in claims[world[p]] /\ world[q] = world[p]
+                                             /\ phase[q] = "Train" /\ frontier[q] = frontier[p]
+                                             /\ (InFlight /\ i > pos[p] => entered[q])
+    /\ LET E == IF InFlight THEN {p} ELSE {q \in Procs : world[q] = world[p] /\ phase[q] = "Train"} IN
+       /\ \A q \in E : pos[p] >= pos[q]
+       /\ entered' = [q \in Procs |-> entered[q] \/ q \in E]
+       /\ stepped' = [q \in Procs |-> stepped[q] \/ q \in E]
+       /\ small' = [i \in Positions |-> IF \E q \in E : pos[q] = i
+                                        THEN [small[i] EXCEPT ![(frontier[p] + 1) % 2] = frontier[p] + 1]
+                                        ELSE small[i]]
+    /\ UNCHANGED <<phase, pos, world, frontier, shard, groups, avgOver, refs, vote, rep, reg, rel, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held,
+                   sstate>>
+
+(* Commit: the check's all-reduce completes on p, which needs every member's contribution: each
+   has entered (or has committed already).  From the highest position down (a loss can strike
+   between two commits, so survivors' frontiers may differ by one; one order keeps the
+   interleavings few, and this one lets the position whose shard no replica shares -- position 2
+   in MC3copies -- commit, and send its neighbour copy of the commit, while a peer still stands
+   one behind: a roll forward can then take the copy), only while every position of the world
+   trains.  Mutant commit_without_all: p commits without waiting for every member to have
+   entered (a check that commits on a quorum or a timeout). *)
 Commit(p) ==
-    /\ phase[p] = "Train" /\ frontier[p] < MaxFrontier
+    /\ phase[p] = "Train" /\ entered[p]
     /\ \A i \in WorldPositions(world[p]) : \E q \in Procs : <<i, q>> \in claims[world[p]] /\ world[q] = world[p]
                                              /\ phase[q] = "Train"
     /\ \A q \in Procs : world[q] = world[p] /\ phase[q] = "Train" =>
-          IF pos[q] < pos[p] THEN frontier[q] = frontier[p] + 1 ELSE frontier[q] = frontier[p]
+          /\ IF pos[q] > pos[p] THEN frontier[q] = frontier[p] + 1 ELSE frontier[q] = frontier[p]
+          /\ entered[q] \/ frontier[q] = frontier[p] + 1 \/ Mutant = "commit_without_all"
     /\ frontier' = [frontier EXCEPT ![p] = @ + 1]
+    /\ entered' = [entered EXCEPT ![p] = FALSE]
+    /\ stepped' = [stepped EXCEPT ![p] = FALSE]
     /\ TrainRecord(p, refs[p], TRUE, KnowsFenced(p))
-    /\ UNCHANGED <<phase, pos, world, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, resumedAt, held>>
+    /\ UNCHANGED <<phase, pos, world, shard, groups, avgOver, refs, vote, rep, reg, rel, small, losses,
+                   seen, relSeen, claims, notReady, resumedAt, held, sstate>>
 
-(* p's collective fails: it posts PRESENT for its world.  Mid-update it may already have applied
-   the step of update F+1 (applied); it reports its committed F either way. *)
+(* p's collective fails: it posts PRESENT for its world.  It reports its committed F either way;
+   atCheck: it entered the check of F+1 and never learned its outcome (its step is applied).  Not
+   entered, mid-update it may still have applied the step of F+1 (applied: InFlight). *)
 PostPresent(p, applied) ==
-    /\ rep' = [rep EXCEPT ![world[p]][pos[p]] = [proc |-> p, f |-> frontier[p], applied |-> applied,
-                                                  held |-> held[p]]]
-    /\ stepped' = [stepped EXCEPT ![p] = applied]
+    /\ rep' = [rep EXCEPT ![world[p]][pos[p]] = [proc |-> p, f |-> frontier[p],
+                                                  applied |-> applied \/ entered[p],
+                                                  atCheck |-> entered[p], held |-> held[p]]]
+    /\ stepped' = [stepped EXCEPT ![p] = applied \/ entered[p]]
     /\ phase' = [phase EXCEPT ![p] = "Wait"]
+
+(* An applied step of F+1 that p may report without having entered the check (InFlight). *)
+MayApply(p, a) == a => InFlight /\ frontier[p] < MaxFrontier /\ ~entered[p]
 
 Detect(p) ==
     /\ phase[p] = "Train" /\ Broken(world[p])
-    /\ \E a \in BOOLEAN : (a => InFlight /\ frontier[p] < MaxFrontier) /\ PostPresent(p, a)
-    /\ UNCHANGED <<pos, world, frontier, shard, groups, avgOver, refs, vote, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
+    /\ \E a \in BOOLEAN : MayApply(p, a) /\ PostPresent(p, a)
+    /\ UNCHANGED <<pos, world, frontier, entered, shard, groups, avgOver, refs, vote, reg, rel, small, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held,
+                   sstate>>
 
 (* p obeys decision d of its epoch: reject -> exit 75; its position not in the present set ->
-   fenced, exit; else it joins world e+1 at its position, restoring its boundary snapshot (an
-   update in flight is re-run by everyone).  A shrink that keeps not p's replica group: p leaves
-   (exits cleanly).  Mutant late_present_joins: a survivor that posted PRESENT too late to be in
-   the present set joins anyway; leaver_trains: a leaving rank is not told, and goes on into the
-   smaller world like one that stays. *)
+   fenced, exit; else it joins world e+1 at its position at the agreed frontier: at d.f it restores
+   its boundary snapshot (an update in flight is re-run by everyone); one behind (it entered the
+   check of d.f: the decision rolled forward) it commits update d.f locally, its state being
+   d.f's already (the body ran, the step is applied): no restore.  Either way at d.f, no step
+   applied, out of any check; it continues its own small-state stream.  A shrink that keeps not
+   p's replica group: p leaves (exits cleanly).  Mutant late_present_joins: a survivor that posted
+   PRESENT too late to be in the present set joins anyway; leaver_trains: a leaving rank is not
+   told, and goes on into the smaller world like one that stays; frontier_split: every survivor
+   restores its own frontier. *)
 Obey(p, d) ==
     LET e == world[p] IN
     /\ seen' = [seen EXCEPT ![p][e] = d]
     /\ IF d.kind = "reject"
        THEN /\ phase' = [phase EXCEPT ![p] = "Reject"]
-            /\ UNCHANGED <<world, stepped, claims, vote, held>>
+            /\ UNCHANGED <<world, frontier, stepped, entered, claims, vote, held, sstate>>
        ELSE IF pos[p] \notin d.present /\ Mutant # "late_present_joins"
        THEN /\ phase' = [phase EXCEPT ![p] = "Exit"]
-            /\ UNCHANGED <<world, stepped, claims, vote, held>>
+            /\ UNCHANGED <<world, frontier, stepped, entered, claims, vote, held, sstate>>
        ELSE IF Leaves(d, pos[p]) /\ Mutant # "leaver_trains"
        THEN /\ phase' = [phase EXCEPT ![p] = "Left"]
-            /\ UNCHANGED <<world, stepped, claims, vote, held>>
+            /\ UNCHANGED <<world, frontier, stepped, entered, claims, vote, held, sstate>>
        ELSE /\ phase' = [phase EXCEPT ![p] = "Build"]
             /\ world' = [world EXCEPT ![p] = e + 1]
+            /\ frontier' = [frontier EXCEPT ![p] = IF Mutant = "frontier_split" THEN @ ELSE d.f]
             /\ stepped' = [stepped EXCEPT ![p] = FALSE]
+            /\ entered' = [entered EXCEPT ![p] = FALSE]
+            /\ sstate' = [sstate EXCEPT ![p] = None]
             /\ vote' = [vote EXCEPT ![p] = "none"]
             /\ claims' = [claims EXCEPT ![e + 1] = @ \cup {<<pos[p], p>>}]
 
@@ -390,17 +491,20 @@ Decide(p) ==
     /\ reg[world[p]].kind = "none" \/ Mutant = "two_claim_one_position"
     /\ reg' = [reg EXCEPT ![world[p]] = Decision(world[p])]
     /\ Obey(p, Decision(world[p]))
-    /\ UNCHANGED <<pos, frontier, shard, groups, avgOver, refs, rep, rel, losses, relSeen, notReady,
+    /\ UNCHANGED <<pos, shard, groups, avgOver, refs, rep, rel, small, losses, relSeen, notReady,
                    zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* p reads the register of its epoch, written by another, and obeys it. *)
 Follow(p) ==
     /\ phase[p] = "Wait" /\ reg[world[p]].kind # "none"
     /\ Obey(p, reg[world[p]])
-    /\ UNCHANGED <<pos, frontier, shard, groups, avgOver, refs, rep, reg, rel, losses, relSeen, notReady,
+    /\ UNCHANGED <<pos, shard, groups, avgOver, refs, rep, reg, rel, small, losses, relSeen, notReady,
                    zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
-(* A spare reads a register that assigns it a lost position: it joins world e+1 holding it. *)
+(* A spare reads a register that assigns it a lost position: it joins world e+1 holding it, and
+   takes the lost rank's small state (RNG, data cursor, schedulers) from the position's slot of the
+   agreed frontier's parity, to continue its stream from there (Vote checks its frontier).  Mutant
+   newest_small_state: one key per position, latest write wins: the spare takes the newest. *)
 Activate(s) ==
     /\ phase[s] = "Spare"
     /\ \E e \in Epochs, i \in Positions :
@@ -411,7 +515,9 @@ Activate(s) ==
           /\ world' = [world EXCEPT ![s] = e + 1]
           /\ seen' = [seen EXCEPT ![s][e] = reg[e]]
           /\ claims' = [claims EXCEPT ![e + 1] = @ \cup {<<i, s>>}]
-    /\ UNCHANGED <<frontier, stepped, shard, groups, avgOver, refs, rep, reg, rel, losses, relSeen,
+          /\ sstate' = [sstate EXCEPT ![s] = IF Mutant = "newest_small_state" THEN Newest(i)
+                                              ELSE small[i][reg[e].f % 2]]
+    /\ UNCHANGED <<frontier, stepped, entered, shard, groups, avgOver, refs, rep, reg, rel, small, losses, relSeen,
                    notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
 
 (* Build world e's groups (default, data, control) on a fresh prefix: a rendezvous of every
@@ -429,12 +535,13 @@ Build(p) ==
     /\ IF IsSpareIn(p) THEN UNCHANGED <<phase, vote, held>>
        ELSE /\ phase' = [phase EXCEPT ![p] = "Voted"]
             /\ vote' = [vote EXCEPT ![p] = "ok"]
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, refs, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, entered, shard, refs, rep, reg, rel, small, losses,
+                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held,
+                   sstate>>
 
-(* The source of lost position i sends its state (at F: it restored its snapshot), or the
-   neighbour copy of i it holds, with a digest to the spare, over world e's groups; the bytes
-   may arrive corrupted. *)
+(* The source of lost position i sends its state (at F: it restored its snapshot of F, or
+   committed F as it joined: roll forward), or the neighbour copy of i it holds, with a digest
+   to the spare, over world e's groups; the bytes may arrive corrupted. *)
 Transfer(p) ==
     /\ phase[p] \in {"Build", "Voted"} /\ groups[p] = world[p]
     /\ \E i \in Formed(p).positions \ Formed(p).present :
@@ -448,17 +555,21 @@ Transfer(p) ==
           \* a neighbour copy carries the lost rank's state of the update it was taken at
           /\ frontier' = [frontier EXCEPT ![q] = IF ViaCopy(i, pos[p]) THEN held[p] ELSE frontier[p]]
           /\ stepped' = [stepped EXCEPT ![q] = IF ViaCopy(i, pos[p]) THEN FALSE ELSE stepped[p]]
-    /\ UNCHANGED <<phase, pos, world, groups, avgOver, refs, vote, rep, reg, rel, losses, seen, relSeen,
-                   claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
+    /\ UNCHANGED <<phase, pos, world, entered, groups, avgOver, refs, vote, rep, reg, rel, small, losses, seen,
+                   relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held, sstate>>
 
-(* The spare validates: groups built, state arrived, digest checked; it votes. *)
+(* The spare validates: groups built, state arrived, digest checked, and the small state it took
+   is of the decision's frontier (a slot of another frontier fails the join); it votes.  Mutant
+   newest_small_state: nobody compares the small state's frontier with the decision's. *)
 Vote(p) ==
     /\ phase[p] = "Build" /\ groups[p] = world[p] /\ rel[world[p]] = "none"
     /\ IsSpareIn(p) /\ shard[p] # NoShard
-    /\ vote' = [vote EXCEPT ![p] = IF shard[p] = Corrupt THEN "fail" ELSE "ok"]
+    /\ LET okSmall == sstate[p] = Formed(p).f \/ Mutant = "newest_small_state" IN
+       vote' = [vote EXCEPT ![p] = IF shard[p] = Corrupt \/ ~okSmall THEN "fail" ELSE "ok"]
     /\ phase' = [phase EXCEPT ![p] = "Voted"]
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, refs, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, entered, shard, groups, avgOver, refs, rep, reg, rel, small,
+                   losses, seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt,
+                   held, sstate>>
 
 (* A member writes release=resume once every member named by the decision voted ok in this
    world.  Mutant release_before_transfer_verified: the survivors' votes only. *)
@@ -471,7 +582,8 @@ ReleaseResume(p) ==
        IN /\ \A q \in voters : world[q] = e /\ vote[q] = "ok"
           /\ rel' = [rel EXCEPT ![e] = "resume"]
           /\ notReady' = [notReady EXCEPT ![e] = {q \in Members(d) : ~Ready(q, e)}]
-    /\ UNCHANGED <<procVars, rep, reg, losses, seen, relSeen, claims, zombie, stale, staleAvg, leftTrained, resumedAt>>
+    /\ UNCHANGED <<procVars, rep, reg, small, losses, seen, relSeen, claims, zombie, stale, staleAvg, leftTrained,
+                   resumedAt>>
 
 (* A failed vote or an expired deadline: compare-and-set release=reject.  The deadline expires
    when a member can no longer come (crashed) or, with Spurious, at any time.  Mutant
@@ -483,8 +595,8 @@ ReleaseReject(p) ==
     /\ \/ rel[world[p]] = "none"
        \/ Mutant = "blind_release" /\ rel[world[p]] = "resume"
     /\ rel' = [rel EXCEPT ![world[p]] = "reject"]
-    /\ UNCHANGED <<procVars, rep, reg, losses, seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained,
-                   resumedAt>>
+    /\ UNCHANGED <<procVars, rep, reg, small, losses, seen, relSeen, claims, notReady, zombie, stale, staleAvg,
+                   leftTrained, resumedAt>>
 
 (* release=resume read: train in world e at F, with the groups just built (the "train" record).
    Mutant train_on_old_world: the training loop keeps the references it had. *)
@@ -496,15 +608,16 @@ Resume(p) ==
     /\ phase' = [phase EXCEPT ![p] = "Train"]
     /\ relSeen' = [relSeen EXCEPT ![p][world[p]] = "resume"]
     /\ resumedAt' = [resumedAt EXCEPT ![p] = [w |-> world[p], f |-> frontier[p], stepped |-> stepped[p]]]
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, vote, rep, reg, rel, losses,
-                   seen, claims, notReady, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, entered, shard, groups, avgOver, vote, rep, reg, rel, small,
+                   losses, seen, claims, notReady, held, sstate>>
 
 Abort(p) ==
     /\ phase[p] \in {"Build", "Voted"} /\ rel[world[p]] = "reject"
     /\ phase' = [phase EXCEPT ![p] = "Reject"]
     /\ relSeen' = [relSeen EXCEPT ![p][world[p]] = "reject"]
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel, losses,
-                   seen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, entered, shard, groups, avgOver, refs, vote, rep, reg, rel,
+                   small, losses, seen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held,
+                   sstate>>
 
 (* Neighbour replication (issue 16): after a commit, p's state at its frontier reaches the
    memory of the process holding p's copy position in p's world, asynchronously: a loss may
@@ -515,8 +628,9 @@ Replicate(p) ==
           /\ <<pos[p], h>> \in Copies /\ <<h, q>> \in claims[world[p]] /\ world[q] = world[p]
           /\ phase[q] = "Train" /\ held[q] # frontier[p]
           /\ held' = [held EXCEPT ![q] = frontier[p]]
-    /\ UNCHANGED <<phase, pos, world, frontier, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel, losses,
-                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt>>
+    /\ UNCHANGED <<phase, pos, world, frontier, stepped, entered, shard, groups, avgOver, refs, vote, rep, reg,
+                   rel, small, losses, seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained,
+                   resumedAt, sstate>>
 
 -----------------------------------------------------------------------------
 (* Faults *)
@@ -526,16 +640,18 @@ Crash(p) ==
     /\ losses < MaxLosses /\ phase[p] \notin {"Dead", "Exit", "Reject", "Cut", "Left"}
     /\ phase' = [phase EXCEPT ![p] = "Dead"]
     /\ losses' = losses + 1
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel,
-                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, entered, shard, groups, avgOver, refs, vote, rep, reg, rel,
+                   small, seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held,
+                   sstate>>
 
 (* A training process is partitioned: alive, reaching neither its peers nor the store. *)
 Partition(p) ==
     /\ losses < MaxLosses /\ phase[p] = "Train"
     /\ phase' = [phase EXCEPT ![p] = "Cut"]
     /\ losses' = losses + 1
-    /\ UNCHANGED <<pos, world, frontier, stepped, shard, groups, avgOver, refs, vote, rep, reg, rel,
-                   seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, stepped, entered, shard, groups, avgOver, refs, vote, rep, reg, rel,
+                   small, seen, relSeen, claims, notReady, zombie, stale, staleAvg, leftTrained, resumedAt, held,
+                   sstate>>
 
 (* The partitioned process reaches the store again.  Register of its epoch still empty: the
    partition was transient, it posts PRESENT like any survivor.  Written: it reads it, learns it
@@ -546,7 +662,7 @@ Heal(p) ==
     /\ phase[p] = "Cut"
     /\ LET e == world[p] IN
        IF reg[e].kind = "none" \/ Mutant = "two_claim_one_position"
-       THEN /\ \E a \in BOOLEAN : (a => InFlight /\ frontier[p] < MaxFrontier) /\ PostPresent(p, a)
+       THEN /\ \E a \in BOOLEAN : MayApply(p, a) /\ PostPresent(p, a)
             /\ UNCHANGED <<seen, zombie, stale, staleAvg, leftTrained, held>>
        ELSE /\ seen' = [seen EXCEPT ![p][e] = reg[e]]
             /\ UNCHANGED <<rep, stepped, held>>
@@ -556,8 +672,8 @@ Heal(p) ==
                                    reg[e].kind # "reject" /\ pos[p] \notin reg[e].present)
                ELSE /\ phase' = [phase EXCEPT ![p] = IF reg[e].kind = "reject" THEN "Reject" ELSE "Exit"]
                     /\ UNCHANGED <<zombie, stale, staleAvg, leftTrained, held>>
-    /\ UNCHANGED <<pos, world, frontier, shard, groups, avgOver, refs, vote, reg, rel, losses, relSeen,
-                   claims, notReady, resumedAt, held>>
+    /\ UNCHANGED <<pos, world, frontier, entered, shard, groups, avgOver, refs, vote, reg, rel, small, losses,
+                   relSeen, claims, notReady, resumedAt, held, sstate>>
 
 (* Legitimate ends: nothing in a recovery any more.  Stuttering there is not a deadlock. *)
 Done ==
@@ -566,7 +682,7 @@ Done ==
 
 Next ==
     \/ \E p \in Procs :
-          \/ Commit(p) \/ Detect(p) \/ Decide(p) \/ Follow(p) \/ Activate(p) \/ Build(p)
+          \/ Enter(p) \/ Commit(p) \/ Detect(p) \/ Decide(p) \/ Follow(p) \/ Activate(p) \/ Build(p)
           \/ Transfer(p) \/ Vote(p) \/ ReleaseResume(p) \/ ReleaseReject(p) \/ Resume(p)
           \/ Abort(p) \/ Crash(p) \/ Partition(p) \/ Heal(p) \/ Replicate(p)
     \/ Done
@@ -580,7 +696,7 @@ Decisions == [kind : {"none", "replace", "shrink", "reject"}, present : SUBSET P
               positions : SUBSET Positions,
               holder : [Positions -> Procs \cup {None}], src : [Positions -> Positions \cup {None}],
               f : Frontiers, rewind : BOOLEAN,
-              why : {"none", "ok", "frontier", "no_spare", "no_replica", "no_group"}]
+              why : {"none", "ok", "frontier", "small_state", "no_spare", "no_replica", "no_group"}]
 
 TypeOK ==
     /\ phase \in [Procs -> Phases]
@@ -588,13 +704,15 @@ TypeOK ==
     /\ world \in [Procs -> Epochs \cup {None}]
     /\ frontier \in [Procs -> Frontiers]
     /\ stepped \in [Procs -> BOOLEAN]
+    /\ entered \in [Procs -> BOOLEAN]
     /\ shard \in [Procs -> {ShardOf(i) : i \in Positions} \cup {NoShard, Corrupt}]
     /\ groups \in [Procs -> Epochs \cup {None}] /\ refs \in [Procs -> Epochs \cup {None}]
     /\ vote \in [Procs -> {"none", "ok", "fail"}]
     /\ rep \in [Epochs -> [Positions -> [proc : Procs \cup {None}, f : Frontiers, applied : BOOLEAN,
-                                          held : Frontiers \cup {None}]]]
+                                          atCheck : BOOLEAN, held : Frontiers \cup {None}]]]
     /\ reg \in [Epochs -> Decisions]
     /\ rel \in [Epochs -> {"none", "resume", "reject"}]
+    /\ small \in [Positions -> [Slots -> Frontiers \cup {None}]]
     /\ losses \in 0 .. MaxLosses
     /\ seen \in [Procs -> [Epochs -> Decisions]]
     /\ relSeen \in [Procs -> [Epochs -> {"none", "resume", "reject"}]]
@@ -605,6 +723,7 @@ TypeOK ==
     /\ held \in [Procs -> Frontiers \cup {None}]
     /\ avgOver \in [Procs -> {AvgOf(X) : X \in SUBSET Positions}]
     /\ staleAvg \subseteq Procs /\ leftTrained \subseteq Procs
+    /\ sstate \in [Procs -> Frontiers \cup {None}]
 
 (* release=resume of a world was written only when every member the decision names had joined,
    built the world's groups and held an intact, verified state (the spare's transfer checked).
@@ -651,9 +770,13 @@ SpareClaimedOnce ==
     \A e1, e2 \in Epochs : e1 # e2 => Assigned(reg[e1]) \cap Assigned(reg[e2]) = {}
 
 (* Processes that trained after the release of the same world hold the same state: frontier and
-   no half-applied step.  Excludes a decision that ignores differing frontiers (frontier_split),
-   and one that takes a neighbour copy of another update than the survivors' frontier
-   (stale_neighbour_copy: the lost rank committed, its copy of that commit never arrived). *)
+   no half-applied step.  Excludes a decision that ignores differing frontiers and does not roll
+   forward (frontier_split: survivors resume each at its own F).  A decision that takes a
+   neighbour copy of another update than the survivors' frontier (stale_neighbour_copy: the lost
+   rank committed, its copy of that commit never arrived) breaks it too, but the spare that
+   resumes with that copy breaks SpareContinuesLostStream first (its small state is of the agreed
+   F, its state of the copy's; the cfgs list SpareContinuesLostStream before this one).  Where frontier_split breaks it, SplitOnlyAtCheck fails in the same
+   state (two members of the new world apart, neither in a check): the cfgs list it after. *)
 NoSplitFrontier ==
     \A p, q \in Procs : resumedAt[p].w # None /\ resumedAt[p].w = resumedAt[q].w =>
         resumedAt[p].f = resumedAt[q].f /\ resumedAt[p].stepped = resumedAt[q].stepped
@@ -686,6 +809,36 @@ LeaverNeverTrains == leftTrained = {}
    world it trains in.  Excludes a rank that keeps the size of the world it came from after a
    shrink (stale_average: the classic gradient scaled by W/W'). *)
 NoStaleAverage == staleAvg = {}
+
+(* A spare that took over a lost position and resumed training in the world it joined applied the
+   lost rank's small state (RNG, data cursor, schedulers) of exactly the frontier it resumed at:
+   it continues the lost rank's stream, neither replaying nor skipping an update's data.  Excludes
+   one latest-wins key per position read without comparing its frontier with the decision's
+   (newest_small_state: the lost rank entered the check of F+1 and wrote F+1, nobody committed
+   F+1, the agreed F is F, the spare takes F+1's); and a decision that takes a neighbour copy of
+   another update than the agreed F (stale_neighbour_copy: the spare's state is the copy's, its
+   small state the agreed F's; it breaks NoSplitFrontier too, once a survivor resumes beside it:
+   the cfgs list this one first). *)
+SpareContinuesLostStream ==
+    \A p \in Procs : sstate[p] # None /\ resumedAt[p].w = world[p] => sstate[p] = resumedAt[p].f
+
+(* p trained in the world it belongs to (world 0's members from the start, a member of a later
+   world once it resumed there), as opposed to a member of a new world still joining it. *)
+TrainedIn(p) == world[p] # None /\ resumedAt[p].w = world[p]
+(* p reported, in PRESENT for its world, that it had entered the check and not learned it. *)
+ReportedAtCheck(p) == rep[world[p]][pos[p]].proc = p /\ rep[world[p]][pos[p]].atCheck
+
+(* The lemma that makes roll forward sound: two processes that trained in one world stand at most
+   one update apart, and when one has committed an update the other has not, the other has
+   entered that update's check (entered, or its PRESENT says atCheck): it finished the update,
+   its step is applied, and its small state of it is in the store.  So a decision that sees F and
+   F+1 may take F+1, the lost rank's small state of F+1 included.  Excludes a check that commits
+   without every member's contribution (commit_without_all: a quorum or a timeout). *)
+SplitOnlyAtCheck ==
+    \A p, q \in Procs :
+        frontier[p] > frontier[q] /\ world[p] = world[q] /\ TrainedIn(p) /\ TrainedIn(q) =>
+            /\ frontier[p] = frontier[q] + 1
+            /\ entered[q] \/ ReportedAtCheck(q)
 
 -----------------------------------------------------------------------------
 (* Witnesses: interesting states, negated, that TLC must reach (spec/witnesses/membership_NAME.cfg). *)
@@ -724,5 +877,12 @@ NeverLeaverLeaves ==
                           /\ resumedAt[q].w = world[q]
 (* No replica group is whole after a loss: the shrink is refused (a shard would have no holder). *)
 NeverShrinkRefused == ~ \E e \in Epochs : reg[e].why = "no_group"
+(* A loss inside the boundary check of an update: some survivors committed it, the others
+   entered its check; the decision rolled forward (a present report stands below the agreed F)
+   and a spare trains in the new world with the lost rank's small state of that F
+   (SplitOnlyAtCheck and SpareContinuesLostStream talk about it). *)
+NeverSplitRolledForward ==
+    ~ \E s \in Spares : /\ phase[s] = "Train" /\ world[s] # None /\ world[s] > 0 /\ resumedAt[s].w = world[s]
+                       /\ \E i \in reg[world[s] - 1].present : rep[world[s] - 1][i].f < reg[world[s] - 1].f
 
 =============================================================================
