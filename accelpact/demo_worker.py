@@ -255,6 +255,9 @@ def report(args, verdicts) -> int:
             print(f"       lost {r['lost']}, spares {r['spares']} took over, state from {r['sources']}"
                   f"{f' (neighbour copy of rank(s) {copies})' if copies else ''}"
                   f"{' (' + moved + ')' if moved else ''}")
+            if r.get("rolled"):  # a member lost inside the boundary check of the frontier
+                print(f"       rank(s) {r['rolled']} missed the outcome of the boundary check of update "
+                      f"{rec['frontier']} and committed it in the change (rolled forward)")
     ok = True
     if "mismatches" in verdicts[0]:
         against = ("the reference that shrinks at the same frontier" if verdicts[0].get("shrinks")
