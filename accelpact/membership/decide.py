@@ -165,11 +165,11 @@ def agreed_frontier(reports: Sequence[Presence]) -> tuple[int, tuple[int, ...], 
     frontiers = sorted({r.frontier for r in reports})
     if len(frontiers) <= 1:
         return (frontiers[0] if frontiers else 0), (), []
-    behind = [r.position for r in reports if r.frontier == frontiers[0]]
+    behind = [r for r in reports if r.frontier == frontiers[0]]
     if len(frontiers) == 2 and frontiers[1] == frontiers[0] + 1:
-        unfinished = sorted(r.position for r in reports if r.frontier == frontiers[0] and not r.at_check)
+        unfinished = sorted(r.position for r in behind if not r.at_check)
         if not unfinished:
-            return frontiers[1], tuple(sorted(behind)), []
+            return frontiers[1], tuple(sorted(r.position for r in behind)), []
         return frontiers[0], (), [f"survivors stand at different frontiers {frontiers}, and rank(s) {unfinished} at "
                                   f"F={frontiers[0]} did not contribute to the boundary check of update {frontiers[1]} "
                                   "(only a rank that finished it can roll forward)"]

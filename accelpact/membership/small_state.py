@@ -177,7 +177,10 @@ class Replicator:
             t = time.perf_counter()
             try:
                 snapshot = self.capture()
-            except TypeError as exc:  # a data_state without state_dict: no Replace (the decision says why)
+            except TypeError as exc:  # a data_state without state_dict: no Replace of this rank
+                if not self.capture_problem:  # once: the decision's reject names the missing state
+                    log.warning("small state not captured at the boundary: %s", exc,
+                                extra={"position": self.position})
                 self.capture_problem = str(exc)
                 return
             self.capture_s += time.perf_counter() - t
