@@ -4,6 +4,7 @@ in each rank) and an evidence line, and `accelpact report` leading with one sent
 
 from __future__ import annotations
 
+import http.client
 import os
 import random
 import socket
@@ -43,9 +44,20 @@ def _observed_rank(rank: int, world_size: int, drill: Drill, marker: str) -> dic
     return out
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out to outgoing connections (gloo's and the store's
+    sockets take them all run long): a metrics port drawn there can be taken between our check
+    and the rank's bind."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def _free_base(n: int) -> int:
+    top = min(_ephemeral_low(), 32768) - n - 1
     for _ in range(50):
-        base = random.randint(20000, 60000)
+        base = random.randint(20000, top)
         try:
             for port in range(base, base + n):
                 with socket.socket() as s:
@@ -61,14 +73,18 @@ def _parse(text: str) -> dict[str, float]:
             if line and not line.startswith("#")}
 
 
-def _scrape_until_done(base: int, marker: Path, scrapes: dict[int, dict[str, float]], stop: threading.Event):
-    """Scrape every rank until each shows its final committed count, then let the ranks go."""
+def _scrape_until_done(base: int, marker: Path, scrapes: dict[int, dict[str, float]], stop: threading.Event,
+                       errors: dict[int, str]):
+    """Scrape every rank until each shows its final committed count, then let the ranks go.
+    A scrape that fails (refused while the rank starts, cut short on a loaded machine) is
+    retried; the last failure per rank is kept for the test's message."""
     while not stop.is_set():
         for rank in range(4):
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{base + rank}/metrics", timeout=2) as got:
                     scrapes[rank] = _parse(got.read().decode())
-            except OSError:
+            except (OSError, http.client.HTTPException, ValueError, IndexError) as exc:
+                errors[rank] = f"{type(exc).__name__}: {exc}"
                 continue
         if len(scrapes) == 4 and all(
                 s.get(f'accelpact_committed_updates_total{{rank="{r}"}}') == UPDATES for r, s in scrapes.items()):
@@ -85,8 +101,9 @@ def test_a_faulted_run_is_scraped_traced_and_explained(tmp_path, capsys):
     drill = Drill(updates=UPDATES, faults=FAULTS, data_timeout_s=2.0, control_timeout_s=12.0, reference=False,
                   trace_dir=str(trace_dir))
     scrapes: dict[int, dict[str, float]] = {}
+    errors: dict[int, str] = {}
     stop = threading.Event()
-    poller = threading.Thread(target=_scrape_until_done, args=(base, marker, scrapes, stop), daemon=True)
+    poller = threading.Thread(target=_scrape_until_done, args=(base, marker, scrapes, stop, errors), daemon=True)
     poller.start()
     env = {"ACCELPACT_METRICS_PORT": str(base), "ACCELPACT_METRICS_TEXTFILE": str(tmp_path / "prom" / "{rank}.prom")}
     try:
@@ -95,7 +112,9 @@ def test_a_faulted_run_is_scraped_traced_and_explained(tmp_path, capsys):
     finally:
         stop.set()
         poller.join(5)
-    assert marker.exists(), f"the endpoints never showed {UPDATES} commits: {scrapes}"
+    committed = {r: s.get(f'accelpact_committed_updates_total{{rank="{r}"}}') for r, s in scrapes.items()}
+    assert marker.exists(), (f"the endpoints never showed {UPDATES} commits: committed {committed}, last scrape "
+                             f"errors {errors}, histories {[r['history'] for r in results]}")
     for r in results:
         assert r["rejected"] is None, r["rejected"]
     planned = {3: (0, 2, "replicate[0,2]"), 5: (3, 1, "replicate[1,3]")}  # update: observer, peer, group
