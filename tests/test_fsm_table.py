@@ -97,8 +97,27 @@ def test_machine_follows_the_preserve_path_and_records_edges():
     drive_preserve(m, ctx)
     assert m.phase is Phase.TRAIN
     assert set(m.taken) <= table.edges()
-    assert seen == m.taken
+    assert seen == list(m.taken)
     assert [e[0] for e in m.taken][:3] == ["observe_failure", "enter_guard", "submit_report"]
+
+
+def test_the_edge_log_is_bounded_and_a_recovery_finds_its_own_edges():
+    """A clean update fires commit_update: a log of every edge would grow for the life of the job."""
+    from accelpact.fsm.machine import EDGES_KEPT
+
+    ctx = RecoveryContext(rank=0)
+    m = RecoveryMachine(ctx)
+    for _ in range(EDGES_KEPT + 10):
+        m.fire("commit_update")
+    assert len(m.taken) == EDGES_KEPT and m.fired == EDGES_KEPT + 10
+    mark = m.fired
+    drive_preserve(m, ctx)
+    edges = m.edges_since(mark)
+    assert [e[0] for e in edges] == ["observe_failure", "enter_guard", "submit_report", "decide_preserve",
+                                     "replace_comm", "rebind_refs", "release", "resume_training"]
+    assert m.edges_since(m.fired) == []
+    with pytest.raises(ProtocolError, match="kept"):
+        m.edges_since(0)  # those edges have left the log
 
 
 def test_machine_refuses_edges_not_in_table_and_unmet_conditions():

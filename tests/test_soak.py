@@ -83,3 +83,57 @@ def test_fifty_recoveries_of_a_protected_job_leave_descriptors_threads_and_group
     for series in run_world(_recoveries, 2, 50, timeout_s=160):
         assert len(series) == 50
         _assert_flat(series)
+
+
+def _clean_updates(rank: int, world_size: int, n: int) -> dict[str, list[tuple[str, int, int]]]:
+    """`n` clean updates under each boundary mode after a warm-up; the allocation sites whose
+    live objects grew by ~one per update (file:line, objects, bytes)."""
+    import gc
+    import tracemalloc
+
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    import accelpact
+    from accelpact.fsm import machine
+
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(8, 8), process_group=dist.new_group(list(range(world_size))))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    machine.EDGES_KEPT = 64  # the edge log's bound, reached within n updates
+    rt = accelpact.attach(model, opt, config=accelpact.Config(data_timeout_s=5.0, control_timeout_s=20.0,
+                                                             envelope="permissive", on_reject="raise"))
+
+    def update():
+        model(torch.ones(2, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    grown = {}
+    for mode in ("sync", "deferred"):
+        rt.config.boundary = mode
+        for _ in range(50):
+            rt.step(update)
+        gc.collect()
+        tracemalloc.start(1)
+        before = tracemalloc.take_snapshot()
+        for _ in range(n):
+            rt.step(update)
+        rt.settle()
+        gc.collect()
+        after = tracemalloc.take_snapshot()
+        tracemalloc.stop()
+        grown[mode] = [(str(s.traceback), s.count_diff, s.size_diff) for s in after.compare_to(before, "lineno")
+                       if s.count_diff >= 0.9 * n]
+    assert rt.frontier == 2 * (50 + n)
+    rt.close()
+    return grown
+
+
+@pytest.mark.timeout(120)
+def test_clean_updates_keep_nothing_per_update():
+    """A million updates must not cost memory: no allocation site may keep ~one object per clean
+    update (the protocol machine's edge log once did, 74 bytes an update)."""
+    for grown in run_world(_clean_updates, 2, 1000, timeout_s=100):
+        assert grown == {"sync": [], "deferred": []}, grown

@@ -139,14 +139,14 @@ class _Recovery:
         self.machine, self.obs = machine, obs
         self.ctx: RecoveryContext = machine.ctx
         self.ctx.reset()
-        self.start = len(machine.taken)
+        self.start = machine.fired
         self.steps = _Steps(machine)
         self.abort_reason = ""  # why the control plane failed, when this rank aborted
         self.unknown = ""  # why the outcome register was unreachable, when this rank halted
 
     def done(self, action: RecoveryAction, frontier: int, generation: int, *reasons: str) -> RecoveryOutcome:
         return RecoveryOutcome(action, frontier, generation, self.ctx.decision, tuple(reasons),
-                               self.machine.taken[self.start:])
+                               self.machine.edges_since(self.start))
 
     def rejected(self, *reasons: str) -> RecoveryOutcome:
         return self.done(RecoveryAction.REJECT, self.obs.frontier, self.obs.generation, *reasons)
