@@ -14,6 +14,11 @@ arm alike:
 Arms rotate in blocks of `--block` updates; the first update of every block is not counted (it
 settles what the previous block left in flight).
 
+The last column is AccelPact's own CPU on the training thread per update (thread CPU time of
+the arm minus that of the update body): the part of the cost that does not depend on how the
+machine schedules the ranks, and what remains on a node with a core to spare per rank, where the
+collectives' own threads do not take the training thread's core.
+
 Each cost is a difference of medians against plain, printed as a ratio and scaled to a 100 ms
 update (the DESIGN goal: ≤ 0.5 %), with the load average beside it: on an oversubscribed machine
 (more ranks than cores) every collective waits for descheduled peers, and the floor shows it.
@@ -48,11 +53,15 @@ def worker(rank: int, world: int, updates: int, dim: int, layers: int, framework
     rt = accelpact.attach(model, opt, data_state=data,
                           config=accelpact.Config(data_timeout_s=10, control_timeout_s=60, envelope="permissive"))
 
+    body_cpu = [0.0]  # thread CPU of the update body (the user's code), to subtract from the arm's
+
     def step():
+        t = time.thread_time()
         loss = next_token_loss(model, data.next_batch())
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+        body_cpu[0] += time.thread_time() - t
 
     def floor():
         step()
@@ -69,16 +78,19 @@ def worker(rank: int, world: int, updates: int, dim: int, layers: int, framework
 
     run = {"plain": step, "floor": floor, "update": update, "step": lambda: rt.step(step), "deferred": deferred}
     times: dict[str, list[float]] = {arm: [] for arm in ARMS}
+    own_cpu: dict[str, list[float]] = {arm: [] for arm in ARMS}
     blocks = -(-updates // block) + len(ARMS)  # the first round warms up
     for b in range(blocks):
         arm = ARMS[b % len(ARMS)]
         for i in range(block):
-            t0 = time.perf_counter()
+            body_cpu[0] = 0.0
+            c0, t0 = time.thread_time(), time.perf_counter()
             run[arm]()
             if b >= len(ARMS) and i > 0:
                 times[arm].append(time.perf_counter() - t0)
+                own_cpu[arm].append(time.thread_time() - c0 - body_cpu[0])
     rt.close()
-    return times
+    return {"times": times, "own_cpu": own_cpu}
 
 
 def main(argv=None) -> int:
@@ -95,23 +107,32 @@ def main(argv=None) -> int:
                         timeout_s=600, pg_timeout_s=60)
     load_after = [round(x, 2) for x in os.getloadavg()]
     rows, out = [], []
-    for r, res in enumerate(results):
+    for r, got in enumerate(results):
+        res, cpu = got["times"], got["own_cpu"]
         med = {arm: median(res[arm]) for arm in ARMS}
         p = med["plain"]
         row = [r, f"{p * 1e3:.2f}"]
         for arm in ARMS[1:]:
             row += [f"{(med[arm] - p) * 1e3:+.2f}", f"{med[arm] / p:.4f}"]
         rows.append(row)
-        out.append({"rank": r, **{f"{arm}_s": med[arm] for arm in ARMS}})
+        row.append(" / ".join(f"{median(cpu[arm]) * 1e6:.0f}" for arm in ("update", "step", "deferred")))
+        out.append({"rank": r, **{f"{arm}_s": med[arm] for arm in ARMS},
+                    **{f"{arm}_own_cpu_s": median(cpu[arm]) for arm in ARMS[2:]}})
     print(f"paired updates ({args.framework}, dim {args.dim}, {args.layers} layers, {args.nproc} ranks, "
           f"~{args.updates * (args.block - 1) // (args.block * len(ARMS))} per arm, {os.cpu_count()} cores), load {load_before} -> {load_after}")
-    print(table(["rank", "plain ms"] + [h for arm in ARMS[1:] for h in (f"{arm} +ms", "ratio")], rows))
+    print(table(["rank", "plain ms"] + [h for arm in ARMS[1:] for h in (f"{arm} +ms", "ratio")]
+                + ["own CPU µs update/step/deferred"], rows))
     floor = median([o["floor_s"] - o["plain_s"] for o in out])
     for arm in ("step", "deferred"):
         cost = median([o[f"{arm}_s"] - o["plain_s"] for o in out])
         ratio = median([o[f"{arm}_s"] / o["plain_s"] for o in out])
         print(f"median over ranks: {arm} costs {cost * 1e3:+.2f} ms per update (ratio {ratio:.4f}); one bare "
               f"collective {floor * 1e3:+.2f} ms (the floor)")
+    plain = median([o["plain_s"] for o in out])
+    for arm in ("step", "deferred"):
+        own = median([o[f"{arm}_own_cpu_s"] for o in out])
+        print(f"median over ranks: {arm}'s own CPU on the training thread {own * 1e6:.0f} µs per update "
+              f"({own / plain * 100:.2f} % of this update; {own / 0.100 * 100:.2f} % of a 100 ms one)")
     path = write_json(f"guard-{args.nproc}r", {"args": vars(args), "load_before": load_before,
                                                "load_after": load_after, "ranks": out})
     print(f"wrote {path}")

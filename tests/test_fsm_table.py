@@ -382,3 +382,24 @@ def test_a_bug_on_any_rank_rejects_with_its_name_whatever_else_would_be_recovere
                          "not recovered (a rebuild cannot fix it, a rewind would run into it again)",)
     d = decide_agreement(interrupted(over={0: {"bug": "ValueError: malformed batch"}}), 4)
     assert d.action is RecoveryAction.REJECT and "ValueError: malformed batch" in d.reasons[0]
+
+
+def test_an_unconditional_self_loop_taken_without_the_library_is_the_same_edge():
+    """`fire` records commit_update in Train without the library's dispatch: the phase, the edge
+    log and on_edge must be what the library gives, and the edge still refused elsewhere."""
+    loops = {(r.trigger, str(s)) for r in table.TRANSITIONS for s in r.source
+             if s == r.dest and not r.conditions and not r.unless}
+    assert loops == {("commit_update", "Train")}
+    fast_seen, slow_seen = [], []
+    fast = RecoveryMachine(RecoveryContext(rank=0), on_edge=lambda *e: fast_seen.append(e))
+    slow = RecoveryMachine(RecoveryContext(rank=0), on_edge=lambda *e: slow_seen.append(e))
+    slow._loops = frozenset()  # every edge through the library
+    for m in (fast, slow):
+        assert m.fire("commit_update") is Phase.TRAIN
+        assert m.fire("commit_update") is Phase.TRAIN
+    assert fast_seen == slow_seen == [("commit_update", "Train", "Train")] * 2
+    assert list(fast.taken) == list(slow.taken) and fast.fired == slow.fired == 2
+    for m in (fast, slow):
+        m.fire("observe_failure")
+        with pytest.raises(ProtocolError, match="not allowed from Observe"):
+            m.fire("commit_update")

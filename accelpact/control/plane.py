@@ -95,6 +95,7 @@ class ControlPlane:
         # [flag, update time of rank 0 .. world-1 in microseconds + 1 (0: not reported),
         #  vector clock of rank 0 .. world-1 (every rank writes its whole clock: MAX merges them)]
         self._flag = torch.zeros(1 + 2 * self.world_size, dtype=torch.int64)
+        self._flag_np = self._flag.numpy()  # the same memory: filled and read without torch's dispatch
         #: every rank's update time (s) carried by the last boundary check; None where not reported
         self.update_times: tuple[float | None, ...] = (None,) * self.world_size
 
@@ -158,13 +159,12 @@ class ControlPlane:
         `runtime.deferred`): `boundary_result` settles it. Nothing else may use the control
         plane in between (its collectives would queue behind this one in order anyway)."""
         self.seq += 1
-        self._flag.zero_()
-        self._flag[0] = flag
+        n, slots = self.world_size, self._flag_np  # numpy writes: ~1 µs where torch indexing took ~15
+        slots[:1 + n] = 0
+        slots[0] = flag
         if update_s is not None:
-            self._flag[1 + self.rank] = int(max(0.0, update_s) * 1e6) + 1
-        n = self.world_size
-        if self.clock is not None:
-            self._flag[1 + n:] = torch.tensor(self.clock.read(), dtype=torch.int64)
+            slots[1 + self.rank] = int(max(0.0, update_s) * 1e6) + 1
+        slots[1 + n:] = self.clock.read() if self.clock is not None else 0
         try:
             return dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         except Exception as exc:
@@ -177,11 +177,11 @@ class ControlPlane:
             work.wait() if self.cut_short is None else wait_unless(work, self.cut_short)
         except Exception as exc:
             raise ControlPlaneError(f"boundary check #{self.seq} failed: {exc}") from exc
-        n = self.world_size
-        self.update_times = tuple((int(us) - 1) / 1e6 if us else None for us in self._flag[1:1 + n].tolist())
+        n, slots = self.world_size, self._flag_np
+        self.update_times = tuple((us - 1) / 1e6 if us else None for us in slots[1:1 + n].tolist())
         if self.clock is not None:
-            self.clock.merge(self._flag[1 + n:].tolist())
-        return int(self._flag[0].item())
+            self.clock.merge(slots[1 + n:].tolist())
+        return int(slots[0])
 
     def round_trips(self, n: int) -> list[float]:
         """Seconds each of `n` boundary-check-sized all-reduces took (timeout calibration). Not

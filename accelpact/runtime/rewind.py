@@ -10,6 +10,7 @@ from torch import nn
 
 from ..fsm.decisions import RerunFacts
 from ..fsm.phases import FailurePhase
+from .module_buffers import ModuleBuffers
 from .snapshot import BoundarySnapshot, StepCopy
 
 
@@ -32,6 +33,7 @@ class RewindState:
         self.stateful = stateful  # LR schedulers and grad scalers the update steps
         self.max_rewinds = max_rewinds
         self.snapshot: BoundarySnapshot | None = None
+        self.buffers: ModuleBuffers | None = None  # the model's buffers, kept between snapshots
         self.snapshot_problem = ""
         self.step_copy: StepCopy | None = None
         self.step_copy_for: int | None = None  # F the pre-step copy was taken at
@@ -42,8 +44,11 @@ class RewindState:
 
     def begin_step(self, data_state: Any, frontier: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """rt.step(fn) starts update F+1: snapshot the boundary of F."""
+        if self.buffers is None or self.buffers.model is not model:
+            self.buffers = ModuleBuffers(model)
         try:
-            snap = BoundarySnapshot.capture(data_state, frontier, model, optimizer=optimizer, stateful=self.stateful)
+            snap = BoundarySnapshot.capture(data_state, frontier, optimizer=optimizer, stateful=self.stateful,
+                                            model_buffers=self.buffers.current())
             self.snapshot, self.snapshot_problem = snap, ""
         except TypeError as exc:  # a data_state without state_dict: train on, but never rewind
             self.snapshot, self.snapshot_problem = None, str(exc)

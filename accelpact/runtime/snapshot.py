@@ -62,17 +62,20 @@ class BoundarySnapshot:
 
     @classmethod
     def capture(cls, data_state: Any, frontier: int, model: torch.nn.Module | None = None, *,
-                optimizer: torch.optim.Optimizer | None = None, stateful: Sequence[Any] = ()) -> BoundarySnapshot:
+                optimizer: torch.optim.Optimizer | None = None, stateful: Sequence[Any] = (),
+                model_buffers: Sequence[torch.Tensor] | None = None) -> BoundarySnapshot:
         """Snapshot the current process; ``data_state`` needs state_dict/load_state_dict, or is None.
         With ``model``, its floating and integer buffers are copied too: a forward that updates
         running statistics would otherwise count the interrupted update twice after a rewind.
         ``stateful`` (schedulers, scalers) and the ``optimizer``'s param-group hyperparameters are
         copied because an update steps them: a rank that finished its update before a peer failed
-        would otherwise re-run it one scheduler step ahead."""
+        would otherwise re-run it one scheduler step ahead. ``model_buffers``: the model's
+        buffers when the caller knows them already (`ModuleBuffers`), instead of a walk of ``model``."""
+        live = model_buffers if model_buffers is not None else tuple(model.buffers()) if model is not None else ()
         buffers = ()
-        if model is not None:
+        if live:
             with torch.no_grad():
-                buffers = tuple((b, b.detach().clone()) for b in model.buffers())
+                buffers = tuple((b, b.detach().clone()) for b in live)
         for obj in stateful:
             _check_stateful(obj)
         extra = {"stateful": tuple((obj, copy.deepcopy(obj.state_dict())) for obj in stateful),
