@@ -184,7 +184,8 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     `small_state_at`: lost position -> the frontiers of its small state in the store (its two
     slots; empty: none arrived)."""
     present = tuple(sorted({r.position for r in reports}))
-    lost = tuple(p for p in range(world_size) if p not in present)
+    here = set(present)
+    lost = tuple(p for p in range(world_size) if p not in here)
     base = {"world": world, "present": present, "lost": lost}
     reasons: list[str] = []
     if not lost:

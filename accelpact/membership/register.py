@@ -123,7 +123,8 @@ def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: f
             return decided
         present = [p for p in range(world_size) if store.check([keys.present(world, p)])]
         now = time.monotonic()
-        missing = [p for p in range(world_size) if p not in present]
+        here = set(present)
+        missing = [p for p in range(world_size) if p not in here]
         for p, beat in _beats(store, missing).items():
             if p not in last_beat or last_beat[p][0] != beat:
                 last_beat[p] = (beat, now)
@@ -135,7 +136,8 @@ def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: f
 
 def _decide(store, world, world_size, present, small_state_at) -> MembershipDecision:
     reports = [Presence.from_json(json.loads(store.get(keys.present(world, p)))) for p in present]
-    lost = [p for p in range(world_size) if p not in present]
+    here = set(present)
+    lost = [p for p in range(world_size) if p not in here]
     decision = decide_membership(world=world, world_size=world_size, reports=reports,
                                  free_spares=pool.free_spares(store),
                                  small_state_at={p: small_state_at(p) for p in lost})

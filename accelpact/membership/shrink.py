@@ -61,7 +61,8 @@ def plan_shrink(*, world_size: int, lost: Sequence[int], reports: Sequence[_Repo
         reasons.append(f"the replica groups differ in size {sizes}: the mesh is not uniform")
     lost_set = set(lost)
     leaving = tuple(sorted(p for p, g in groups.items() if lost_set & set(g)))
-    staying = sorted(p for p in groups if p not in leaving)
+    let_go = set(leaving)
+    staying = sorted(p for p in groups if p not in let_go)
     if not staying:
         reasons.append(f"no replica group is whole after losing rank(s) {sorted(lost_set)}: the shard of each lost "
                        "rank would have no live holder (a fully sharded job keeps one copy; it needs a spare and "

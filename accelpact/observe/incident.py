@@ -96,7 +96,8 @@ def peers_of(rank: int, failed_groups: Iterable[str], observers: Iterable[int]) 
     ones are the suspects); if every member saw it, every other member."""
     groups = [members(g) for g in failed_groups if rank in members(g)] or [members(g) for g in failed_groups]
     mates = sorted({r for g in groups for r in g if r != rank})
-    silent = [r for r in mates if r not in set(observers)]
+    saw = set(observers)
+    silent = [r for r in mates if r not in saw]
     return silent or mates
 
 
