@@ -318,6 +318,10 @@ def guard_from_bench(doc: Any, source: str) -> MeasuredGuard:
         if other != arm and all(isinstance(row.get(f"{other}_s"), (int, float)) for row in rows):
             extra = _median([row[f"{other}_s"] - p for row, p in zip(rows, plain)])
             notes.append(f"{what}: {extra * 1e3:+.2f} ms per update in the same run")
+    for own in (a for a in (arm, "deferred") if all(isinstance(row.get(f"{a}_own_cpu_s"), (int, float)) for row in rows)):
+        cpu = _median([row[f"{own}_own_cpu_s"] for row in rows])
+        notes.append(f"AccelPact's own CPU on the training thread, arm {own}: {cpu * 1e6:.0f} µs per update (what "
+                     "remains where the collectives' threads have cores of their own)")
     args = doc.get("args") if isinstance(doc.get("args"), Mapping) else {}
     setting = ", ".join(f"{k} {args[k]}" for k in ("framework", "dim", "layers", "nproc", "updates") if k in args)
     if "load_before" in doc:

@@ -166,6 +166,15 @@ def test_the_guard_cost_is_the_median_over_ranks_of_guarded_minus_plain():
     g = goodput.guard_from_bench(arms, "guard-4r.json")
     assert g.cost_s == pytest.approx(0.009) and "arm step" in g.setting and "load [1.2" in g.setting
     assert any("floor" in n and "+1.00 ms" in n for n in g.notes) and any("deferred" in n for n in g.notes)
+    assert not any("own CPU" in n for n in g.notes)  # an older result has no such column
+    for row in arms["ranks"]:
+        row.update(step_own_cpu_s=0.0012, deferred_own_cpu_s=0.0006)
+    g = goodput.guard_from_bench(arms, "guard-4r.json")
+    assert [n for n in g.notes if "own CPU" in n] == [
+        "AccelPact's own CPU on the training thread, arm step: 1200 µs per update (what remains where the "
+        "collectives' threads have cores of their own)",
+        "AccelPact's own CPU on the training thread, arm deferred: 600 µs per update (what remains where the "
+        "collectives' threads have cores of their own)"]
     for bad, problem in [({}, "'ranks' list"), ({"ranks": [3]}, "not an object"),
                          ({"ranks": [{"plain_s": 0.1}]}, "no guarded arm"),
                          ({"ranks": [{"plain_s": 0.1, "step_s": 0.1}, {"plain_s": 0.1}]}, "no guarded arm"),
