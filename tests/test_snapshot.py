@@ -371,3 +371,19 @@ def test_the_boundary_snapshot_puts_schedulers_scalers_and_the_lr_back():
     assert opt.param_groups[0]["lr"] != before[2]
     snap.restore(None)
     assert (sched.state_dict(), scaler.state_dict(), opt.param_groups[0]["lr"]) == before
+
+
+def test_a_cursor_is_copied_so_the_loader_cannot_reach_into_the_snapshot():
+    """A flat cursor is copied shallowly (enough: its values cannot change in place), any other
+    deeply: either way advancing the live one leaves the snapshot's as it was."""
+    from accelpact.runtime.snapshot import _copied
+
+    flat = {"seed": 1, "cursor": 3, "name": "shard0"}
+    copy_of_flat = _copied(flat)
+    flat["cursor"] = 4
+    assert copy_of_flat == {"seed": 1, "cursor": 3, "name": "shard0"}
+    nested = {"cursor": 3, "order": [2, 0, 1], "inner": {"pos": 5}}
+    copy_of_nested = _copied(nested)
+    nested["order"].append(7)
+    nested["inner"]["pos"] = 6
+    assert copy_of_nested == {"cursor": 3, "order": [2, 0, 1], "inner": {"pos": 5}}

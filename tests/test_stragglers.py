@@ -155,9 +155,13 @@ def test_the_sorted_verdict_is_the_per_rank_median_of_the_peers():
         assert find_stragglers(medians, factor) == _naive_stragglers(medians, factor), (medians, factor)
 
 
-def test_the_window_quantiles_are_nearest_rank_over_the_last_window():
+@pytest.mark.parametrize("small_world", [32, 0], ids=["python-columns", "numpy-ring"])
+def test_the_window_quantiles_are_nearest_rank_over_the_last_window(small_world, monkeypatch):
+    """Both representations of the window (plain columns up to SMALL_WORLD ranks, one numpy
+    array above) give the nearest-rank quantiles of the last `window` boundaries."""
     from accelpact.stats import quantile
 
+    monkeypatch.setattr(StragglerWindow, "SMALL_WORLD", small_world)
     w = StragglerWindow(3, window=4, factor=2.0)
     rows = [[0.1 * i, 0.3, 1.0 / (i + 1)] for i in range(1, 8)]
     for row in rows:
@@ -168,3 +172,16 @@ def test_the_window_quantiles_are_nearest_rank_over_the_last_window():
     for r in range(3):
         column = [row[r] for row in last]
         assert report.p50[r] == quantile(column, 0.5) and report.p90[r] == quantile(column, 0.9)
+
+
+def test_both_window_representations_name_the_same_stragglers(monkeypatch):
+    import random
+
+    rng = random.Random(11)
+    rows = [[rng.choice([0.1, 0.1, 0.12, 0.3, 0.5]) for _ in range(5)] for _ in range(40)]
+    verdicts = []
+    for small_world in (32, 0):
+        monkeypatch.setattr(StragglerWindow, "SMALL_WORLD", small_world)
+        w = StragglerWindow(5, window=6, factor=2.0)
+        verdicts.append(([w.add(row) for row in rows], w.report()))
+    assert verdicts[0] == verdicts[1]

@@ -83,7 +83,7 @@ class BoundarySnapshot:
         if data_state is None:
             return cls(frontier=int(frontier), rng=capture_rng_state_in_memory(), buffers=buffers, **extra)
         _check_stateful(data_state)
-        cursor = copy.deepcopy(data_state.state_dict())
+        cursor = _copied(data_state.state_dict())
         return cls(frontier=int(frontier), rng=capture_rng_state_in_memory(), cursor=cursor, has_cursor=True,
                    buffers=buffers, **extra)
 
@@ -118,6 +118,15 @@ class BoundarySnapshot:
 
 
 _IMMUTABLE = (int, float, bool, str, bytes, type(None))
+
+
+def _copied(state: Any) -> Any:
+    """A copy of a data cursor that advancing the loader cannot reach into. The common cursor is a
+    flat dict of numbers and strings: a shallow copy is then a full one, at ~1 µs where
+    `copy.deepcopy` takes ~10 (every update's snapshot takes one); anything else is deep copied."""
+    if type(state) is dict and all(isinstance(v, _IMMUTABLE) for v in state.values()):
+        return dict(state)
+    return copy.deepcopy(state)
 
 
 def _hyper_copy(group: dict) -> dict:
