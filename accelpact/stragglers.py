@@ -18,12 +18,13 @@ between updates), not slowness that its peers wait out inside the update.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from .stats import nearest_rank, quantile
 
 __all__ = ["StragglerReport", "StragglerWindow", "find_stragglers"]
 
@@ -130,10 +131,9 @@ class StragglerWindow:
         n = min(self._count, self.window)
         if n == 0:
             return (0.0,) * self.world_size
-        rank_in_window = max(0, math.ceil(q * n) - 1)
         if self._small:
-            return tuple(sorted(column)[rank_in_window] for column in zip(*self._rows))
-        return tuple(np.sort(self._times[:n], axis=0)[rank_in_window].tolist())
+            return tuple(quantile(column, q) for column in zip(*self._rows))
+        return tuple(np.sort(self._times[:n], axis=0)[nearest_rank(n, q)].tolist())
 
     def report(self) -> StragglerReport:
         p50, p90 = self._quantiles(0.5), self._quantiles(0.9)
