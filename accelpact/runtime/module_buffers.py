@@ -10,8 +10,11 @@ The list is kept valid by two facts, checked cheaply at each use:
   one hook per process bumps an epoch, and a list built at another epoch is walked again;
 - a buffer replaced without a hook (`model.to()` and `_apply` write `_buffers[name]` directly) or
   deleted no longer sits where the list found it: every use compares each slot by identity.
-Left out: a buffer added by writing `module._buffers[name]` directly, with no hook. No torch code
-does that for a new name; a user who does it must attach after.
+Left out: a buffer added under a new name by writing `module._buffers[name]` directly, with no
+hook. Where torch writes `_buffers` directly it replaces an existing name (`_apply`,
+`distribute_module`: caught by the identity check) or swaps tensors in and back out for one call
+(`torch.func.functional_call`, not across a boundary); a user who adds buffers that way must do it
+before attach.
 """
 
 from __future__ import annotations
