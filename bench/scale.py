@@ -64,28 +64,37 @@ def world_group(W):
     return GroupId("replicate", tuple(range(W)))
 
 
+def replicate_group(r, W, S):
+    """Rank r's replicate group in an HSDP layout of shard groups of S ranks."""
+    return GroupId("replicate", tuple(range(r % S, W, S)))
+
+
+def gathered(report):
+    """`report` as rank 0 holds it after the control plane's gather (a JSON round trip)."""
+    return RankReport.from_dict(jl(report.to_dict()))
+
+
 @case("decide_agreement preserve (DDP: every rank reports world group failed)")
 def _(W):
-    reps = [RankReport.from_dict(jl(RankReport(r, 5, 0, 5, C, (world_group(W),)).to_dict())) for r in range(W)]
+    reps = [gathered(RankReport(r, 5, 0, 5, C, (world_group(W),))) for r in range(W)]
     return lambda: decide_agreement(reps, W)
 
 
 @case("decide_agreement preserve (HSDP 8-rank shard groups, failed: one replicate group)")
 def _(W):
     S = min(8, W)
-    def rg(r):
-        return GroupId("replicate", tuple(range(r % S, W, S)))
-    reps = [RankReport.from_dict(jl(RankReport(r, 5, 0, 5, C, (rg(r),)).to_dict())) for r in range(W)]
+    reps = [gathered(RankReport(r, 5, 0, 5, C, (replicate_group(r, W, S),))) for r in range(W)]
     return lambda: decide_agreement(reps, W)
 
 
 @case("decide_agreement rewind ok (held: world + shard groups)")
 def _(W):
     S = min(8, W)
+
     def rep(r):
-        held = (GroupId("replicate", tuple(range(r % S, W, S))), GroupId("shard", tuple(range(r - r % S, r - r % S + S))))
-        return RankReport.from_dict(jl(RankReport(r, 5, 0, 5, FailurePhase.BACKWARD, held, rewind_phases=(FailurePhase.BACKWARD,),
-                                                  rerun_ok=True, held_groups=held + (world_group(W),)).to_dict()))
+        held = (replicate_group(r, W, S), GroupId("shard", tuple(range(r - r % S, r - r % S + S))))
+        return gathered(RankReport(r, 5, 0, 5, FailurePhase.BACKWARD, held, rewind_phases=(FailurePhase.BACKWARD,),
+                                   rerun_ok=True, held_groups=held + (world_group(W),)))
     reps = [rep(r) for r in range(W)]
     return lambda: decide_agreement(reps, W)
 
