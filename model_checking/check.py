@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import models
-from .tlc import ModelConfig, TlcError, TlcResult
+from .tlc import LONG_RUN_JAVA_OPTS, ModelConfig, TlcError, TlcResult
 
 PROPERTY_TEXT = {
     "TypeOK": "every variable stays in its type",
@@ -152,7 +152,7 @@ def _check_protocols(ranks: list[int], args, out, records: list) -> bool:
     rank_models = [models.rank_model(n, args.spec_dir) for n in ranks]
     _, per_run = models.plan_jobs(len(rank_models), workers=args.workers, jobs=args.jobs)
     results = models.check_models(rank_models, workers=args.workers, jobs=args.jobs, timeout_s=args.timeout,
-                                  directory=args.spec_dir)
+                                  directory=args.spec_dir, java_opts=LONG_RUN_JAVA_OPTS)
     ok = True
     try:
         for n, model, result in zip(ranks, rank_models, results):
@@ -248,7 +248,8 @@ def _check_membership(positions: int, args, out, records: list) -> bool:
               file=out)
         for prop in (*model.invariants, *model.properties):
             print(f"   {prop:<28} {MEMBERSHIP_PROPERTY_TEXT.get(prop, '')}", file=out)
-        result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir)
+        result = models.check_model(model, workers=args.workers, timeout_s=args.timeout, directory=args.spec_dir,
+                                    java_opts=LONG_RUN_JAVA_OPTS)
         passed = _print_result(model, result, args.workers, out)
         record = _record(model, result, passed)
         record["model"] = f"membership/{model.name}"

@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .tlc import ModelConfig, Status, TlcResult, run_tlc, run_tlc_many
+from .tlc import DEFAULT_JAVA_OPTS, ModelConfig, Status, TlcResult, run_tlc, run_tlc_many
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RANK_COUNTS: tuple[int, ...] = (2, 3, 4)
@@ -77,13 +77,13 @@ def expectation_met(model: ModelConfig, result: TlcResult) -> bool:
 
 
 def check_model(model: ModelConfig, *, workers: int = 1, timeout_s: float = 600.0,
-                directory: Path | None = None) -> TlcResult:
+                directory: Path | None = None, java_opts: Sequence[str] = DEFAULT_JAVA_OPTS) -> TlcResult:
     module = spec_module(model)
     spec = spec_path(directory) if module == SPEC_FILE else spec_dir(directory) / module
     if not spec.is_file():
         raise FileNotFoundError(f"no TLA+ spec at {spec} (named by {model.path})")
     return run_tlc(spec, model.path, workers=workers, timeout_s=timeout_s,
-                   check_deadlock=model.check_deadlock)
+                   check_deadlock=model.check_deadlock, java_opts=java_opts)
 
 
 # -- the membership change (rank replacement with hot spares, issue 15) ---------------------------
@@ -149,11 +149,14 @@ def plan_jobs(n_models: int, *, workers: int, jobs: int | None = None) -> tuple[
 
 
 def check_models(models: Sequence[ModelConfig], *, workers: int = 1, jobs: int | None = None,
-                 timeout_s: float = 600.0, directory: Path | None = None) -> Iterator[TlcResult]:
+                 timeout_s: float = 600.0, directory: Path | None = None,
+                 java_opts: Sequence[str] = DEFAULT_JAVA_OPTS) -> Iterator[TlcResult]:
     """`check_model` of each model, several at a time within `workers` threads in all; results in
     the order given. `jobs` runs at a time (default: one per worker, each run with one worker, as
-    many as there are models); the workers are divided among them."""
+    many as there are models); the workers are divided among them. `java_opts`: the whole protocol
+    models want `tlc.LONG_RUN_JAVA_OPTS`."""
     jobs, per_run = plan_jobs(len(models), workers=workers, jobs=jobs)
     runs = [functools.partial(run_tlc, spec_dir(directory) / spec_module(m), m.path, workers=per_run,
-                              timeout_s=timeout_s, check_deadlock=m.check_deadlock) for m in models]
+                              timeout_s=timeout_s, check_deadlock=m.check_deadlock, java_opts=java_opts)
+            for m in models]
     return run_tlc_many(runs, jobs=jobs)

@@ -61,9 +61,15 @@ _VIOLATION_CONTEXT = {MSG_INVARIANT_VIOLATED, MSG_TEMPORAL_VIOLATED, MSG_DEADLOC
 SEVERITY_ERROR = 1  # tlc2.output.MP: NONE=0, ERROR=1, TLCBUG=2, WARNING=3, STATE=4
 SEVERITY_TLCBUG = 2
 
-#: JVM options: the parallel collector (TLC asks for it), and the C1 compiler only: TLC runs here
-#: last seconds, and the C2 compiler's warm-up doubled the CPU time of the 2- and 3-rank models.
+#: JVM options of a short run (mutants, witnesses, trace and conformance checks: 1-10 s): the
+#: parallel collector (TLC asks for it) and the C1 compiler only. There the C2 compiler's threads
+#: cost more CPU than they save: the 30 mutants and witnesses, two side by side on 2 cores, took
+#: 73 s with C1 alone and 90 s (140 s of CPU) with C2.
 DEFAULT_JAVA_OPTS: tuple[str, ...] = ("-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1")
+#: JVM options of a run that explores a whole protocol model (a minute or more): C2 pays for
+#: itself there. MC2 took 38 s with it and 62 s with C1 alone; MC3 52 s and ~100 s.
+LONG_RUN_JAVA_OPTS: tuple[str, ...] = ("-XX:+UseParallelGC",)
+
 #: Check temporal properties once, on the whole state graph (not also at every progress report).
 LIVENESS_CHECK: tuple[str, ...] = ("-lncheck", "final")
 #: How often a run of a batch looks whether the batch was abandoned (seconds).

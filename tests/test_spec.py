@@ -457,3 +457,25 @@ def test_shipped_rank_models():
         model = models.rank_model(n)
         assert model.expect == "pass" and model.constants["N"] == str(n), n
         assert model.invariants == SAFETY and model.properties == LIVENESS
+
+
+def test_whole_protocol_models_get_the_long_run_jit_and_batches_keep_c1(monkeypatch, capsys):
+    """`accelpact check --ranks/--membership` explores whole models (a minute or more: C2 halves
+    MC3), while the mutant and witness batches stop within seconds (C1 alone costs least there).
+    TLC itself is not started: run_tlc is replaced by a recorder."""
+    from model_checking import check
+    from model_checking.tlc import DEFAULT_JAVA_OPTS, LONG_RUN_JAVA_OPTS, Status, TlcResult
+
+    asked: dict[str, tuple[str, ...]] = {}
+
+    def recorder(spec, cfg, **kw):
+        asked[getattr(cfg, "stem", str(cfg))] = tuple(kw["java_opts"])
+        return TlcResult(status=Status.PASS, distinct_states=1, states_generated=1, depth=1)
+
+    monkeypatch.setattr(models, "run_tlc", recorder)
+    check.main(["--ranks", "2", "--membership", "3"])
+    check.main(["--mutants", "--no-membership"])
+    capsys.readouterr()
+    assert asked["MC2"] == asked["MC3"] == LONG_RUN_JAVA_OPTS, asked
+    mutant = models.mutant_models()[0].name
+    assert asked[mutant] == DEFAULT_JAVA_OPTS and "-XX:TieredStopAtLevel=1" in DEFAULT_JAVA_OPTS
