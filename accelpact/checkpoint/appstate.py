@@ -20,6 +20,7 @@ import torch
 
 from .errors import CheckpointLoadError, CheckpointSaveError
 from .events import log_event
+from .numpy_rng import GLOBAL_STREAM
 
 APP_STATE_VERSION = 1
 
@@ -87,8 +88,9 @@ def capture_rng_state_in_memory() -> dict[str, Any]:
     that `torch.load(weights_only=True)` refuses): for state that never reaches a checkpoint, the
     boundary snapshot of every update. Measured: 80 µs instead of 180 µs per capture, the
     conversion to tensors and lists being most of it; numpy's own dict form (`legacy=False`)
-    takes 32 µs where its legacy tuple takes 57. `restore_rng_state` takes every form."""
-    state: dict[str, Any] = {"torch_cpu": torch.get_rng_state(), "numpy": np.random.get_state(legacy=False),
+    takes 32 µs where its legacy tuple takes 57, and ~1 µs when the stream has not moved since
+    the last read (`numpy_rng`). `restore_rng_state` takes every form."""
+    state: dict[str, Any] = {"torch_cpu": torch.get_rng_state(), "numpy": GLOBAL_STREAM.state(),
                              "python": random.getstate(), "cuda": None}
     if torch.cuda.is_available():
         state["cuda"] = list(torch.cuda.get_rng_state_all())
