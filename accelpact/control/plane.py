@@ -96,6 +96,8 @@ class ControlPlane:
         #  vector clock of rank 0 .. world-1 (every rank writes its whole clock: MAX merges them)]
         self._flag = torch.zeros(1 + 2 * self.world_size, dtype=torch.int64)
         self._flag_np = self._flag.numpy()  # the same memory: filled and read without torch's dispatch
+        self._max = dist.AllreduceOptions()  # posted straight to the group (`boundary_post`)
+        self._max.reduceOp = dist.ReduceOp.MAX
         #: every rank's update time (s) carried by the last boundary check; None where not reported
         self.update_times: tuple[float | None, ...] = (None,) * self.world_size
 
@@ -166,7 +168,9 @@ class ControlPlane:
             slots[1 + self.rank] = int(max(0.0, update_s) * 1e6) + 1
         slots[1 + n:] = self.clock.read() if self.clock is not None else 0
         try:
-            return dist.all_reduce(self._flag, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            # ProcessGroup.allreduce, not dist.all_reduce: the same collective without the Python
+            # wrapper's checks, which cost ~40 µs of the training thread on every update here.
+            return self.group.allreduce([self._flag], self._max)
         except Exception as exc:
             raise ControlPlaneError(f"boundary check #{self.seq} failed: {exc}") from exc
 
