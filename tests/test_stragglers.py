@@ -185,3 +185,32 @@ def test_both_window_representations_name_the_same_stragglers(monkeypatch):
         w = StragglerWindow(5, window=6, factor=2.0)
         verdicts.append(([w.add(row) for row in rows], w.report()))
     assert verdicts[0] == verdicts[1]
+
+
+def test_the_verdict_is_judged_when_the_window_fills_then_every_quarter_window():
+    """Judged at every boundary, the same rows would name rank 2 at some boundary b; judged every
+    quarter window, it is named at the first judged boundary at or after b, and the report names
+    what was last judged."""
+    import random
+
+    from accelpact.stats import quantile
+
+    rng = random.Random(3)
+    w = StragglerWindow(4, window=8, factor=2.0)
+    assert w.every == 2
+    rows = [[0.1, 0.1, 0.1 if i < 10 else 0.5, rng.choice([0.1, 0.12])] for i in range(30)]
+    named_at, every_boundary_at = None, None
+    for i, row in enumerate(rows, start=1):
+        newly, _ = w.add(row)
+        last = rows[max(0, i - 8):i]
+        medians = [quantile([r[k] for r in last], 0.5) for k in range(4)]
+        if i >= 8 and every_boundary_at is None and 2 in _naive_stragglers(medians, 2.0):
+            every_boundary_at = i
+        if 2 in newly:
+            named_at = i
+            assert (i - 8) % w.every == 0, f"named at boundary {i}, which is not judged"
+            assert w.report().stragglers == (2,)
+        elif named_at is None:
+            assert w.report().stragglers == ()
+    assert every_boundary_at is not None and named_at is not None
+    assert every_boundary_at <= named_at < every_boundary_at + w.every
