@@ -242,3 +242,49 @@ def test_the_real_release_moved_before_a_peers_report_in_time_only_is_refused_na
     assert rep.result.ok and not rep.ok
     assert rep.causal and all(v.rank == 0 and v.what.startswith("release") for v in rep.causal), rep.describe()
     assert any("that it has seen (both on host" in v.why and "before rank 2's" in v.why for v in rep.causal)
+
+
+class CountingStore(DictStore):
+    """A store with multi_get that counts the round trips the vote collection makes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[str] = []
+
+    def get(self, key):
+        self.calls.append("get")
+        return super().get(key)
+
+    def check(self, keys):
+        self.calls.append("check")
+        return super().check(keys)
+
+    def multi_get(self, keys):
+        self.calls.append("multi_get")
+        return [self.kv[k] for k in keys]
+
+    def wait(self, keys, timeout=None):
+        if not all(k in self.kv for k in keys):
+            raise RuntimeError("wait timeout")
+
+
+def test_all_votes_are_read_in_one_round_trip_and_a_missing_one_one_by_one():
+    """Rank 0 reads the release votes with one multi_get once they are all there (a check and a
+    get per rank cost 2W round trips on the repair path); with one missing it reads them one by
+    one and the missing vote is None; a store without multi_get (DictStore) still works."""
+    store = CountingStore()
+    zero, one = _plane(0, store), _plane(1, store)
+    zero.post_vote("r1", ReleaseVote(0, True, ""))
+    one.post_vote("r1", ReleaseVote(1, False, "validate failed"))
+    votes = zero.collect_votes("r1")
+    assert [(v.ok, v.reason) for v in votes] == [(True, ""), (False, "validate failed")]
+    assert store.calls == ["multi_get"]
+    store.calls.clear()
+    zero.post_vote("r2", ReleaseVote(0, True, ""))
+    votes = zero.collect_votes("r2")
+    assert votes[0].ok and votes[1] is None and "multi_get" not in store.calls
+    plain = DictStore()
+    zero, one = _plane(0, plain), _plane(1, plain)
+    zero.post_vote("r1", ReleaseVote(0, True, ""))
+    one.post_vote("r1", ReleaseVote(1, True, ""))
+    assert [v.ok for v in zero.collect_votes("r1")] == [True, True]

@@ -44,6 +44,12 @@ def test_one_committed_fault_is_preserved_bitwise(tmp_path, framework):
     # only members of the failed group rebuilt and rebound; the others stood by
     assert results[0]["history"][0]["rebound"] and results[2]["history"][0]["rebound"]
     assert not results[1]["history"][0]["rebound"] and not results[3]["history"][0]["rebound"]
+    # every rank's admission, on one clock: the first rank in waits in agree for the last one,
+    # and nobody is released before the last one was admitted (bench/repair.py splits the two)
+    admitted = [r["history"][0]["admitted_at"] for r in results]
+    released = [r["history"][0]["admitted_at"] + r["history"][0]["repair_s"] for r in results]
+    assert min(admitted) > 0 and max(admitted) - min(admitted) < 2.0 * 2
+    assert min(released) >= max(admitted) - 0.005  # one wall clock (time.time): a little slack for its steps
     assert_edges_in_table(results)
 
 

@@ -322,17 +322,25 @@ class ControlPlane:
     def collect_votes(self, epoch: str) -> list[ReleaseVote | None]:
         """Rank 0: every rank's vote, waiting up to the control timeout; None where missing."""
         keys = [f"{epoch}/vote/{r}" for r in range(self.world_size)]
+        raw: list[bytes | None] = [None] * len(keys)
         try:
             self.store.wait(keys, self.timeout)
         except Exception as exc:  # a missing vote is evidence for the decision, not an error here
             log.warning("release votes incomplete: %s: %s", type(exc).__name__, exc, extra={"epoch": epoch})
+        else:
+            try:  # every vote is there: one round trip instead of a check and a get per rank
+                raw = list(self.store.multi_get(keys))
+            except Exception as exc:  # a store without multi_get: read them one by one below
+                log.debug("multi_get of the votes failed: %s: %s", type(exc).__name__, exc, extra={"epoch": epoch})
         votes: list[ReleaseVote | None] = []
         for r, key in enumerate(keys):
             try:
-                if not self.store.check([key]):
-                    votes.append(None)
-                    continue
-                body = self._unstamped(self.sealer.open(self.store.get(key), epoch, "vote", r))
+                if raw[r] is None:  # read one by one only when some vote is missing
+                    if not self.store.check([key]):
+                        votes.append(None)
+                        continue
+                    raw[r] = self.store.get(key)
+                body = self._unstamped(self.sealer.open(raw[r], epoch, "vote", r))
                 votes.append(ReleaseVote(r, bool(body["ok"]), str(body["reason"])))  # type: ignore[index]
             except ForgedValue as exc:  # never counted: a missing vote, and the reason is kept
                 self.forged.setdefault(epoch, []).append(str(exc))

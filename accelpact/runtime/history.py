@@ -28,6 +28,7 @@ class RecoveryRecord:
     detect_s: float = 0.0  # failure detection: data-plane health check + boundary check wait
     timings_s: dict[str, float] = field(default_factory=dict)  # per effect phase (Effect.phase)
     repair_s: float = 0.0  # control-plane admission → release
+    admitted_at: float = 0.0  # wall-clock time of the admission (`recovery.Driven.admitted_at`)
     rebound: dict[str, int] = field(default_factory=dict)  # references rebound per site kind
     edges: list[tuple[str, str, str]] = field(default_factory=list)
     discarded: dict = field(default_factory=dict)  # what a discarded (rewound) update left behind
@@ -50,6 +51,7 @@ class RecoveryRecord:
             saw_failure=obs.saw_failure, cause=obs.cause, frontier=outcome.frontier, generation=outcome.generation,
             failed_groups=[g.key for g in (outcome.decision.failed_groups if outcome.decision else ())],
             reasons=list(outcome.reasons), detect_s=detect_s, timings_s=driven.timings_s, repair_s=driven.repair_s,
+            admitted_at=driven.admitted_at,
             rebound=dict(executor.rebound), edges=list(outcome.edges), discarded=executor.discarded,
             reports=list(getattr(executor, "reports", [])),
             decision=outcome.decision.to_dict() if outcome.decision else None,

@@ -20,10 +20,13 @@ class Driven:
     outcome: RecoveryOutcome
     timings_s: dict[str, float]  # per Effect.phase
     repair_s: float  # admission → release
+    #: wall-clock time of the admission (time.time()): ranks are admitted at different moments,
+    #: and only the ranks' admissions side by side tell the wait for the last one from the repair
+    admitted_at: float = 0.0
 
 
 def drive(machine: RecoveryMachine, obs: Observation, executor: Executor) -> Driven:
-    t0 = time.perf_counter()
+    t0, admitted_at = time.perf_counter(), time.time()
     timings: dict[str, float] = {}
     gen = run_recovery(machine, obs)
     result: object = None
@@ -32,7 +35,7 @@ def drive(machine: RecoveryMachine, obs: Observation, executor: Executor) -> Dri
         try:
             effect = gen.send(result)
         except StopIteration as stop:
-            return Driven(stop.value, timings, time.perf_counter() - t0)
+            return Driven(stop.value, timings, time.perf_counter() - t0, admitted_at)
         if before is not None:
             before(effect.phase)
         t = time.perf_counter()
