@@ -14,7 +14,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .tlc import DEFAULT_JAVA_OPTS, ModelConfig, Status, TlcResult, run_tlc, run_tlc_many
+from .tlc import DEFAULT_JAVA_OPTS, ModelConfig, Status, TlcResult, run_tlc, run_tlc_many, without_properties
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 RANK_COUNTS: tuple[int, ...] = (2, 3, 4)
@@ -76,13 +76,26 @@ def expectation_met(model: ModelConfig, result: TlcResult) -> bool:
     return result.status in (Status.INVARIANT, Status.LIVENESS) and result.violated == model.expect
 
 
+def cfg_for_run(model: ModelConfig) -> Path | str:
+    """What TLC is given for `model`: its file, or, for a model that must violate an invariant,
+    its text without the temporal properties. TLC stops at the first invariant violation and
+    checks liveness (`-lncheck final`) only after a complete search, so the properties decide
+    nothing there; yet with them TLC builds the behaviour graph as it explores, which made such
+    runs 3x slower (proof_by_epoch: 10.7 s, 3.0 s without, the same 9,254 states). Should the
+    mutant not be caught, the run passes instead of reporting a liveness verdict: a failure
+    either way."""
+    if model.properties and model.expect in model.invariants:
+        return without_properties(model.path.read_text())
+    return model.path
+
+
 def check_model(model: ModelConfig, *, workers: int = 1, timeout_s: float = 600.0,
                 directory: Path | None = None, java_opts: Sequence[str] = DEFAULT_JAVA_OPTS) -> TlcResult:
     module = spec_module(model)
     spec = spec_path(directory) if module == SPEC_FILE else spec_dir(directory) / module
     if not spec.is_file():
         raise FileNotFoundError(f"no TLA+ spec at {spec} (named by {model.path})")
-    return run_tlc(spec, model.path, workers=workers, timeout_s=timeout_s,
+    return run_tlc(spec, cfg_for_run(model), workers=workers, timeout_s=timeout_s,
                    check_deadlock=model.check_deadlock, java_opts=java_opts)
 
 
@@ -156,7 +169,7 @@ def check_models(models: Sequence[ModelConfig], *, workers: int = 1, jobs: int |
     many as there are models); the workers are divided among them. `java_opts`: the whole protocol
     models want `tlc.LONG_RUN_JAVA_OPTS`."""
     jobs, per_run = plan_jobs(len(models), workers=workers, jobs=jobs)
-    runs = [functools.partial(run_tlc, spec_dir(directory) / spec_module(m), m.path, workers=per_run,
+    runs = [functools.partial(run_tlc, spec_dir(directory) / spec_module(m), cfg_for_run(m), workers=per_run,
                               timeout_s=timeout_s, check_deadlock=m.check_deadlock, java_opts=java_opts)
             for m in models]
     return run_tlc_many(runs, jobs=jobs)

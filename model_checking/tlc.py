@@ -364,6 +364,22 @@ class ModelConfig:
         )
 
 
+_CFG_KEYWORDS = ("INVARIANT", "INVARIANTS", "PROPERTY", "PROPERTIES", "CONSTANT", "CONSTANTS", "SPECIFICATION",
+                 "INIT", "NEXT", "VIEW", "SYMMETRY", "CONSTRAINT", "CONSTRAINTS")
+
+
+def without_properties(text: str) -> str:
+    """The .cfg `text` without its PROPERTY/PROPERTIES section (everything else kept as written)."""
+    out, skipping = [], False
+    for raw in text.splitlines(keepends=True):
+        first = raw.strip().partition(" ")[0]
+        if first in _CFG_KEYWORDS:
+            skipping = first in ("PROPERTY", "PROPERTIES")
+        if not skipping:
+            out.append(raw)
+    return "".join(out)
+
+
 def tla_value(value: object) -> str:
     """A Python value as TLA+ text for a .cfg: ints, bools, strings, sets (of those)."""
     if isinstance(value, bool):

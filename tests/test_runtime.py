@@ -54,17 +54,19 @@ def test_one_committed_fault_is_preserved_bitwise(tmp_path, framework):
 
 
 @pytest.mark.timeout(240)
-def test_ten_successive_committed_faults_leave_every_rank_bitwise_equal(tmp_path):
+def test_six_successive_committed_faults_leave_every_rank_bitwise_equal(tmp_path):
+    """Every rank faulted once, two of them late (a rank that reaches the boundary after its
+    peers gave up on it), one after another with no clean update between. Longer runs of
+    recoveries are the soak test's (thirty, tests/test_soak.py); ten here cost 30 s of CI."""
     plan = ",".join(f"{kind}@{u}:committed:{r}" for u, (kind, r) in
-                    zip(range(2, 12), [("skip", 2), ("skip", 1), ("late", 0), ("skip", 3), ("skip", 0),
-                                       ("late", 2), ("skip", 1), ("skip", 2), ("skip", 3), ("skip", 0)]))
-    results = drill(tmp_path, updates=12, faults=plan, data_timeout_s=1.5, control_timeout_s=8.0)
+                    zip(range(2, 8), [("skip", 2), ("skip", 1), ("late", 0), ("skip", 3), ("late", 2), ("skip", 0)]))
+    results = drill(tmp_path, updates=8, faults=plan, data_timeout_s=1.5, control_timeout_s=8.0)
     for r in results:
         assert r["rejected"] is None, r["rejected"]
-        assert len(r["history"]) == 10
+        assert len(r["history"]) == 6
         assert all(h["action"] == "preserve" for h in r["history"])
         assert all({"guard", "agree", "release"} <= set(h["timings_s"]) for h in r["history"])
-        assert (r["frontier"], r["generation"]) == (12, 10)
+        assert (r["frontier"], r["generation"]) == (8, 6)
         assert r["mismatches"] == [], f"rank {r['rank']}: {r['mismatches']}"
     assert_edges_in_table(results)
 

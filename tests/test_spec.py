@@ -479,3 +479,23 @@ def test_whole_protocol_models_get_the_long_run_jit_and_batches_keep_c1(monkeypa
     assert asked["MC2"] == asked["MC3"] == LONG_RUN_JAVA_OPTS, asked
     mutant = models.mutant_models()[0].name
     assert asked[mutant] == DEFAULT_JAVA_OPTS and "-XX:TieredStopAtLevel=1" in DEFAULT_JAVA_OPTS
+
+
+def test_a_mutant_that_must_break_an_invariant_runs_without_the_temporal_properties():
+    """They decide nothing there (TLC stops at the invariant; liveness is checked only after a
+    complete search) and cost 3x (the behaviour graph is built as TLC explores). A mutant that
+    must break liveness, and every model that must pass, keep them."""
+    from model_checking.tlc import ModelConfig, without_properties
+
+    by_name = {m.name: m for m in models.mutant_models()}
+    invariant, liveness = by_name["proof_by_epoch"], by_name["barrier_skips_one_crash"]
+    text = models.cfg_for_run(invariant)
+    assert isinstance(text, str)
+    stripped = ModelConfig.parse(text)
+    assert stripped.properties == () and invariant.properties == ("RecoveryEnds",)
+    assert (stripped.invariants, stripped.constants, stripped.expect, stripped.check_deadlock) == \
+        (invariant.invariants, invariant.constants, invariant.expect, invariant.check_deadlock)
+    assert models.cfg_for_run(liveness) == liveness.path
+    assert models.cfg_for_run(models.rank_model(2)) == models.rank_model(2).path
+    cfg = "SPECIFICATION Spec\nPROPERTY\n    A\n    B\nINVARIANTS\n    I\nPROPERTIES P\nVIEW V\n"
+    assert without_properties(cfg) == "SPECIFICATION Spec\nINVARIANTS\n    I\nVIEW V\n"
