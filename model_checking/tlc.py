@@ -288,6 +288,15 @@ def parse_dump(text: str) -> list[dict[str, str]]:
 
 
 # -- model configs --------------------------------------------------------------------------------
+#: A .cfg's section keywords, each with the section it opens (singular and plural alike).
+CFG_SECTIONS = {
+    "INVARIANT": "INVARIANTS", "INVARIANTS": "INVARIANTS", "PROPERTY": "PROPERTIES",
+    "PROPERTIES": "PROPERTIES", "CONSTANT": "CONSTANTS", "CONSTANTS": "CONSTANTS",
+    "SPECIFICATION": "SPECIFICATION", "INIT": "INIT", "NEXT": "NEXT", "VIEW": "VIEW",
+    "SYMMETRY": "SYMMETRY", "CONSTRAINT": "CONSTRAINT", "CONSTRAINTS": "CONSTRAINT",
+}
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """A TLC .cfg plus what AccelPact expects of it, from its header comments:
@@ -318,12 +327,6 @@ class ModelConfig:
         description: list[str] = []
         sections: dict[str, list[str]] = {}
         section: str | None = None
-        keywords = {
-            "INVARIANT": "INVARIANTS", "INVARIANTS": "INVARIANTS", "PROPERTY": "PROPERTIES",
-            "PROPERTIES": "PROPERTIES", "CONSTANT": "CONSTANTS", "CONSTANTS": "CONSTANTS",
-            "SPECIFICATION": "SPECIFICATION", "INIT": "INIT", "NEXT": "NEXT", "VIEW": "VIEW",
-            "SYMMETRY": "SYMMETRY", "CONSTRAINT": "CONSTRAINT", "CONSTRAINTS": "CONSTRAINT",
-        }
         for raw in text.splitlines():
             line = raw.strip()
             if line.startswith("\\*"):
@@ -339,8 +342,8 @@ class ModelConfig:
             if not line:
                 continue
             first, _, rest = line.partition(" ")
-            if first in keywords:
-                section = keywords[first]
+            if first in CFG_SECTIONS:
+                section = CFG_SECTIONS[first]
                 sections.setdefault(section, [])
                 line = rest.strip()
                 if not line:
@@ -364,17 +367,13 @@ class ModelConfig:
         )
 
 
-_CFG_KEYWORDS = ("INVARIANT", "INVARIANTS", "PROPERTY", "PROPERTIES", "CONSTANT", "CONSTANTS", "SPECIFICATION",
-                 "INIT", "NEXT", "VIEW", "SYMMETRY", "CONSTRAINT", "CONSTRAINTS")
-
-
 def without_properties(text: str) -> str:
     """The .cfg `text` without its PROPERTY/PROPERTIES section (everything else kept as written)."""
     out, skipping = [], False
     for raw in text.splitlines(keepends=True):
         first = raw.strip().partition(" ")[0]
-        if first in _CFG_KEYWORDS:
-            skipping = first in ("PROPERTY", "PROPERTIES")
+        if first in CFG_SECTIONS:
+            skipping = CFG_SECTIONS[first] == "PROPERTIES"
         if not skipping:
             out.append(raw)
     return "".join(out)
