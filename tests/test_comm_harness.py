@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from pathlib import Path
 
@@ -57,7 +58,13 @@ def test_a_hung_world_is_killed_at_its_timeout(tmp_path):
     # 5 s: forked from the preloaded forkserver, the four ranks are up and hung (pid files written)
     # within a second even on loaded cores; the rest of a longer timeout is only waited out
     start = time.monotonic()
-    with pytest.raises(WorldError, match="timed out after 5.0 s"):
+    with pytest.raises(WorldError, match="timed out after 5.0 s") as error:
         run_world(_fail_or_hang, 4, str(tmp_path), None, timeout_s=5.0)
     assert time.monotonic() - start < 30
     _assert_all_dead(tmp_path)
+    # each hung rank's threads at the kill name the call it hung in (faulthandler, SIGUSR1)
+    for rank in range(4):
+        detail = error.value.outcomes[rank].detail
+        assert detail.startswith("no result (killed); its threads at the kill:"), detail
+        assert "in _fail_or_hang" in detail, detail
+    assert not list(Path(tempfile.gettempdir()).glob(f"accelpact-world-{os.getpid()}-*.stacks"))

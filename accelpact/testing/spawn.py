@@ -20,17 +20,20 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import faulthandler
 import logging
 import multiprocessing
 import os
 import pickle
 import queue as queue_module
 import signal
+import tempfile
 import threading
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from ..errors import AccelPactError
@@ -42,6 +45,9 @@ __all__ = ["RankOutcome", "WorldError", "run_world"]
 _LOCALHOST = "127.0.0.1"
 _POLL_S = 0.05
 _ENV_LOCK = threading.Lock()
+#: How long a hung rank gets to write its threads' stacks (SIGUSR1, faulthandler) before the kill.
+_STACKS_WAIT_S = 0.5
+_STACKS_FILE: Any = None  # a rank's open stacks file: faulthandler writes to its descriptor
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor",
                    "torch.nn.parallel", "torch._dynamo", "numpy.random", "accelpact.runtime", "accelpact.testing.drills")
 
@@ -140,8 +146,13 @@ def run_world(
                 process.start()
             processes[rank] = process
         reason = _collect(processes, results_queue, outcomes, time.monotonic() + timeout_s, timeout_s, grace_s)
+        if reason is not None:
+            _take_stacks(processes, outcomes, os.getpid(), store.port)
     finally:
         _kill_all(processes)
+        for rank in processes:
+            with contextlib.suppress(OSError):
+                _stacks_path(os.getpid(), store.port, rank).unlink()
         results_queue.close()
         results_queue.join_thread()
         del store
@@ -188,6 +199,30 @@ def _collect(
                 first_failure = f"rank {rank} died"
                 deadline = min(deadline, time.monotonic() + grace_s)
     return first_failure
+
+
+def _stacks_path(parent_pid: int, store_port: int, rank: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"accelpact-world-{parent_pid}-{store_port}-rank{rank}.stacks"
+
+
+def _take_stacks(processes: Mapping[int, multiprocessing.process.BaseProcess], outcomes: dict[int, RankOutcome],
+                 parent_pid: int, store_port: int) -> None:
+    """Before a failed world is killed: every rank still running without a result writes its
+    threads' stacks (faulthandler, registered on SIGUSR1 at the rank's start), and they become its
+    outcome, so that a hang names the call it hung in."""
+    hung = {rank: p for rank, p in processes.items() if rank not in outcomes and p.pid is not None and p.is_alive()}
+    for process in hung.values():
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(process.pid, signal.SIGUSR1)
+    if hung:
+        time.sleep(_STACKS_WAIT_S)
+    for rank in hung:
+        try:
+            stacks = _stacks_path(parent_pid, store_port, rank).read_text(errors="replace").strip()
+        except OSError as exc:
+            stacks = f"(none: {type(exc).__name__}: {exc})"
+        outcomes[rank] = RankOutcome(rank, False, detail="no result (killed); its threads at the kill:\n"
+                                                         + (stacks[-6000:] or "(none written)"))
 
 
 def _drain_one(results_queue: Any) -> RankOutcome | None:
@@ -254,9 +289,13 @@ def _child_main(
     fn: Callable[..., Any],
     args: tuple[Any, ...],
 ) -> None:
+    global _STACKS_FILE
     os.environ.update(env)
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    with contextlib.suppress(OSError):  # the parent asks for the stacks of a rank that hangs
+        _STACKS_FILE = open(_stacks_path(parent_pid, store_port, rank), "w")  # noqa: SIM115 - kept for faulthandler
+        faulthandler.register(signal.SIGUSR1, file=_STACKS_FILE, all_threads=True)
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     import torch
     import torch.distributed as dist
