@@ -37,6 +37,11 @@ class TraceWriter:
             self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
             self.write({"kind": "attach", "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname()})
 
+    @property
+    def enabled(self) -> bool:
+        """Whether records are written (a trace directory was given and the writer is open)."""
+        return self._fh is not None
+
     def write(self, record: dict[str, Any]) -> None:
         if self._fh is None:
             return

@@ -82,6 +82,7 @@ def test_deferred_boundaries_rewind_what_they_meet_and_end_bitwise_equal(tmp_pat
         assert r["frontier"] == 6
         assert [(h["action"], h["frontier"]) for h in r["history"]] == [("rewind", 2), ("rewind", 4)]
         assert r["deferral"]["deferred"] >= 6 and r["deferral"]["joined"] == 0
+        assert r["deferral"]["on_thread"] == r["deferral"]["deferred"]  # every check ran off the training thread
     assert_valid_run(tmp_path / "trace")
 
 

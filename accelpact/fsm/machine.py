@@ -18,6 +18,10 @@ from .decisions import AgreementDecision
 from .phases import Phase, RecoveryAction
 from .table import TRANSITIONS, predicates
 
+#: each phase by its name: `Phase(name)` runs the enum's lookup (several Python calls) on every
+#: clean update's commit, a dict lookup is one
+_PHASE_NAMED = {str(p): p for p in Phase}
+
 #: edges `RecoveryMachine.taken` keeps (a recovery takes a few dozen; drills read them all)
 EDGES_KEPT = 4096
 
@@ -115,7 +119,7 @@ class RecoveryMachine:
 
     @property
     def phase(self) -> Phase:
-        return Phase(self.ctx.state)
+        return _PHASE_NAMED[self.ctx.state]
 
     def may(self, trigger: str) -> bool:
         """Whether `trigger` would be accepted now; evaluates the table's predicates, changes nothing."""
@@ -163,4 +167,4 @@ class RecoveryMachine:
         self.fired += 1
         if self.on_edge is not None:
             self.on_edge(*edge)
-        return Phase(dst)
+        return _PHASE_NAMED[dst]

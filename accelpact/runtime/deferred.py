@@ -1,7 +1,7 @@
 """The deferred committed boundary: its effects (the rule is `fsm.deferral`, pure).
 
-A clean rank inside ``rt.step`` posts its boundary flag without waiting and goes on into the
-next update. The flag is settled before that update makes anything permanent: in its
+A clean rank inside ``rt.step`` posts its boundary flag without waiting (the check runs on a
+thread of its own, `check_thread`) and goes on into the next update. The flag is settled before that update makes anything permanent: in its
 optimizer.step() pre-hook, at its failure or boundary, at ``rt.update()`` entry, or at close.
 
 - Flag 0: the boundary commits then, as a synchronous one would have (F+1, the FSM edge, metrics).
@@ -21,12 +21,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import AccelPactError, ControlPlaneError
 from ..fsm.deferral import DeferralFacts, why_synchronous
 from ..fsm.effects import Quiesce
 from ..fsm.phases import FailurePhase
+from .check_thread import CheckThread
 from .listeners import tell_before_check
 
 log = logging.getLogger("accelpact.runtime")
@@ -42,7 +42,7 @@ class PeerNeedsRecovery(AccelPactError, RuntimeError):
 @dataclass
 class PendingBoundary:
     update: int  # the update whose boundary was posted
-    work: Any  # the control plane's all-reduce in flight
+    ticket: int  # the check handed to its thread (`CheckThread.result` gives its flag)
     posted: float  # time.perf_counter() at the post
     flag: int | None = None  # the agreed flag, once waited for
     failure: ControlPlaneError | None = None  # the control plane failed while it was waited for
@@ -55,6 +55,11 @@ class DeferralCounts:
     pending: PendingBoundary | None = None
     deferred: int = 0
     joined: int = 0
+    checks: CheckThread | None = None  # its thread starts with the first deferred boundary
+
+    def stop(self) -> None:
+        if self.checks is not None:
+            self.checks.close()
 
 
 def defer(rt, arrived: float) -> bool:
@@ -71,11 +76,10 @@ def defer(rt, arrived: float) -> bool:
     if why_synchronous(facts) is not None:
         return False
     tell_before_check(rt.listeners, rt.update_index)
-    try:
-        work = rt.stragglers.post(0, arrived)
-    except ControlPlaneError as exc:
-        rt._reject_without_protocol(f"control plane failed at the boundary: {exc}", exc)
-    rt.deferral.pending = PendingBoundary(rt.update_index, work, time.perf_counter())
+    if rt.deferral.checks is None:  # reads rt.stragglers when it runs: a membership change replaces it
+        rt.deferral.checks = CheckThread(lambda flag, at: rt.stragglers.settle(rt.stragglers.post(flag, at)))
+    ticket = rt.deferral.checks.start(0, arrived)  # a failed check is collected as its error (settle)
+    rt.deferral.pending = PendingBoundary(rt.update_index, ticket, time.perf_counter())
     rt.deferral.deferred += 1
     return True
 
@@ -117,7 +121,7 @@ def _agreed_flag(rt, pending: PendingBoundary) -> int | None:
     """Wait for the posted check once (its flag is kept); None: the control plane failed."""
     if pending.flag is None and pending.failure is None:
         try:
-            pending.flag = rt.stragglers.settle(pending.work)
+            pending.flag = rt.deferral.checks.result(pending.ticket, float(rt.config.control_timeout_s))
         except ControlPlaneError as exc:
             pending.failure = exc
     return pending.flag

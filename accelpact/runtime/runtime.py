@@ -176,6 +176,7 @@ class Runtime:
     def close(self) -> None:
         """Agree a deferred boundary; remove every hook, close trace and control plane (attach may follow)."""
         self.settle()
+        self.deferral.stop()
         self.observers.close()
         stop_workers(self)
         self._tracker.remove()
@@ -293,6 +294,8 @@ class Runtime:
         raise rejected from error
 
     def _on_edge(self, trigger: str, src: str, dst: str) -> None:
+        if not self.trace.enabled:  # every clean update takes an edge: no record built for nobody
+            return
         self.trace.edge(seq=self.control.seq, action=trigger, src=src, dst=dst, frontier=self.frontier,
                         generation=self.generation, refs=dict(self.data_plane.ref_generation),
                         update=self.update_index, tau=self.opt_step)
