@@ -345,8 +345,9 @@ def main(argv=None) -> int:
         import torchft  # noqa: F401
     except Exception as exc:  # pragma: no cover - reported, not hidden
         print(f"torchft is not usable here: {type(exc).__name__}: {exc}\n"
-              "install it for this benchmark only: pip install torchft==0.2.0 --no-deps "
-              "opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp-proto-http")
+              "install it for this benchmark only (`make bench` does): pip install --no-deps torchft==0.2.0 "
+              "&& pip install opentelemetry-api opentelemetry-sdk opentelemetry-exporter-otlp-proto-http "
+              "(torchft's own pins would replace torch; the exporter needs its dependencies)")
         return 2
     world = args.replicas
     cfg = {

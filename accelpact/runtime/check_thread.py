@@ -1,13 +1,14 @@
 """The deferred boundary's check, run on a thread of its own.
 
 Why: a deferred boundary waits for nothing, yet starting its all-reduce and reading its result
-still cost the training thread ~270 µs of every update here, with caches cold after the step:
-c10d's enqueue ~95 µs, the slot writes and the clock around it, then the wait, the update times,
-the clock merge and the straggler window. That was half of what protection cost that thread.
-On a node with a core to spare per rank this work overlaps the next update, and the all-reduce
-itself runs on gloo's thread either way. So the training thread hands the check over (a queue
-put, ~1 µs warm) and collects the agreed flag when it settles the boundary, normally long after
-the thread has finished.
+still cost the training thread 145-187 µs of every update here (`bench/deferred_check.py`, the
+two interleaved in one world), with caches cold after the step: c10d's enqueue alone takes
+90-110 µs there (30 warm), then come the slot writes and the clock, the wait, the update times,
+the clock merge and the straggler window. That was a quarter of what protection cost that
+thread. On a node with a core to spare per rank this work overlaps the next update, and the
+all-reduce itself runs on gloo's thread either way. So the training thread hands the check over
+(a queue put) and collects the agreed flag when it settles the boundary, normally long after the
+thread has finished.
 
 Order on the control plane is kept. Only one check is in flight, and every later use of the
 control plane (a synchronous check, a recovery, close) comes after `result`, which waits until
@@ -36,7 +37,7 @@ class CheckThread:
 
     def __init__(self, check_fn: Callable[[int, float], int], *, name: str = "accelpact-boundary-check"):
         self._check_fn, self._name = check_fn, name
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # C-implemented: a put costs ~1 µs warm
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # C-implemented, no Python lock around it
         self._done: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._issued = 0  # tickets handed out (the training thread's count)
