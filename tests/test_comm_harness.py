@@ -35,6 +35,23 @@ def test_results_come_back_in_rank_order_with_the_environment():
     assert [r["local_rank"] for r in results] == ["0", "1", "0", "1"]
 
 
+def test_a_rank_that_imported_another_accelpact_than_its_caller_is_refused_by_name():
+    """A rank of a forkserver started from a checkout imports the checkout's accelpact even when
+    the caller's comes from another tree (PYTHONPATH): a comparison of two trees would silently
+    run one. Here the caller's package is named as some other directory, as it would be then."""
+    from accelpact.testing.spawn import PACKAGE_ENV, MixedTrees, same_package
+
+    same_package(None)  # a rank started outside run_world: nothing to compare
+    with pytest.raises(MixedTrees, match="imported accelpact from /a, its caller from /b"):
+        same_package("/b", mine="/a")
+    with pytest.raises(WorldError) as error:
+        run_world(_report, 2, "x", timeout_s=60, env={PACKAGE_ENV: "/elsewhere/accelpact"}, grace_s=1.0)
+    for outcome in error.value.outcomes.values():
+        assert not outcome.ok
+        assert "its caller from /elsewhere/accelpact" in outcome.detail, outcome.detail
+        assert "start the caller from a directory without an accelpact/ package" in outcome.detail
+
+
 def _assert_all_dead(pid_dir: Path) -> None:
     pids = [int(path.read_text()) for path in pid_dir.iterdir()]
     assert len(pids) == 4

@@ -43,6 +43,9 @@ log = logging.getLogger("accelpact.testing")
 __all__ = ["RankOutcome", "WorldError", "run_world"]
 
 _LOCALHOST = "127.0.0.1"
+#: The caller's `accelpact` package directory, which every rank must import too (`same_package`).
+PACKAGE_ENV = "ACCELPACT_WORLD_PACKAGE"
+_PACKAGE = str(Path(__file__).resolve().parent.parent)
 _POLL_S = 0.05
 _ENV_LOCK = threading.Lock()
 #: How long a hung rank gets to write its threads' stacks (SIGUSR1, faulthandler) before the kill.
@@ -130,6 +133,7 @@ def run_world(
                 "MASTER_ADDR": _LOCALHOST,
                 "MASTER_PORT": str(store.port),
                 "OMP_NUM_THREADS": str(threads_per_rank),
+                PACKAGE_ENV: _PACKAGE,
                 **(env or {}),
             }
             process = ctx.Process(
@@ -277,6 +281,21 @@ def _watch_parent(parent_pid: int) -> None:
         time.sleep(0.5)
 
 
+class MixedTrees(AccelPactError, RuntimeError):
+    """A rank runs another tree's accelpact than the process that started it."""
+
+
+def same_package(callers: str | None, mine: str = _PACKAGE) -> None:
+    """Refuse a rank that imported another `accelpact` than its caller. Why: the forkserver's
+    `sys.path` starts with the working directory, so a bench started from a checkout, with another
+    tree first on PYTHONPATH, runs the checkout's code in its ranks and the other in the caller:
+    a before/after comparison then compares one tree with itself, silently."""
+    if callers is not None and callers != mine:
+        raise MixedTrees(f"this rank imported accelpact from {mine}, its caller from {callers}: the forkserver "
+                         "puts the working directory first on sys.path; start the caller from a directory "
+                         "without an accelpact/ package in it, or use start_method='spawn'")
+
+
 def _child_main(
     rank: int,
     world_size: int,
@@ -303,6 +322,7 @@ def _child_main(
     torch.set_num_threads(threads_per_rank)
     timeout = datetime.timedelta(seconds=pg_timeout_s)
     try:
+        same_package(env.get(PACKAGE_ENV))
         store = dist.TCPStore(_LOCALHOST, store_port, world_size, False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
         outcome = RankOutcome(rank, True, result=fn(rank, world_size, *args))
