@@ -462,6 +462,8 @@ def release_spares(rt: Runtime, reasons: list[str]) -> None:
 
 
 def stop_workers(rt: Runtime) -> None:
+    """Every thread the runtime started: the membership's workers and the deferred check's."""
+    rt.deferral.stop()
     for worker in (rt.heartbeat, rt.replicator):
         if worker is not None:
             worker.stop()

@@ -66,7 +66,7 @@ class Runtime:
         self.profile, self.platform = profile, platform
         self.envelope, self.envelope_source = envelope, envelope_source
         self.data_plane, self.control, self.trace, self.rewind = data_plane, control, trace, rewind
-        self.machine = RecoveryMachine(RecoveryContext(rank), on_edge=self._on_edge)
+        self.machine = RecoveryMachine(RecoveryContext(rank), on_edge=self._on_edge if trace.enabled else None)
         self.frontier = 0  # F: committed updates
         self.generation = 0  # g: communicator generation (equal on every rank)
         self.opt_step = 0  # tau: optimizer steps applied
@@ -176,7 +176,6 @@ class Runtime:
     def close(self) -> None:
         """Agree a deferred boundary; remove every hook, close trace and control plane (attach may follow)."""
         self.settle()
-        self.deferral.stop()
         self.observers.close()
         stop_workers(self)
         self._tracker.remove()
@@ -294,8 +293,6 @@ class Runtime:
         raise rejected from error
 
     def _on_edge(self, trigger: str, src: str, dst: str) -> None:
-        if not self.trace.enabled:  # every clean update takes an edge: no record built for nobody
-            return
         self.trace.edge(seq=self.control.seq, action=trigger, src=src, dst=dst, frontier=self.frontier,
                         generation=self.generation, refs=dict(self.data_plane.ref_generation),
                         update=self.update_index, tau=self.opt_step)
