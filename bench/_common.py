@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,6 +31,25 @@ def table(headers: list[str], rows: list[list]) -> str:
     lines = ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+class TimedUpdate:
+    """One plain update (forward, backward, step, zero_grad) of a `build_hsdp_job` job, whose
+    thread CPU accumulates in `cpu_s`: the user's code, subtracted from an arm's thread CPU to
+    leave AccelPact's own (`bench/guard.py`, `bench/deferred_check.py`)."""
+
+    def __init__(self, model, opt, data):
+        self.model, self.opt, self.data, self.cpu_s = model, opt, data, 0.0
+
+    def __call__(self) -> None:
+        from accelpact.workloads import next_token_loss
+
+        t = time.thread_time()
+        loss = next_token_loss(self.model, self.data.next_batch())
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.cpu_s += time.thread_time() - t
 
 
 def model_size(text: str) -> tuple[int, int]:

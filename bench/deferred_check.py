@@ -22,7 +22,7 @@ import os
 import sys
 import time
 
-from _common import median, table, write_json
+from _common import TimedUpdate, median, table, write_json
 
 from accelpact.testing.spawn import run_world
 
@@ -49,20 +49,12 @@ class InlineChecks:
 
 def worker(rank: int, world: int, updates: int, block: int) -> dict:
     import accelpact
-    from accelpact.workloads import build_hsdp_job, next_token_loss
+    from accelpact.workloads import build_hsdp_job
 
     model, opt, data = build_hsdp_job("fsdp2", layers=4, dim=64, seed=1, seq_len=32, batch_size=8)
     rt = accelpact.attach(model, opt, data_state=data, config=accelpact.Config(
         data_timeout_s=10, control_timeout_s=60, envelope="permissive", boundary="deferred"))
-    body = [0.0]
-
-    def step():
-        t = time.thread_time()
-        loss = next_token_loss(model, data.next_batch())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        body[0] += time.thread_time() - t
+    step = TimedUpdate(model, opt, data)  # its thread CPU is subtracted from the arm's
 
     rt.step(step)  # the first deferred boundary starts the check's thread
     threaded, inline = rt.deferral.checks, InlineChecks(rt)
@@ -72,10 +64,10 @@ def worker(rank: int, world: int, updates: int, block: int) -> dict:
         rt.settle()  # the boundary in flight is settled by the arm that posted it
         rt.deferral.checks = inline if arm == "inline" else threaded
         for i in range(block):
-            body[0], c0 = 0.0, time.thread_time()
+            step.cpu_s, c0 = 0.0, time.thread_time()
             rt.step(step)
             if b >= len(ARMS) and i > 0:  # the block's first update settles the previous arm's boundary
-                own[arm].append(time.thread_time() - c0 - body[0])
+                own[arm].append(time.thread_time() - c0 - step.cpu_s)
     rt.settle()
     rt.deferral.checks = threaded
     rt.close()

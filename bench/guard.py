@@ -33,7 +33,7 @@ import os
 import sys
 import time
 
-from _common import median, table, write_json
+from _common import TimedUpdate, median, table, write_json
 
 from accelpact.testing.spawn import run_world
 
@@ -45,7 +45,7 @@ def worker(rank: int, world: int, updates: int, dim: int, layers: int, framework
     import torch.distributed as dist
 
     import accelpact
-    from accelpact.workloads import build_hsdp_job, next_token_loss
+    from accelpact.workloads import build_hsdp_job
 
     floor_group = dist.new_group(backend="gloo")  # before attach: the same creation order everywhere
     floor_flag = torch.zeros(1 + 2 * world, dtype=torch.int64)
@@ -53,15 +53,7 @@ def worker(rank: int, world: int, updates: int, dim: int, layers: int, framework
     rt = accelpact.attach(model, opt, data_state=data,
                           config=accelpact.Config(data_timeout_s=10, control_timeout_s=60, envelope="permissive"))
 
-    body_cpu = [0.0]  # thread CPU of the update body (the user's code), to subtract from the arm's
-
-    def step():
-        t = time.thread_time()
-        loss = next_token_loss(model, data.next_batch())
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        body_cpu[0] += time.thread_time() - t
+    step = TimedUpdate(model, opt, data)  # its thread CPU is subtracted from the arm's
 
     def floor():
         step()
@@ -83,12 +75,12 @@ def worker(rank: int, world: int, updates: int, dim: int, layers: int, framework
     for b in range(blocks):
         arm = ARMS[b % len(ARMS)]
         for i in range(block):
-            body_cpu[0] = 0.0
+            step.cpu_s = 0.0
             c0, t0 = time.thread_time(), time.perf_counter()
             run[arm]()
             if b >= len(ARMS) and i > 0:
                 times[arm].append(time.perf_counter() - t0)
-                own_cpu[arm].append(time.thread_time() - c0 - body_cpu[0])
+                own_cpu[arm].append(time.thread_time() - c0 - step.cpu_s)
     rt.close()
     return {"times": times, "own_cpu": own_cpu}
 

@@ -1,8 +1,9 @@
 """The deferred committed boundary: its effects (the rule is `fsm.deferral`, pure).
 
 A clean rank inside ``rt.step`` posts its boundary flag without waiting (the check runs on a
-thread of its own, `check_thread`) and goes on into the next update. The flag is settled before that update makes anything permanent: in its
-optimizer.step() pre-hook, at its failure or boundary, at ``rt.update()`` entry, or at close.
+thread of its own, `check_thread`) and goes on into the next update. The flag is settled before
+that update makes anything permanent: in its optimizer.step() pre-hook, at its failure or
+boundary, at ``rt.update()`` entry, or at close.
 
 - Flag 0: the boundary commits then, as a synchronous one would have (F+1, the FSM edge, metrics).
 - Flag > 0: a peer needs the recovery of that boundary. This rank throws the next update's partial
