@@ -438,12 +438,21 @@ def incident_lines(summary: RunSummary) -> list[str]:
     return lines
 
 
+#: The deferred boundary's check thread (`runtime.check_thread.THREAD_NAME`; not imported: this
+#: module reads reports and must not pull in torch).
+CHECK_THREAD = "accelpact-boundary-check"
+
+
 def hang_line(hang: dict[str, Any], frames: int = 2) -> str:
     """Where the training thread of a rank was while it hung: "0.50 s into forward of update 2 (update
     0.52 s): inject.py:49 in perform: time.sleep(...) <- injector.py:78 in on_phase: ..."."""
     stacks = hang.get("stacks") or {}
     main = next((v for k, v in stacks.items() if k.startswith("MainThread ")), None)
     where = " <- ".join(_short_frame(f) for f in reversed((main or [])[-frames:])) or "no main thread stack"
+    if main and "check_thread.py" in main[-1]:  # it waits for the deferred check: where that waits says more
+        check = next((v for k, v in stacks.items() if k.startswith(f"{CHECK_THREAD} ")), None)
+        if check:
+            where += f" (the check's thread: {_short_frame(check[-1])})"
     threads = f"{len(stacks)} thread{'' if len(stacks) == 1 else 's'}"
     return (f"{hang.get('phase_ran_s', 0.0):.2f} s into {hang.get('phase', '?')} of update {hang.get('update', '?')} "
             f"(update {hang.get('update_ran_s', 0.0):.2f} s; {threads} in incidents-rank<r>.jsonl): {where}")

@@ -96,6 +96,21 @@ def test_the_report_says_where_the_main_thread_hung():
                                "faults/injector.py:78 in on_phase: perform(fault)")
 
 
+def test_a_training_thread_waiting_for_the_deferred_check_is_reported_with_where_the_check_waits():
+    from accelpact import run_report
+    from accelpact.runtime.check_thread import THREAD_NAME
+
+    assert run_report.CHECK_THREAD == THREAD_NAME
+    hang = {"update": 5, "phase": "backward", "phase_ran_s": 1.0, "update_ran_s": 1.1, "stacks": {
+        "MainThread (1)": ["/r/accelpact/runtime/deferred.py:125 in _agreed_flag: pending.flag = ...",
+                           "/r/accelpact/runtime/check_thread.py:61 in result: got, flag, failure = self._done.get(...)"],
+        f"{THREAD_NAME} (2)": ["/r/accelpact/runtime/stragglers.py:55 in settle: result = ...",
+                               "/r/accelpact/control/plane.py:181 in boundary_result: work.wait()"]}}
+    assert hang_line(hang).endswith("runtime/check_thread.py:61 in result: got, flag, failure = self._done.get(...) <- "
+                                    "runtime/deferred.py:125 in _agreed_flag: pending.flag = ... "
+                                    "(the check's thread: control/plane.py:181 in boundary_result: work.wait())")
+
+
 # ------------------------------------------------------------------------------ a stalled rank, 2 ranks
 
 

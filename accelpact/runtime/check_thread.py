@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 from ..errors import ControlPlaneError
 
+#: The thread's name, as the hang watch's stacks show it (`run_report.hang_line` looks for it).
+THREAD_NAME = "accelpact-boundary-check"
 #: Seconds `result` waits beyond the control timeout, which bounds the check's own wait.
 MARGIN_S = 30.0
 
@@ -35,7 +37,7 @@ class CheckThread:
     agreed flag or raises its ControlPlaneError. `check_fn` runs on the thread: the post and the
     settle of `StragglerWatch`."""
 
-    def __init__(self, check_fn: Callable[[int, float], int], *, name: str = "accelpact-boundary-check"):
+    def __init__(self, check_fn: Callable[[int, float], int], *, name: str = THREAD_NAME):
         self._check_fn, self._name = check_fn, name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # C-implemented, no Python lock around it
         self._done: queue.SimpleQueue = queue.SimpleQueue()
