@@ -58,6 +58,7 @@ bench: install
 	$(PY) bench/rebind.py --layers 4 32 --repeats 50
 	$(PY) bench/repair.py --faults 3 --data-timeout 2
 	$(PY) bench/guard.py --updates 60
+	$(PY) bench/deferred_check.py --updates 120
 	$(PY) bench/overhead.py --quick
 	$(PY) bench/torchft_peer.py --quick
 	$(PY) bench/restart.py --quick
