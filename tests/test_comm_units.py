@@ -77,8 +77,10 @@ class _PendingWork:
     """A gloo Work as `wait_unless` sees it: `wait(timeout)` raises "timed out" until the op is
     done (after `done_after` polls), then returns True or raises the op's own error."""
 
-    def __init__(self, done_after: int | None, error: Exception | None = None):
+    def __init__(self, done_after: int | None, error: Exception | None = None, done_as_poll_ends: bool = False):
         self.polls, self.done_after, self.error = 0, done_after, error
+        #: the op completes just after the poll that times out, before `is_completed` is asked
+        self.done_as_poll_ends = done_as_poll_ends
 
     def is_completed(self) -> bool:
         return self.done_after is not None and self.polls > self.done_after
@@ -86,6 +88,8 @@ class _PendingWork:
     def wait(self, timeout=None):
         self.polls += 1
         if not self.is_completed():
+            if self.done_as_poll_ends:
+                self.done_after = self.polls - 1
             raise RuntimeError("Operation timed out!")
         if self.error is not None:
             raise self.error
@@ -103,3 +107,13 @@ def test_a_gloo_wait_is_cut_short_only_when_its_world_is_abandoned():
     assert len(asks) == 2  # it asked at each poll that timed out, and gave up when told to
     with pytest.raises(RuntimeError, match="Connection closed by peer"):  # the op's own failure is its own
         wait_unless(_PendingWork(done_after=0, error=RuntimeError("Connection closed by peer")), lambda: True)
+
+
+def test_an_op_that_completes_as_a_poll_times_out_is_not_reported_as_timed_out():
+    """The race CI met: the poll's "Operation timed out!" was raised as the op's own error."""
+    from accelpact.comm.backends import wait_unless
+
+    assert wait_unless(_PendingWork(done_after=None, done_as_poll_ends=True), lambda: False) is True
+    failed = _PendingWork(done_after=None, error=RuntimeError("Connection closed by peer"), done_as_poll_ends=True)
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):  # its own error, not the poll's
+        wait_unless(failed, lambda: False)

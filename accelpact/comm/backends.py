@@ -114,7 +114,13 @@ def wait_unless(work, cut_short: Callable[[], bool]) -> bool:
     that thread), so the membership change closes the retired world's connections
     (`connections.sever`), which ends the op at once. A finished
     op (or a failed one, whose error is raised) returns at once; the group's timeout still bounds
-    the wait."""
+    the wait.
+
+    An op that completes between a poll's timeout and the look at `is_completed` is waited for
+    again, never reported by the poll's "Operation timed out!": found by CI, where the last peer
+    of a boundary check arrived just as a poll ended on a loaded machine, and this rank alone
+    took a check that every peer passed for a failed one (it left for a membership change, its
+    peers recovered without it, and the job was rejected)."""
     from ..errors import CollectiveAbandoned
 
     while True:
@@ -122,7 +128,7 @@ def wait_unless(work, cut_short: Callable[[], bool]) -> bool:
             return work.wait(CUT_SHORT_POLL)
         except RuntimeError:
             if work.is_completed():
-                raise  # the op itself failed: its own error
+                return work.wait()  # done now: its result, or the op's own error (never the poll's)
             if cut_short():
                 raise CollectiveAbandoned("a peer left this world for a membership change: its collectives are "
                                           "abandoned") from None
