@@ -39,8 +39,10 @@ def test_a_rank_that_imported_another_accelpact_than_its_caller_is_refused_by_na
     """A rank of a forkserver started from a checkout imports the checkout's accelpact even when
     the caller's comes from another tree (PYTHONPATH): a comparison of two trees would silently
     run one. Here the caller's package is named as some other directory, as it would be then."""
+    from accelpact.config import unknown_variables
     from accelpact.testing.spawn import PACKAGE_ENV, MixedTrees, same_package
 
+    assert unknown_variables({PACKAGE_ENV: "/a/accelpact"}) == []  # every rank has it: no "not a setting" warning
     same_package(None)  # a rank started outside run_world: nothing to compare
     with pytest.raises(MixedTrees, match="imported accelpact from /a, its caller from /b"):
         same_package("/b", mine="/a")
