@@ -43,6 +43,17 @@ def test_nobody_lost_is_no_membership_change():
     assert not d.replace and "every rank is present" in d.reasons[0]
 
 
+def test_a_peer_that_rejected_while_the_change_waited_is_that_reject_not_a_loss():
+    """A rank whose boundary check failed where its peers' passed left for a membership change;
+    its peers, in their own recovery, met its departure and rejected. They are absent, but not
+    lost: the decision is their reject, with its reason, whatever spares are free."""
+    d = decide_membership(world=0, world_size=4, reports=[_hsdp(0)], free_spares=[4, 5, 6],
+                          small_state_at={p: {4} for p in (1, 2, 3)}, peer_rejected="gather #5 failed: closed")
+    assert not d.replace and not d.shrink and d.lost == () and not d.fenced(1)
+    assert d.reasons == ("the job was rejected by a peer while this membership change waited for it (positions "
+                         "[1, 2, 3] did not post presence): gather #5 failed: closed",)
+
+
 def test_a_survivor_whose_envelope_does_not_qualify_replace_rejects_it_with_the_reason():
     unqualified = Presence(position=1, frontier=4, generation=0, rerun_ok=True, replicas=(1, 3), replace_ok=False,
                            replace_reason="not qualified for ddp on cpu-gloo at backward")

@@ -254,6 +254,29 @@ def test_the_decision_counts_a_silence_from_when_the_watch_saw_it_begin():
     assert time.monotonic() - t < 0.5  # without `seen`: 2.5 * 0.8 = 2 s
 
 
+def test_a_peer_that_rejects_ends_the_wait_for_the_decision_with_its_reject():
+    """Found by CI: the peers of a rank that left for a membership change rejected in their own
+    recovery and exited; the rank waited until their processes were gone, then declared all
+    three lost ("3 rank(s) lost but 2 spare(s) free"). The job's end names the reject instead,
+    and the wait stops at once (the peers still heartbeat here: only the grace would end it)."""
+    from accelpact.membership import register
+    from accelpact.membership.decide import Presence
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=5))
+    for position in range(4):
+        store.set(keys.heartbeat(position), f"1|0|{position}")
+    pool.register(store, 4)
+    register.post_presence(store, 0, Presence(position=0, frontier=2, generation=0, rerun_ok=True, replicas=(0, 2)))
+    pool.end_job(store, 75, "rank 1: gather #5 failed")
+    t = time.monotonic()
+    decision = register.await_decision(store, 0, 4, grace_s=30.0, heartbeat_s=0.5, small_state_at=lambda p: {2})
+    assert time.monotonic() - t < 1.0
+    assert decision.outcome == "reject" and decision.lost == ()
+    assert decision.reasons[0].endswith("(positions [1, 2, 3] did not post presence): rank 1: gather #5 failed")
+    assert register.read_decision(store, 0) == decision  # the one register: a late peer follows it
+
+
 def test_the_exit_barrier_counts_a_lost_node_once_and_a_fenced_process_not_at_all():
     """One torchrun agent per node (GROUP_RANK = launch rank // 2): the decision that loses ranks
     2 and 3 records who held them, and their one agent is the only one that never arrives."""

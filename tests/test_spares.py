@@ -134,6 +134,22 @@ def test_a_rank_lost_inside_the_boundary_check_splits_the_survivors_who_roll_for
     assert [(rec["position"], rec["frontier"]) for rec in rolled] == [(1, 3)], rolled
 
 
+def test_a_check_that_fails_on_one_rank_while_its_peers_recover_is_one_reject_with_the_real_reasons():
+    """Rank 0's boundary check of update 3 fails after its contribution left (`miss`), while the
+    check passes on its peers with a recovery to run (rank 3 skipped its probe). Rank 0 leaves for
+    a membership change; its peers meet its closed connections in their agreement and reject: a
+    control plane that broke with every rank alive is a Reject, on every rank. What CI met as a
+    race (a poll's timeout taken for the check's failure) named the peers "3 rank(s) lost" and
+    their failure a crash; each now says what happened."""
+    job = run_spare_job(framework="fsdp2", faults="skip@3:committed:3,miss@3:check:0", updates=5, spares=1)
+    assert job.codes == [75] * 5, _explain(job)
+    assert "the job was rejected by a peer while this membership change waited for it" in job.output[0], \
+        _explain(job)
+    assert "rank(s) lost" not in job.output[0], _explain(job)
+    for rank in (1, 2, 3):
+        assert "a peer had left this world for a membership change" in job.output[rank], _explain(job)
+
+
 def test_a_rank_lost_after_its_check_before_it_commits_is_replaced_with_its_state_of_that_update():
     """Every survivor committed update 3; rank 2 died before it did. Its state of 3 reached the
     store before its contribution left the check, so the spare continues from F=3 (before, the

@@ -180,7 +180,7 @@ class ControlPlane:
         try:
             work.wait() if self.cut_short is None else wait_unless(work, self.cut_short)
         except Exception as exc:
-            raise ControlPlaneError(f"boundary check #{self.seq} failed: {exc}") from exc
+            raise ControlPlaneError(f"boundary check #{self.seq} failed: {exc}{self._peer_left()}") from exc
         n, slots = self.world_size, self._flag_np
         self.update_times = tuple((us - 1) / 1e6 if us else None for us in slots[1:1 + n].tolist())
         if self.clock is not None:
@@ -253,7 +253,7 @@ class ControlPlane:
         try:
             dist.all_gather(out, buf, group=self.group)
         except Exception as exc:
-            raise ControlPlaneError(f"gather #{self.seq} failed: {exc}") from exc
+            raise ControlPlaneError(f"gather #{self.seq} failed: {exc}{self._peer_left()}") from exc
         result: list[object] = []
         for rank, t in enumerate(out):
             raw = t.numpy().tobytes()
@@ -264,6 +264,15 @@ class ControlPlane:
             except ForgedValue as exc:  # every rank sees the same bytes: all reject together
                 result.append({FORGED: str(exc), "rank": rank})
         return result
+
+    def _peer_left(self) -> str:
+        """Why a control-plane collective failed, when a peer left this world for a membership
+        change: it closed its connections, and gloo's "Connection closed by peer ... typically
+        caused by a remote worker crashing" would otherwise send the reader after a crash that
+        never happened (a peer whose boundary check failed where this rank's passed)."""
+        if self.cut_short is None or not self.cut_short():
+            return ""
+        return " (a peer had left this world for a membership change: it closed its connections, it did not crash)"
 
     @staticmethod
     def unusable(got: list[object]) -> list[str]:

@@ -177,16 +177,23 @@ def agreed_frontier(reports: Sequence[Presence]) -> tuple[int, tuple[int, ...], 
 
 
 def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence], free_spares: Sequence[int],
-                      small_state_at: Mapping[int, Collection[int]]) -> MembershipDecision:
+                      small_state_at: Mapping[int, Collection[int]], peer_rejected: str = "") -> MembershipDecision:
     """The membership decision of `world` from the survivors' `reports`.
 
     `free_spares`: launch ids of the spares alive and not yet claimed, in the order to use them.
     `small_state_at`: lost position -> the frontiers of its small state in the store (its two
-    slots; empty: none arrived)."""
+    slots; empty: none arrived). `peer_rejected`: the reason of a reject that ended the job while
+    this change waited (a peer whose boundary check passed met this change inside its own
+    recovery and rejected it): the positions that rejected are gone, but were never lost, and
+    nothing can be rebuilt around them."""
     present = tuple(sorted({r.position for r in reports}))
     here = set(present)
     lost = tuple(p for p in range(world_size) if p not in here)
     base = {"world": world, "present": present, "lost": lost}
+    if peer_rejected:  # the absent rejected (or were lost too): none is counted lost, nothing is rebuilt
+        return MembershipDecision(outcome="reject", world=world, present=present, lost=(), reasons=(
+            f"the job was rejected by a peer while this membership change waited for it (positions {list(lost)} "
+            f"did not post presence): {peer_rejected}",))
     reasons: list[str] = []
     if not lost:
         return MembershipDecision(outcome="reject", reasons=(

@@ -59,10 +59,18 @@ def wait_for_claim(store: dist.Store, spare: int, *, heartbeat_s: float = 1.0, p
             raw = store.get(keys.spare_claim(spare))
             if raw:
                 return Activation.from_json(raw)
-        if store.check([keys.job_end()]):
-            end = json.loads(store.get(keys.job_end()))
-            raise SpareReleased(int(end.get("code", 0)), str(end.get("why", "")))
+        ended = job_ended(store)
+        if ended is not None:
+            raise SpareReleased(*ended)
         time.sleep(poll_s)
+
+
+def job_ended(store: dist.Store) -> tuple[int, str] | None:
+    """(code, why) once the job is over (`end_job`: 0 finished, 75 rejected); None while it runs."""
+    if not store.check([keys.job_end()]):
+        return None
+    end = json.loads(store.get(keys.job_end()))
+    return int(end.get("code", 0)), str(end.get("why", ""))
 
 
 def registered(store: dist.Store) -> list[int]:

@@ -2,7 +2,8 @@
 
 Every survivor posts its `Presence`, then waits until every position has posted or is gone (its
 heartbeat stopped: a dead process, detected in about two heartbeats) or the grace period ends (a
-process that still heartbeats but never posts is cut off from its peers). The first survivor
+process that still heartbeats but never posts is cut off from its peers), or a peer's reject
+ends the job (its reject is then the decision: those who rejected were not lost). The first survivor
 whose wait ends computes the decision (`decide.decide_membership`, pure) from the presences it
 read and writes it by compare-and-set: every rank follows that one value, so no two survivors
 can act on two different decisions, and a late rank learns from it that it was replaced."""
@@ -109,11 +110,12 @@ def read_decision(store: dist.Store, world: int) -> MembershipDecision | None:
 def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: float, heartbeat_s: float,
                    small_state_at, seen: BeatsSeen | None = None) -> MembershipDecision:
     """Wait for every position (present or gone) or the grace period, then decide — unless a
-    peer decided first, whose value is then this rank's too. `small_state_at(position)` reads the
-    frontiers of its small state in the store. `seen`: this process's earlier look at the
-    heartbeats in this world (`a_member_went_silent`), so that a silence it already watched for
-    2.5 beats is not watched for 2.5 more (measured: the decision came 1.26 s after the last
-    survivor's presence, as long as the watch itself)."""
+    peer decided first, whose value is then this rank's too, or a peer rejected the job (it
+    ended: nobody else will come, and the decision is that reject, not a loss of the ranks that
+    rejected). `small_state_at(position)` reads the frontiers of its small state in the store.
+    `seen`: this process's earlier look at the heartbeats in this world (`a_member_went_silent`),
+    so that a silence it already watched for 2.5 beats is not watched for 2.5 more (measured: the
+    decision came 1.26 s after the last survivor's presence, as long as the watch itself)."""
     deadline = time.monotonic() + grace_s
     dead_after = 2.5 * heartbeat_s
     last_beat: BeatsSeen = dict(seen or {})
@@ -122,6 +124,9 @@ def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: f
         if decided is not None:
             return decided
         present = [p for p in range(world_size) if store.check([keys.present(world, p)])]
+        ended = pool.job_ended(store)
+        if ended is not None and ended[0] != 0:  # a peer rejected: no one will come, nothing to wait for
+            return _decide(store, world, world_size, present, small_state_at, peer_rejected=ended[1])
         now = time.monotonic()
         here = set(present)
         missing = [p for p in range(world_size) if p not in here]
@@ -134,13 +139,13 @@ def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: f
         time.sleep(0.02)
 
 
-def _decide(store, world, world_size, present, small_state_at) -> MembershipDecision:
+def _decide(store, world, world_size, present, small_state_at, peer_rejected: str = "") -> MembershipDecision:
     reports = [Presence.from_json(json.loads(store.get(keys.present(world, p)))) for p in present]
     here = set(present)
     lost = [p for p in range(world_size) if p not in here]
     decision = decide_membership(world=world, world_size=world_size, reports=reports,
                                  free_spares=pool.free_spares(store),
-                                 small_state_at={p: small_state_at(p) for p in lost})
+                                 small_state_at={p: small_state_at(p) for p in lost}, peer_rejected=peer_rejected)
     value = json.dumps(decision.to_json())
     got = store.compare_set(keys.decision(world), "", value)
     got = got.decode() if isinstance(got, bytes) else got

@@ -429,7 +429,7 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
     action = RecoveryAction.SHRINK if d.shrink else RecoveryAction.REPLACE
     record = RecoveryRecord(
         index=rt._recoveries, update=rt.update_index, action=action if resumed else RecoveryAction.REJECT,
-        failure_phase=phase, saw_failure=True, cause=f"lost rank(s) {list(d.lost)}: {error}",
+        failure_phase=phase, saw_failure=True, cause=f"lost rank(s) {list(d.lost)}: {error}" if d.lost else str(error),
         frontier=d.frontier if resumed else rt.frontier, generation=rt.generation, reasons=list(change.reasons),
         detect_s=detect_s, timings_s=dict(change.timings_s), repair_s=time.perf_counter() - t0,
         rebound=dict(change.rebound))
