@@ -252,9 +252,12 @@ def report(args, verdicts) -> int:
             moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', '?')}: {t['bytes']} B"
                               f"{' (neighbour copy)' if t.get('via') == 'neighbour' else ''}" for t in r["transfers"])
             copies = sorted(k for k, v in r.get("via", {}).items() if v == "neighbour")
-            print(f"       lost {r['lost']}, spares {r['spares']} took over, state from {r['sources']}"
-                  f"{f' (neighbour copy of rank(s) {copies})' if copies else ''}"
-                  f"{' (' + moved + ')' if moved else ''}")
+            if not r["lost"]:  # the control plane failed with every rank alive
+                print("       nobody lost: the world was rebuilt around the same members")
+            else:
+                print(f"       lost {r['lost']}, spares {r['spares']} took over, state from {r['sources']}"
+                      f"{f' (neighbour copy of rank(s) {copies})' if copies else ''}"
+                      f"{' (' + moved + ')' if moved else ''}")
             if r.get("rolled"):  # a member lost inside the boundary check of the frontier
                 print(f"       rank(s) {r['rolled']} missed the outcome of the boundary check of update "
                       f"{rec['frontier']} and committed it in the change (rolled forward)")

@@ -38,9 +38,19 @@ def test_a_shard_without_a_live_holder_cannot_be_replaced():
     assert not d.replace and any("no live replica peer holds the shard of lost rank 1" in r for r in d.reasons)
 
 
-def test_nobody_lost_is_no_membership_change():
-    d = decide_membership(world=0, world_size=2, reports=[_hsdp(0), _hsdp(1)], free_spares=[2], small_state_at={})
-    assert not d.replace and "every rank is present" in d.reasons[0]
+def test_nobody_lost_rebuilds_the_world_around_the_same_members():
+    """The control plane failed on a rank while every process lived (its check broke after its
+    contribution left): every position reports, and the world is rebuilt at the agreed frontier
+    with nobody to replace; the rank whose check failed rolls forward to its peers' commit. It
+    used to reject ("every rank is present"), which spec/Membership.tla never required."""
+    reports = [_hsdp(0, frontier=3), Presence(position=1, frontier=2, generation=0, rerun_ok=True, replicas=(1, 3),
+                                              at_check=True), _hsdp(2, frontier=3), _hsdp(3, frontier=3)]
+    d = decide_membership(world=0, world_size=4, reports=reports, free_spares=[], small_state_at={})
+    assert d.replace and d.lost == () and d.assign == {} and d.frontier == 3 and d.rolled == (1,)
+    assert d.generation == 1 and not any(d.fenced(p) for p in range(4))
+    behind = [_hsdp(0, frontier=3), _hsdp(1, frontier=2), _hsdp(2, frontier=3), _hsdp(3, frontier=3)]
+    d = decide_membership(world=0, world_size=4, reports=behind, free_spares=[], small_state_at={})
+    assert not d.replace and "did not contribute to the boundary check of update 3" in d.reasons[0]
 
 
 def test_a_peer_that_rejected_while_the_change_waited_is_that_reject_not_a_loss():

@@ -134,6 +134,27 @@ def test_a_rank_lost_inside_the_boundary_check_splits_the_survivors_who_roll_for
     assert [(rec["position"], rec["frontier"]) for rec in rolled] == [(1, 3)], rolled
 
 
+def test_a_check_that_fails_on_one_rank_alone_rebuilds_the_world_in_memory_bitwise():
+    """Rank 1's boundary check of update 3 fails after its contribution left (`miss`); every peer
+    passed it and commits update 3. Nobody is lost: rank 1 posts its presence, its peers meet its
+    absence in update 4's collectives and post theirs, and with every position present the world
+    is rebuilt around the same members at F=3, rank 1 rolling forward. The job ends bitwise equal
+    to the uninterrupted run, the spare never claimed. (This rejected before: "every rank is
+    present".)"""
+    job = run_spare_job(framework="fsdp2", faults="miss@3:check:1", updates=6, spares=1)
+    assert job.codes == [0] * 5, _explain(job)
+    assert job.result["bitwise_ok"] and job.result["all_in_memory"], _explain(job)
+    (rebuilt,) = [h for h in job.result["verdicts"][0]["history"] if h["action"] == "replace"]
+    assert rebuilt["replacement"]["lost"] == [] and rebuilt["replacement"]["spares"] == {}, rebuilt
+    assert rebuilt["frontier"] == 3 and rebuilt["replacement"]["rolled"] == [1], rebuilt
+    assert "nobody lost: the world was rebuilt around the same members" in job.output[0], _explain(job)
+    assert "took over" not in job.output[4], _explain(job)  # the spare was never claimed
+    traces = load_membership_traces(job.trace_dir)
+    assert check_membership_traces(traces, replicas=HSDP_REPLICAS) == []
+    decided = [rec for recs in traces.values() for rec in recs if rec["event"] == "decided"]
+    assert decided and all(rec["present"] == [0, 1, 2, 3] and rec["lost"] == [] for rec in decided), decided
+
+
 def test_a_check_that_fails_on_one_rank_while_its_peers_recover_is_one_reject_with_the_real_reasons():
     """Rank 0's boundary check of update 3 fails after its contribution left (`miss`), while the
     check passes on its peers with a recovery to run (rank 3 skipped its probe). Rank 0 leaves for

@@ -46,7 +46,8 @@ class RecoveryAction(StrEnum):
     PRESERVE = "preserve"  # L1: keep S_app, rebuild communicators, rebind, resume at F
     REJECT = "reject"  # L2: fail-stop; the supervisor restores the last verified checkpoint
     REWIND = "rewind"  # L1': discard the interrupted update, rebuild every group, re-run it from F
-    REPLACE = "replace"  # a lost rank's position taken by a spare: rebuild the world, re-run F+1
+    REPLACE = "replace"  # a lost rank's position taken by a spare: rebuild the world, re-run F+1 (also with
+    # nobody lost, under membership: the control plane failed on a rank while every process lived)
     SHRINK = "shrink"  # a lost rank's replica group leaves (Config.on_loss): a smaller world re-runs F+1
 
     @classmethod

@@ -194,11 +194,10 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
         return MembershipDecision(outcome="reject", world=world, present=present, lost=(), reasons=(
             f"the job was rejected by a peer while this membership change waited for it (positions {list(lost)} "
             f"did not post presence): {peer_rejected}",))
-    reasons: list[str] = []
-    if not lost:
-        return MembershipDecision(outcome="reject", reasons=(
-            "the control plane failed but every rank is present: no rank was lost (not a membership change)",),
-            **base)
+    # Every position present (the control plane failed on a rank while every process lived: a
+    # check that broke after its contribution left, a partition that healed before the decision):
+    # the same decision with nobody to replace, a world rebuilt around the same members at the
+    # agreed frontier (spec/Membership.tla's `Decision` with L = {}).
     frontier, rolled, reasons = agreed_frontier(reports)
     generations = sorted({r.generation for r in reports})
     if len(generations) > 1:
