@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .observe.incident import IncidentFacts, sentence
+from .observe.incident import IncidentFacts, nobody_lost, sentence
 
 #: Per-phase timings recorded by the runtime (`timings_s` keys), in protocol order.
 TIMING_PHASES = ("guard", "agree", "replace", "rebind", "validate", "release", "reject")
@@ -69,6 +69,7 @@ class Recovery:
     cause: str = ""  # the first observer's classified cause
     reasons: list[str] = field(default_factory=list)
     evidence: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its incident record
+    nobody_lost: bool = False  # a Replace that replaced nobody (the world rebuilt around its members)
 
     @property
     def facts(self) -> IncidentFacts:
@@ -76,7 +77,7 @@ class Recovery:
             update=self.update, phase=self.failure_phase, action=self.action, observers=tuple(self.observers),
             failed_groups=tuple(self.failed_groups), cause=self.cause, detect_s=self.detect_s,
             repair_s=self.repair_s, reasons=tuple(self.reasons), back_s=self.fault_to_frontier_s,
-            restored_step=self.restored_step)
+            restored_step=self.restored_step, nobody_lost=self.nobody_lost)
 
     @property
     def sentence(self) -> str:
@@ -277,7 +278,7 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
             phases_s=phases, ranks=sorted(by_rank), t_fault=t_fault,
             t_decided=max(float(r["t"]) for r in recs_of.values()),
             observers=[r for r, o in sorted(observes.items(), key=lambda kv: float(kv[1]["t"])) if o.get("saw")],
-            reasons=[str(x) for x in first.get("reasons", [])],
+            reasons=[str(x) for x in first.get("reasons", [])], nobody_lost=nobody_lost(first.get("replacement")),
         )
         recovery.cause = str(observes[recovery.observers[0]].get("cause", "")) if recovery.observers else ""
         _resolve_outcome(recovery, per_rank)

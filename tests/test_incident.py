@@ -4,12 +4,20 @@ and the report leading with one sentence per incident."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
 
 from accelpact.fsm.phases import FailurePhase, RecoveryAction
-from accelpact.observe.incident import IncidentFacts, cause_kind, observers_of, peers_of, sentence
+from accelpact.observe.incident import (
+    IncidentFacts,
+    cause_kind,
+    nobody_lost,
+    observers_of,
+    peers_of,
+    sentence,
+)
 from accelpact.observe.stacks import thread_stacks
 from accelpact.observe.window import RollingGoodput
 from accelpact.run_report import format_summary, summarize
@@ -66,6 +74,13 @@ def test_sentences_say_who_what_when_and_what_was_decided():
     text = sentence(reject)
     assert text.startswith("rank 1 failed: ValueError: bad shape during the optimizer step of update 3; "
                            "every rank rejected (ValueError: bad shape), restarted from checkpoint 2;"), text
+    replaced = IncidentFacts(update=4, phase="forward", action="replace", observers=(0,), failed_groups=(),
+                             cause="connection_closed: reset", detect_s=0.0, repair_s=0.09)
+    assert "; a spare took the lost rank's place and every rank re-ran the update;" in sentence(replaced)
+    rebuilt = dataclasses.replace(replaced, nobody_lost=True)  # the control plane failed with every rank alive
+    assert ("; nobody was lost: every rank rebuilt its world around the same members and re-ran the update;"
+            in sentence(rebuilt)), sentence(rebuilt)
+    assert nobody_lost({"lost": [], "spares": {}}) and not nobody_lost({"lost": [3]}) and not nobody_lost(None)
 
 
 def test_goodput_counts_committed_time_and_drops_what_a_recovery_threw_away():

@@ -38,6 +38,7 @@ _OUTCOMES = {
     "preserve": "every rank preserved its state",
     "rewind": "every rank rewound",
     "replace": "a spare took the lost rank's place and every rank re-ran the update",
+    "rebuild": "nobody was lost: every rank rebuilt its world around the same members and re-ran the update",
     "shrink": "the lost rank's replica group left and the whole ones re-ran the update in a smaller world",
     "reject": "every rank rejected",
 }
@@ -59,6 +60,8 @@ class IncidentFacts:
     generation_after: int | None = None
     back_s: float | None = None  # fault → first commit past the failed update (report only)
     restored_step: int | None = None  # the checkpoint a restart resumed from (report only)
+    #: a Replace with nobody to replace (`member_change`: the control plane failed with every rank alive)
+    nobody_lost: bool = False
 
 
 def cause_kind(cause: str, *, bug: str = "") -> str:
@@ -130,8 +133,14 @@ def _when(f: IncidentFacts) -> str:
     return f"during {'the optimizer step' if f.phase == 'optimizer' else f.phase} of update {f.update}"
 
 
+def nobody_lost(replacement: Mapping | None) -> bool:
+    """A Replace's record (`member_change.describe`) that replaced nobody: the world was rebuilt."""
+    return replacement is not None and not replacement.get("lost")
+
+
 def _outcome(f: IncidentFacts) -> str:
-    out = _OUTCOMES.get(f.action, f"every rank decided {f.action}")
+    action = "rebuild" if f.action == "replace" and f.nobody_lost else f.action
+    out = _OUTCOMES.get(action, f"every rank decided {f.action}")
     if f.action == "reject" and f.reasons:
         out += f" ({_short(f.reasons[0])})"
     if f.action == "reject" and f.restored_step is not None:

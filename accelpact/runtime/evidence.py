@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import EXIT_REJECTED
-from ..observe.incident import PEER, IncidentFacts, cause_kind, observers_of, peers_of, sentence
+from ..observe.incident import PEER, IncidentFacts, cause_kind, nobody_lost, observers_of, peers_of, sentence
 from ..observe.stacks import thread_stacks
 from .history import RecoveryRecord
 
@@ -70,7 +70,8 @@ def evidence_of(rt: Runtime, record: RecoveryRecord, error: BaseException | None
         update=record.update, phase=str(record.failure_phase), action=str(record.action),
         observers=tuple(observers), failed_groups=tuple(record.failed_groups),
         cause=record.cause if record.saw_failure else "", detect_s=record.detect_s, repair_s=record.repair_s,
-        reasons=tuple(record.reasons), generation_after=record.generation)
+        reasons=tuple(record.reasons), generation_after=record.generation,
+        nobody_lost=nobody_lost(record.replacement))
     return Evidence(
         rank=rt.rank, attempt=rt.attempt, index=record.index, update=record.update, action=str(record.action),
         phase=str(record.failure_phase), saw_failure=record.saw_failure, cause=record.cause, cause_kind=kind,
