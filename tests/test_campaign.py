@@ -393,6 +393,15 @@ def test_a_kill_at_the_boundary_check_is_met_in_the_next_forward_or_inside_the_r
     first = (Fault(3, "check", 2, "kill"), Fault(3, "forward", 2, "kill"))
     assert check_kills_as_seen(first)[1] == (Fault(3, "check", 2, "kill"),)
     assert expected(first, spares=2).replaced_updates == (3,)
+    # a fault inside U makes U's check dirty too (found by the spares campaign, seed 77: the
+    # prescription said replace, every survivor rejected): R's own skip, or a peer's
+    for inside in (Fault(3, "backward", 3, "skip"), Fault(3, "forward", 0, "late")):
+        mid = expected((Fault(3, "check", 3, "kill"), inside), spares=2)
+        assert (mid.outcome, mid.reject_update) == ("killed", 3), inside
+        assert mid.matches(["reject"], observed="killed") == 0 and mid.matches(["rewind"], observed="killed") is None
+    # unless that fault never fires: its rank was killed at or before its phase of U
+    silenced = (Fault(3, "check", 3, "kill"), Fault(3, "forward", 0, "kill"), Fault(3, "committed", 0, "skip"))
+    assert check_kills_as_seen(silenced)[2] is None
 
 
 @settings(max_examples=200, deadline=None)
@@ -407,6 +416,7 @@ def test_check_kills_are_drawn_only_as_kills_before_the_last_update(faults):
 @pytest.mark.parametrize("schedule,observed,recoveries", [
     ("kill@3:check:1,skip@4:forward:2", "replace", None),  # the loss is met in update 4's forward
     ("kill@3:check:1,skip@3:committed:2", "killed", ["reject"]),  # lost inside the Preserve it started
+    ("kill@3:check:3,skip@3:backward:3", "killed", ["reject"]),  # its own skip made the check dirty (seed 77)
 ])
 def test_a_kill_at_the_boundary_check_keeps_the_campaigns_prescription(tmp_path, schedule, observed, recoveries):
     from accelpact.testing.campaign import run_schedule_with_spares

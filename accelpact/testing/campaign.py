@@ -325,9 +325,11 @@ def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tup
     they find R gone in the forward of U+1: the schedule is then the one with `kill@U+1:forward:R`,
     and R's own faults of update U+1 never fire (its spare starts at U, and the faults of the
     update it takes over fired in the process it replaced). A check that some rank's fault made
-    dirty (a skip or late at U's boundary) starts a recovery that R dies in: a member lost inside
-    a recovery is not replaced, every survivor rejects. A check kill whose rank died earlier in U
-    never fires."""
+    dirty starts a recovery that R dies in: a member lost inside a recovery is not replaced, every
+    survivor rejects. Any skip or late of U that fires makes it dirty, at U's boundary or inside
+    U (R's own too: a rank whose update failed still runs the check): the pass of U that meets it
+    ends in a check that needs a recovery, and a pass that meets another rank's kill first ends in
+    a Replace, whose re-run meets it. A check kill whose rank died earlier in U never fires."""
     out, unfired, dirty_end = [], [], None
     checks = [f for f in faults if f.kind == "kill" and f.phase == CHECK]
     for f in faults:
@@ -337,13 +339,21 @@ def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tup
         if any(f.kind == "kill" and f.rank == k.rank and f.update == k.update and f.phase != CHECK for f in faults):
             unfired.append(k)
             continue
-        if any(f.kind != "kill" and f.update == k.update and struck_phase(f) == "committed" for f in faults):
+        if any(f.update == k.update and _soft_fires(f, faults) for f in faults):
             dirty_end = k.update if dirty_end is None else min(dirty_end, k.update)
             continue
         gone = [f for f in out if f.rank == k.rank and f.update == k.update + 1]
         unfired += [f for f in gone if f.kind != "kill"]
         out = [f for f in out if f not in gone] + [Fault(k.update + 1, "forward", k.rank, "kill")]
     return tuple(sorted(set(out))), tuple(unfired), dirty_end
+
+
+def _soft_fires(f: Fault, faults: Sequence[Fault]) -> bool:
+    """A skip or late that fires: its rank is not killed at or before its phase of that update
+    (a kill at the boundary strikes before any probe)."""
+    return f.kind != "kill" and f.phase != CHECK and not any(
+        g.kind == "kill" and g.rank == f.rank and g.update == f.update and g.phase != CHECK
+        and PHASES.index(g.phase) <= PHASES.index(f.phase) for g in faults)
 
 
 def expected_with_spares(faults: Sequence[Fault], spares: int, *, profile: str = "hsdp") -> Expectation:
