@@ -399,6 +399,12 @@ def test_a_kill_at_the_boundary_check_is_met_in_the_next_forward_or_inside_the_r
         mid = expected((Fault(3, "check", 3, "kill"), inside), spares=2)
         assert (mid.outcome, mid.reject_update) == ("killed", 3), inside
         assert mid.matches(["reject"], observed="killed") == 0 and mid.matches(["rewind"], observed="killed") is None
+    # R's own kill in U+1 never fires either: the spare that re-runs U+1 does not meet it (seeds 78
+    # and 79: prescribed as a third killed process)
+    again = expected((Fault(3, "check", 0, "kill"), Fault(4, "backward", 0, "kill"), Fault(5, "optimizer", 0, "kill")),
+                     spares=2)
+    assert again.outcome == "replace" and Fault(4, "backward", 0, "kill") in again.unfired, again
+    assert Fault(5, "optimizer", 0, "kill") not in again.unfired
     # unless that fault never fires: its rank was killed at or before its phase of U
     silenced = (Fault(3, "check", 3, "kill"), Fault(3, "forward", 0, "kill"), Fault(3, "committed", 0, "skip"))
     assert check_kills_as_seen(silenced)[2] is None
@@ -417,6 +423,7 @@ def test_check_kills_are_drawn_only_as_kills_before_the_last_update(faults):
     ("kill@3:check:1,skip@4:forward:2", "replace", None),  # the loss is met in update 4's forward
     ("kill@3:check:1,skip@3:committed:2", "killed", ["reject"]),  # lost inside the Preserve it started
     ("kill@3:check:3,skip@3:backward:3", "killed", ["reject"]),  # its own skip made the check dirty (seed 77)
+    ("kill@3:check:0,kill@4:backward:0,kill@5:optimizer:0", "replace", ["replace", "replace"]),  # seed 78
 ])
 def test_a_kill_at_the_boundary_check_keeps_the_campaigns_prescription(tmp_path, schedule, observed, recoveries):
     from accelpact.testing.campaign import run_schedule_with_spares
