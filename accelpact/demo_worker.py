@@ -23,6 +23,7 @@ import torch.distributed as dist
 import accelpact
 from accelpact import state as app_state
 from accelpact.config import AUTO
+from accelpact.observe.incident import nobody_lost
 from accelpact.workloads import FRAMEWORKS, HSDPLayout, build_hsdp_job, seed_everything, stochastic_update
 
 DEFAULT_FAULTS = "skip@8:committed:2,late@18:committed:1,skip@28:committed:0"
@@ -249,12 +250,13 @@ def report(args, verdicts) -> int:
                   "samples per update")
         elif rec.get("replacement"):
             r = rec["replacement"]
-            moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', '?')}: {t['bytes']} B"
-                              f"{' (neighbour copy)' if t.get('via') == 'neighbour' else ''}" for t in r["transfers"])
-            copies = sorted(k for k, v in r.get("via", {}).items() if v == "neighbour")
-            if not r["lost"]:  # the control plane failed with every rank alive
+            if nobody_lost(r):  # the control plane failed with every rank alive
                 print("       nobody lost: the world was rebuilt around the same members")
             else:
+                moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', '?')}: {t['bytes']} B"
+                                  f"{' (neighbour copy)' if t.get('via') == 'neighbour' else ''}"
+                                  for t in r["transfers"])
+                copies = sorted(k for k, v in r.get("via", {}).items() if v == "neighbour")
                 print(f"       lost {r['lost']}, spares {r['spares']} took over, state from {r['sources']}"
                       f"{f' (neighbour copy of rank(s) {copies})' if copies else ''}"
                       f"{' (' + moved + ')' if moved else ''}")

@@ -191,7 +191,7 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     lost = tuple(p for p in range(world_size) if p not in here)
     base = {"world": world, "present": present, "lost": lost}
     if peer_rejected:  # the absent rejected (or were lost too): none is counted lost, nothing is rebuilt
-        return MembershipDecision(outcome="reject", world=world, present=present, lost=(), reasons=(
+        return MembershipDecision(outcome="reject", **{**base, "lost": ()}, reasons=(
             f"the job was rejected by a peer while this membership change waited for it (positions {list(lost)} "
             f"did not post presence): {peer_rejected}",))
     # Every position present (the control plane failed on a rank while every process lived: a
