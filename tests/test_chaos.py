@@ -181,6 +181,25 @@ def test_analysis_classifies_preserve_absorbed_and_restart():
     assert "synthetic" in analysis.format_table([rep])
 
 
+def test_a_cut_that_a_checkpoint_save_stalled_through_is_absorbed_and_says_where_it_landed():
+    """A save runs on the control plane with the data and control timeouts together as its bound
+    (`runtime.after_commit`): a medium cut inside it stalls the save, nothing fails. The table
+    says the cut landed in the save (it said `none`, and before the bound such a cut restarted)."""
+    sched = [{"method": "bridge-drop", "length_s": 4.6, "update": 8, "aligned": False},
+             {"method": "port-block", "length_s": 0.4, "update": 12, "aligned": True}]
+    nemesis = _nemesis(sched, (100.0, 120.0))
+    traces = {r: [{"kind": "attach", "attempt": 0, "t": 1.0, "rank": r},
+                  {"kind": "checkpoint", "step": 8, "bytes": 1000, "seconds": 5.3, "t": 105.4, "rank": r},
+                  _edge(r, 105.6, 9), _edge(r, 121.0, 13)] for r in range(4)}
+    marks = {r: [{"kind": "start", "node": str(r // 2)}] for r in range(4)}
+    rec = analysis.RunRecords(nemesis=nemesis, traces=traces, marks=marks, attempts=[],
+                              result={"verdicts": [{"rank": r, "mismatches": []} for r in range(4)]},
+                              returncodes=[0, 0])
+    saved, later = analysis.analyse(rec, "synthetic").cuts
+    assert (saved.outcome, saved.landed) == ("absorbed", "checkpoint")
+    assert (later.outcome, later.landed) == ("absorbed", "none")  # no save ran during that one
+
+
 def test_a_cut_rewound_inside_backward_counts_as_recovered_in_memory_with_its_verdict():
     """Per cut: where it landed (phase), what happened (action) and the run's bitwise verdict; the
     share counts only the cuts that caused a failure."""

@@ -180,6 +180,13 @@ def _attempt_traces(traces: dict[int, list[dict[str, Any]]], attempt: int) -> di
     return out
 
 
+def _saving(traces: dict[int, list[dict[str, Any]]], cut: float, restore: float) -> bool:
+    """A checkpoint save was running on some rank while the link was cut: its trace record is
+    written when it ends (`t`) and says how long it took."""
+    return any(r.get("kind") == "checkpoint" and r["t"] - r["seconds"] < restore and r["t"] > cut
+               for recs in traces.values() for r in recs)
+
+
 def _checkpoint_save_failed(attempts: Iterable[dict[str, Any]], first: int, before: float) -> bool:
     """A fail-stop because a checkpoint save failed at a frontier in [first, before): a cut
     anchored there met the save (its collectives run on the world group, outside the protocol)."""
@@ -312,6 +319,8 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
             landed = "control"
         elif new_attempts or outcome == "stopped":
             landed = "crash"  # workers died outside the protocol
+        elif _saving(rec.traces, cut["t"], t_restore if t_restore is not None else hi):
+            landed = "checkpoint"  # the save stalled across the cut and finished after it (absorbed)
         else:
             landed = "none"
 

@@ -31,7 +31,8 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
@@ -232,6 +233,17 @@ class ControlPlane:
         self.timeout_s = timeout_s
         self.timeout = datetime.timedelta(seconds=timeout_s)
         _c10d.set_group_timeout(self.group, self.timeout)
+
+    @contextmanager
+    def timeout_for(self, timeout_s: float) -> Iterator[None]:
+        """`timeout_s` for the collectives inside, the usual timeout again after them, whether
+        they passed or failed."""
+        usual = self.timeout_s
+        self.set_timeout(timeout_s)
+        try:
+            yield
+        finally:
+            self.set_timeout(usual)
 
     def gather(self, obj: object) -> list[object]:
         """Every rank's JSON-serialisable object (reports), in rank order. A rank whose object

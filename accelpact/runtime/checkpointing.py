@@ -82,12 +82,18 @@ class Checkpointer:
             )
         return report
 
+    def due(self, frontier: int) -> bool:
+        """Whether the commit of `frontier` is followed by a save (every rank alike)."""
+        return bool(self.every) and frontier % self.every == 0
+
     def after_commit(self, rt: Runtime) -> None:
-        if not self.every or rt.frontier % self.every:
+        if not self.due(rt.frontier):
             return
         t = time.perf_counter()
         report = self.manager.save(rt.frontier, model=rt.model, optimizer=rt.optimizer, app_state=self.app_state())
-        self.saves.append({"step": report.step, "bytes": report.bytes, "seconds": time.perf_counter() - t})
+        save = {"step": report.step, "bytes": report.bytes, "seconds": time.perf_counter() - t}
+        self.saves.append(save)
+        rt.trace.write({"kind": "checkpoint", **save})  # when it ran: a stall inside it is told apart (chaos)
 
     def record_fail_stop(self, frontier: int, reasons: list[str]) -> None:
         if self.rt.rank == 0:
