@@ -1,12 +1,11 @@
 """The runtime shell: trainer hooks, the committed boundary, `rt.step` / `rt.update`, `close`.
 
-What it owns is the rank's accounting (F, g, tau, the update in flight) and the order of
-things at a boundary. Everything else is a collaborator handed to it by `attach`: the data
-plane (groups, probes, rebind plans), the control plane, the trace, the envelope's facts, the
-rewind state, the checkpointer and any update listeners. A recovery is the pure driver stepped
-against a `RecoveryExecutor` (`recovery.drive`); a Reject raises `RecoveryRejected`, which
-`fail_stop` (the edge) turns into an exit only when configured to.
-"""
+What it owns is the rank's accounting (F, g, tau, the update in flight) and the order of things at
+a boundary. Everything else is a collaborator handed to it by `attach`: the data plane (groups,
+probes, rebind plans), the control plane, the trace, the envelope's facts, the rewind state, the
+checkpointer and any update listeners. A recovery is the pure driver stepped against a
+`RecoveryExecutor` (`recovery.drive`); a Reject raises `RecoveryRejected`, which `fail_stop` (the
+edge) turns into an exit only when configured to."""
 
 from __future__ import annotations
 
@@ -120,9 +119,9 @@ class Runtime:
 
     @contextlib.contextmanager
     def update(self) -> Iterator[Runtime]:
-        """One optimizer update. Its exit is the committed boundary: health check, control-plane
-        check, and recovery if any rank saw a failure. The body cannot be run again, so a failure
-        inside it is preserved (at the boundary) or rejected, never rewound: see `step`."""
+        """One optimizer update. Its exit is the committed boundary: health check, control-plane check,
+        and recovery if any rank saw a failure. The body cannot be run again, so a failure inside it
+        is preserved (at the boundary) or rejected, never rewound: see `step`."""
         if not self.rewind.in_step:  # a boundary left in flight is agreed before a body that cannot run again
             self.settle()
         self.update_index += 1
@@ -145,9 +144,9 @@ class Runtime:
     def step(self, fn: Callable[[], T]) -> T:
         """Run `fn()` as one optimizer update (forward, backward, optimizer.step(), zero_grad).
 
-        Unlike `with rt.update():`, the body can be run again: if the update is interrupted and
-        every rank agrees to Rewind, the partial update is discarded, RNG and data cursor go back
-        to this boundary's snapshot, every group is rebuilt, and `fn()` runs once more."""
+        Unlike `with rt.update():`, the body can be run again: if the update is interrupted and every
+        rank agrees to Rewind, the partial update is discarded, RNG and data cursor go back to this
+        boundary's snapshot, every group is rebuilt, and `fn()` runs once more."""
         self.rewind.begin_step(self.data_state, self.frontier + (self.deferral.pending is not None), self.model,
                                self.optimizer)  # a boundary in flight is the one this snapshot is of
         if self.replicator is not None and self.rewind.snapshot is not None:  # off the critical path
@@ -255,7 +254,7 @@ class Runtime:
         if outcome.action is RecoveryAction.REJECT:
             record.reasons = list(outcome.reasons) + self.control.release_reasons(executor.epoch)
             self._reject(record.reasons, error, record, original=bug)
-        if outcome.frontier > self.frontier:  # a Preserve committed update F+1 at its boundary
+        if committed := outcome.frontier > self.frontier:  # a Preserve committed update F+1 at its boundary
             record_train(self)
         self.frontier, self.generation = outcome.frontier, outcome.generation
         if outcome.action is RecoveryAction.REWIND:
@@ -264,13 +263,14 @@ class Runtime:
             self.rewind.rewinds += 1
         log.info(record.summary())
         self.observers.recovered(evidence_of(self, record, error))
+        if committed:  # what is due at the frontier it committed (a save, a digest check): every rank alike
+            after_commit(self)
 
     def _reject_without_protocol(self, reason: str, error: BaseException) -> NoReturn:
         """The control plane itself failed: set the outcome register and reject."""
         self._recoveries += 1
-        epoch = f"r{self._recoveries}"
         try:
-            value = self.control.force_reject(epoch, reason)
+            value = self.control.force_reject(f"r{self._recoveries}", reason)  # this recovery's register
         except ControlPlaneError as exc:
             value = f"unreachable ({exc})"
         record = RecoveryRecord.control_plane_reject(self._recoveries, self.update_index, self._tracker.phase,
