@@ -253,7 +253,7 @@ def report(args, verdicts) -> int:
             if nobody_lost(r):  # the control plane failed with every rank alive
                 print("       nobody lost: the world was rebuilt around the same members")
             else:
-                moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', '?')}: {t['bytes']} B"
+                moved = ", ".join(f"rank {t['lost']} <- rank {t.get('from', r.get('rank', '?'))}: {t['bytes']} B"
                                   f"{' (neighbour copy)' if t.get('via') == 'neighbour' else ''}"
                                   for t in r["transfers"])
                 copies = sorted(k for k, v in r.get("via", {}).items() if v == "neighbour")

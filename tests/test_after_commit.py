@@ -65,7 +65,8 @@ class _Checkpointer(_Due):
 
 
 def _runtime(frontier: int, log: list) -> SimpleNamespace:
-    return SimpleNamespace(frontier=frontier, control=_Plane(5.0), digests=_Digests(3, log),
+    return SimpleNamespace(frontier=frontier, control=_Plane(5.0), digests=_Digests(3, log), listeners=[],
+                           membership=None,
                            checkpointer=_Checkpointer(2, log),
                            config=SimpleNamespace(data_timeout_s=2.0, control_timeout_s=5.0))
 

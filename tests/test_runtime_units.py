@@ -85,6 +85,31 @@ def test_a_kill_or_stall_can_be_planned_inside_a_recovery_and_strikes_at_that_st
     assert struck == ["kill@5:agree:2"]
 
 
+def test_a_kill_at_the_save_strikes_before_the_work_after_that_commit(monkeypatch):
+    """`kill@U:save:R`: R committed update U and dies as the work due after it (a checkpoint save,
+    a digest check) begins; its peers meet its absence inside that work (`runtime.after_commit`)."""
+    from accelpact.faults import injector as injector_module
+    from accelpact.faults.plan import FaultPlan
+    from accelpact.runtime.listeners import tell_before_commit_work
+
+    plan = FaultPlan.parse("kill@4:save:2")
+    assert [str(f) for f in plan.faults] == ["kill@4:save:2"]
+    for bad in ("skip@4:save:2", "stall@4:save:2", "miss@4:save:2"):
+        with pytest.raises(ConfigError, match="only kill can strike at the work after a commit|a miss strikes"):
+            FaultPlan.parse(bad)
+    with pytest.raises(ConfigError, match="or after the commit: save"):
+        FaultPlan.parse("kill@4:elsewhere:2")
+    struck = []
+    monkeypatch.setattr(injector_module, "perform", lambda fault, **kw: struck.append(str(fault)))
+    inj = FaultInjector(plan, rank=2, data_timeout_s=0.01)
+    tell_before_commit_work([inj], 2)
+    inj.on_phase(4, FailurePhase.COMMITTED)  # not at the boundary: after the commit
+    assert struck == []
+    tell_before_commit_work([inj], 4)
+    tell_before_commit_work([inj], 4)  # once
+    assert struck == ["kill@4:save:2"]
+
+
 def test_a_kill_or_miss_at_the_boundary_check_strikes_after_the_check_before_the_commit(monkeypatch):
     """`kill@U:check:R` dies with update U finished and its contribution out; `miss@U:check:R` makes
     the check fail on R although it completed (what a rank sees when a peer dies mid-all-reduce)."""

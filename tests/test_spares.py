@@ -2,8 +2,11 @@
 job ends bitwise equal to an uninterrupted run (demo trainer, 4 active ranks HSDP 2x2 + spares,
 each a process of its own; the test process hosts the store as torchrun's agent would)."""
 
+from pathlib import Path
+
 import pytest
 
+from accelpact.checkpoint.naming import step_dir_name
 from accelpact.testing.spares import run_spare_job
 from model_checking.membership_trace import check_membership_traces, load_membership_traces
 
@@ -179,3 +182,20 @@ def test_a_rank_lost_after_its_check_before_it_commits_is_replaced_with_its_stat
     (replace,) = _replaced(job, 2)
     assert replace["frontier"] == 3 and replace["replacement"]["rolled"] == [], replace
     assert job.codes == [0, 0, -9, 0, 0], _explain(job)
+
+
+def test_a_rank_lost_as_the_checkpoint_save_begins_is_replaced_at_the_committed_frontier_bitwise():
+    """Rank 2 commits update 4 and dies as the save due there begins (`kill@4:save:2`); its peers
+    meet its absence inside the save's collectives. That is a member lost at a committed frontier:
+    a spare takes its place at F=4, nobody re-runs anything (the survivors' live state is 4's) and
+    the job ends bitwise equal to the uninterrupted run. (It was a fail-stop: "checkpoint save at
+    F=4 failed".) The interrupted save stays unpublished, the next one (F=6) is the new world's."""
+    job = run_spare_job(framework="fsdp2", faults="kill@4:save:2", updates=6, spares=1, checkpoint_every=2)
+    assert job.codes == [0, 0, -9, 0, 0], _explain(job)
+    (replaced,) = _replaced(job, 2)
+    assert replaced["frontier"] == 4 and replaced["failure_phase"] == "committed", replaced
+    assert "rank 2 <- rank 0" in job.output[0], _explain(job)  # the sender names itself
+    ckpt = Path(job.trace_dir) / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-")) == [
+        step_dir_name(2), step_dir_name(6)]  # no unpublished directory of F=4 left behind
+    _traces_keep_the_membership_rules(job)

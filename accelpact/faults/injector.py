@@ -111,6 +111,13 @@ class FaultInjector:
         raise ControlPlaneError(f"injected {fault}: the boundary check of update {update} failed on this rank after "
                                 "its contribution left")
 
+    def before_commit_work(self, update: int) -> None:
+        """Update `update` is committed here and a save or digest check is due: a kill planned at
+        `save` strikes before it, so the peers meet this rank's absence inside that work."""
+        fault = self._take(update, "save")
+        if fault is not None:
+            perform(fault, data_timeout_s=self.data_timeout_s)
+
     def probe_order(self, labels: list[str]) -> list[str]:
         """The group a boundary fault targets goes last, so a late rank does not stall the others.
         A rank without a group of that label (a fully sharded job has no "replicate" group) is

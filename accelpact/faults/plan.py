@@ -3,7 +3,8 @@
 Parsing and validation are pure; `inject.py` performs the faults. The textual form is what
 `ACCELPACT_FAULTS` carries, so that any trainer can be drilled unchanged:
 ``skip@5:committed:2,late@9:backward:0,kill@12:forward:3``; a kill or stall can also strike
-inside a recovery (``kill@5:agree:2``, `RECOVERY_STEPS`).
+inside a recovery (``kill@5:agree:2``, `RECOVERY_STEPS`), and a kill in the work after a commit
+(``kill@4:save:2``, `AFTER_COMMIT_STEPS`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,12 @@ RECOVERY_STEPS = ("guard", "agree", "restore", "replace", "rebind", "validate", 
 #: boundary check completed, before it commits (`kill@5:check:3`: its contribution reached every
 #: peer, it dies with update 5 finished but not committed), or failed (`miss`).
 BOUNDARY_STEPS = ("check",)
+
+#: The work after a commit a `kill` can strike at. `save`: as the work due after the commit begins
+#: (the checkpoint save, the replica digest check: `runtime.after_commit`); `kill@4:save:2`: rank 2
+#: committed update 4 and dies before that work, and its peers meet its absence inside it. Where
+#: nothing is due after the commit, nothing strikes.
+AFTER_COMMIT_STEPS = ("save",)
 
 
 @dataclass(frozen=True, order=True)
@@ -121,6 +128,10 @@ def _parse_one(item: str) -> Fault:
         return Fault(update, step, rank, kind)
     if kind is FaultKind.MISS:
         raise ConfigError(f"fault {item!r}: a miss strikes at the boundary check only (miss@U:check:R)")
+    if step in AFTER_COMMIT_STEPS:
+        if kind is not FaultKind.KILL:
+            raise ConfigError(f"fault {item!r}: only kill can strike at the work after a commit ({step!r})")
+        return Fault(update, step, rank, kind)
     if step in RECOVERY_STEPS:
         if kind not in (FaultKind.KILL, FaultKind.STALL):
             raise ConfigError(f"fault {item!r}: only kill or stall can strike inside a recovery (step {step!r})")
@@ -129,5 +140,5 @@ def _parse_one(item: str) -> Fault:
         phase = FailurePhase.parse(phase_text)
     except ValueError as exc:
         raise ConfigError(f"fault {item!r}: {exc}; or a recovery step: {', '.join(RECOVERY_STEPS)}; or the "
-                          f"boundary's: {', '.join(BOUNDARY_STEPS)}") from None
+                          f"boundary's: {', '.join(BOUNDARY_STEPS)}; or after the commit: {', '.join(AFTER_COMMIT_STEPS)}") from None
     return Fault(update, phase, rank, kind)

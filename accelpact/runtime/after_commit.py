@@ -7,17 +7,30 @@ Both run on the control plane with nothing before them to detect a cut link: a c
 inside a save stalls the save's first collective across it from its first second. A cut at an
 update is given the data timeout to be detected and then the control timeout to heal (a Preserve
 rides it out); so the work after a commit is given their sum (`budget_s`), and a link cut for
-less than that stalls the save instead of failing the job to its last checkpoint."""
+less than that stalls the save instead of failing the job to its last checkpoint.
+
+Under membership (spares, shrink), a communication failure inside that work is a member lost (or
+a control plane cut past the bound) at a committed frontier: the membership change takes it, as
+it takes one at the boundary check, instead of a fail-stop. The save it interrupted stays
+unpublished (the next save removes it); the next one due is taken on schedule."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
+from ..comm.classify import FailureCause, classify_failure
 from ..errors import ControlPlaneError
+from ..fsm.phases import FailurePhase
 from .digests import ReplicaDivergence
+from .listeners import tell_before_commit_work
+from .member_change import on_lost_member
 
 if TYPE_CHECKING:
     from .runtime import Runtime
+
+#: what a lost peer (or a cut link) looks like from inside a collective of the work after a commit
+LOST_PEER = (FailureCause.TIMEOUT, FailureCause.CONNECTION_CLOSED)
 
 
 def budget_s(rt: Runtime) -> float:
@@ -31,7 +44,8 @@ def after_commit(rt: Runtime) -> None:
     save_due = rt.checkpointer is not None and rt.checkpointer.due(rt.frontier)
     if not (digests_due or save_due):
         return  # the usual update: nothing to stretch
-    failure = None
+    tell_before_commit_work(rt.listeners, rt.frontier)
+    t0, failure = time.perf_counter(), None
     with rt.control.timeout_for(budget_s(rt)):
         if digests_due:
             try:
@@ -41,7 +55,12 @@ def after_commit(rt: Runtime) -> None:
         if save_due and failure is None:
             try:
                 rt.checkpointer.after_commit(rt)
-            except Exception as exc:  # every rank gets the same agreed save error: fail-stop
+            except Exception as exc:  # a rank's own error is agreed by every rank; a lost peer is not
                 failure = f"checkpoint save at F={rt.frontier} failed: {type(exc).__name__}: {exc}", exc
-    if failure is not None:  # outside the stretch: the reject's own waits keep the usual bound
-        rt._reject_without_protocol(*failure)
+    if failure is None:
+        return
+    reason, exc = failure  # outside the stretch: what follows keeps the usual bound
+    if rt.membership is not None and classify_failure(exc).cause in LOST_PEER:
+        on_lost_member(rt, exc, FailurePhase.COMMITTED, time.perf_counter() - t0)
+        return
+    rt._reject_without_protocol(reason, exc)

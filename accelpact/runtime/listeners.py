@@ -30,7 +30,8 @@ class UpdateListener(Protocol):
     """Hears where an update stands. Optional, looked up by name: `on_recovery_step(update, step)`,
     called as a recovery enters each step (guard, agree, ...; `RecoveryExecutor.before_effect`);
     `before_check(update)` and `after_check(update, flag)`, called around the boundary's
-    control-plane check (`checked`)."""
+    control-plane check (`checked`); `before_commit_work(update)`, called when update `update` is
+    committed and work is due after it (a save, a digest check: `after_commit`), before it begins."""
 
     def on_phase(self, update: int, phase: FailurePhase) -> None:
         """Update `update` (1-based) entered `phase`; COMMITTED: its boundary check begins."""
@@ -60,6 +61,14 @@ def tell_before_check(listeners: Sequence[object], update: int) -> None:
     """`before_check` of every listener that has one (a deferred boundary posts its check after it)."""
     for listener in listeners:
         hook = getattr(listener, "before_check", None)
+        if hook is not None:
+            hook(update)
+
+
+def tell_before_commit_work(listeners: Sequence[object], update: int) -> None:
+    """`before_commit_work` of every listener that has one."""
+    for listener in listeners:
+        hook = getattr(listener, "before_commit_work", None)
         if hook is not None:
             hook(update)
 

@@ -92,7 +92,8 @@ def presence_of(rt: Runtime, phase: FailurePhase, at_check: bool = False) -> tup
     rt.opt_step = applied_steps(rt.opt_step, rt.frontier, phase)
     facts = rt.rewind.facts(frontier=rt.frontier, update=rt.update_index, phase=phase,
                             has_data_cursor=rt.data_state is not None)
-    ok, why = may_rerun(facts)
+    # nothing in flight (the work after a commit failed: `after_commit`): nothing to re-run
+    ok, why = may_rerun(facts) if rt.update_index > rt.frontier else (True, "")
     undo = must_undo_step(rt.opt_step, rt.frontier)
     if ok and undo and not rt.rewind.has_step_copy(rt.frontier):
         ok, why = False, f"its step of update {rt.frontier + 1} is applied and there is no pre-step copy"
@@ -207,6 +208,9 @@ def restore_frontier(rt: Runtime, change: MemberChange, undo: bool, clock: Phase
     if rt.rank in change.decision.rolled:
         roll_forward(rt, change)
         clock.lap("restore")
+        return
+    if rt.update_index == rt.frontier == change.decision.frontier:  # committed, nothing in flight (the work
+        clock.lap("restore")  # after a commit failed): the live state is F's, there is nothing to put back
         return
     restored, _ = restore_boundary(rt.model, rt.optimizer, rt.data_state, rt.rewind,
                                    RestoreBoundary(frontier=change.decision.frontier, undo_step=undo))
