@@ -74,6 +74,10 @@ class Config:
     checkpoint_key: str | None = field(default=None, repr=False)
     #: Newest verified checkpoints kept by retention.
     checkpoint_keep: int = 3
+    #: Checkpoint saves that may fail in a row, each on every rank alike (a full disk), before the
+    #: job fails stop; until then training goes on without them (`checkpoint.failed_saves`). 0:
+    #: the first failed save fails stop.
+    checkpoint_failures_tolerated: int = 3
     #: Restore the newest verified checkpoint at attach (when checkpoint_dir is set).
     restore: bool = True
     #: Run identity for checkpoints and attempt records (default: torchrun's TORCHELASTIC_RUN_ID).
@@ -169,6 +173,8 @@ class Config:
             raise ConfigError("checkpoint_every is set but checkpoint_dir is not")
         if self.checkpoint_keep < 1:
             raise ConfigError(f"checkpoint_keep must be >= 1, got {self.checkpoint_keep}")
+        if self.checkpoint_failures_tolerated < 0:
+            raise ConfigError(f"checkpoint_failures_tolerated must be >= 0, got {self.checkpoint_failures_tolerated}")
         if self.max_rewinds_per_update < 0:
             raise ConfigError(f"max_rewinds_per_update must be >= 0, got {self.max_rewinds_per_update}")
         if self.max_restarts < 0:

@@ -13,9 +13,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from accelpact.checkpoint.naming import step_dir_name
+from accelpact.checkpoint import CheckpointSaveError, agreed_failure
+from accelpact.checkpoint.failed_saves import judge_failed_save
+from accelpact.checkpoint.naming import TMP_MARK, step_dir_name
 from accelpact.control.plane import ControlPlane
 from accelpact.runtime import after_commit as after_commit_mod
+from accelpact.runtime.checkpointing import Checkpointer
 from accelpact.testing.drills import Drill, run_drill
 from accelpact.testing.spawn import run_world
 from model_checking.trace_validation import assert_valid_run
@@ -60,15 +63,32 @@ class _Digests(_Due):
     pass
 
 
+class _Attempts:
+    def __init__(self) -> None:
+        self.failed: list = []
+
+    def record_save_failed(self, frontier: int, reason: str) -> None:
+        self.failed.append((frontier, reason))
+
+
 class _Checkpointer(_Due):
-    pass
+    """The runtime's judgement of a failed save (`Checkpointer.judge_failure`), on a stub."""
+
+    judge_failure, newest_step = Checkpointer.judge_failure, Checkpointer.newest_step
+
+    def __init__(self, every: int, log: list, rt: SimpleNamespace) -> None:
+        super().__init__(every, log)
+        self.rt, self.saves, self.failed, self.in_a_row, self.restored = rt, [], [], 0, None
+        self.attempts = _Attempts()
 
 
-def _runtime(frontier: int, log: list) -> SimpleNamespace:
-    return SimpleNamespace(frontier=frontier, control=_Plane(5.0), digests=_Digests(3, log), listeners=[],
-                           membership=None,
-                           checkpointer=_Checkpointer(2, log),
-                           config=SimpleNamespace(data_timeout_s=2.0, control_timeout_s=5.0))
+def _runtime(frontier: int, log: list, tolerated: int = 3) -> SimpleNamespace:
+    rt = SimpleNamespace(frontier=frontier, control=_Plane(5.0), digests=_Digests(3, log), listeners=[],
+                         membership=None, rank=0,
+                         config=SimpleNamespace(data_timeout_s=2.0, control_timeout_s=5.0,
+                                                checkpoint_failures_tolerated=tolerated))
+    rt.checkpointer = _Checkpointer(2, log, rt)
+    return rt
 
 
 def test_the_usual_update_leaves_the_control_timeout_alone() -> None:
@@ -86,19 +106,65 @@ def test_a_due_save_and_digest_check_get_data_plus_control_timeout() -> None:
     assert rt.control.set == [7.0, 5.0] and rt.control.timeout_s == 5.0
 
 
-def test_a_failed_save_rejects_outside_the_stretch() -> None:
+def _failing_save(rt: SimpleNamespace, exc: BaseException) -> list:
     seen: list = []
-    rt = _runtime(2, [])
 
     def fail(_rt) -> None:
-        raise OSError("disk full")
+        raise exc
 
-    def reject(reason: str, exc: BaseException) -> None:
-        seen.append((reason, type(exc).__name__, rt.control.timeout_s))
+    def reject(reason: str, error: BaseException) -> None:
+        seen.append((reason, type(error).__name__, rt.control.timeout_s))
 
     rt.checkpointer.after_commit, rt._reject_without_protocol = fail, reject
+    return seen
+
+
+def test_a_save_whose_own_collective_failed_rejects_outside_the_stretch() -> None:
+    rt = _runtime(2, [])
+    seen = _failing_save(rt, RuntimeError("Connection closed by peer"))  # no agreement: ranks may differ
     after_commit_mod.after_commit(rt)
-    assert seen == [("checkpoint save at F=2 failed: OSError: disk full", "OSError", 5.0)]
+    ((reason, kind, timeout),) = seen
+    assert reason.startswith("checkpoint save at F=2 failed: RuntimeError: Connection closed by peer [the save's own "
+                             "collective failed") and kind == "RuntimeError" and timeout == 5.0
+    assert rt.checkpointer.failed == [] and rt.checkpointer.attempts.failed == []
+
+
+def test_a_save_that_failed_on_every_rank_alike_costs_that_checkpoint_up_to_the_tolerance() -> None:
+    """Training goes on past `tolerated` failed saves in a row, recorded; one more fails stop; a
+    save that publishes starts the count again."""
+    rt = _runtime(2, [], tolerated=2)
+    full = CheckpointSaveError("writing rank state for step 2 failed on 1 of 4 rank(s): rank 2: OSError: [Errno 28] "
+                               "No space left on device", agreed=True)
+    seen = _failing_save(rt, full)
+    for frontier in (2, 4):
+        rt.frontier = frontier
+        after_commit_mod.after_commit(rt)
+    assert seen == [] and [f["step"] for f in rt.checkpointer.failed] == [2, 4]
+    assert [f for f, _ in rt.checkpointer.attempts.failed] == [2, 4]
+    rt.frontier = 6
+    after_commit_mod.after_commit(rt)
+    ((reason, _, _),) = seen
+    assert "[3 checkpoint save(s) in a row failed, more than checkpoint_failures_tolerated=2 (no checkpoint yet)]" \
+        in reason, reason
+    rt.checkpointer.in_a_row = 0  # a save published in between (Checkpointer.after_commit resets it)
+    rt.checkpointer.saves.append({"step": 8})
+    rt.frontier = 10
+    after_commit_mod.after_commit(rt)
+    assert len(seen) == 1 and rt.checkpointer.failed[-1]["step"] == 10
+
+
+@pytest.mark.parametrize(("agreed", "in_a_row", "tolerated", "go_on"), [
+    (True, 1, 3, True), (True, 3, 3, True), (True, 4, 3, False), (True, 1, 0, False), (False, 1, 3, False)])
+def test_judge_failed_save(agreed: bool, in_a_row: int, tolerated: int, go_on: bool) -> None:
+    verdict = judge_failed_save(agreed=agreed, in_a_row=in_a_row, tolerated=tolerated, last_saved=6)
+    assert verdict.go_on is go_on
+    assert ("the newest checkpoint stays step 6" in verdict.reason) is agreed
+
+
+def test_only_errors_raised_after_an_agreement_are_agreed() -> None:
+    assert agreed_failure(CheckpointSaveError("x", agreed=True))
+    assert not agreed_failure(CheckpointSaveError("DCP save failed: Connection closed by peer"))
+    assert not agreed_failure(RuntimeError("timed out"))
 
 
 # ---------------------------------------------------------------- spawned world -----------------
@@ -159,4 +225,51 @@ def test_a_preserve_that_commits_a_save_due_update_saves_it(tmp_path: Path) -> N
     for trace in sorted((tmp_path / "trace").glob("trace-rank*.jsonl")):
         saves = [json.loads(line) for line in trace.read_text().splitlines() if '"checkpoint"' in line]
         assert [s["step"] for s in saves if s.get("kind") == "checkpoint"] == [2, 4, 6], trace.name
+    assert_valid_run(tmp_path / "trace")
+
+
+def _disk_full_on_rank_2(rank: int, world_size: int, drill: Drill, steps: tuple[int, ...]) -> dict:
+    """Rank 2's write of its own state file fails (ENOSPC) in the saves of `steps`: every rank
+    learns it from the save's agreement (`Comm.agree`), none publishes."""
+    import errno
+
+    from accelpact.checkpoint import manager
+
+    write = manager.write_durable
+
+    def full(path, data) -> None:
+        if rank == 2 and any(f"step-{s:012d}" in str(path) for s in steps):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        write(path, data)
+
+    manager.write_durable = full
+    return run_drill(rank, world_size, drill)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(200)
+def test_saves_that_fail_on_every_rank_alike_cost_those_checkpoints_not_the_job(tmp_path: Path) -> None:
+    """The saves of F=4 and F=8 fail (rank 2's disk is full); F=6's publishes between them. Each
+    failure is agreed by every rank, so training goes on at F, recorded in attempts.jsonl, and
+    ends bitwise equal to an uninterrupted run. (Each was a fail-stop to step 2, then 6: a
+    restart into the same full disk.)"""
+    ckpt = tmp_path / "ckpt"
+    drill = Drill(framework="fsdp2", updates=8, checkpoint_dir=str(ckpt), checkpoint_every=2,
+                  data_timeout_s=1.0, control_timeout_s=4.0, trace_dir=str(tmp_path / "trace"))
+    results = run_world(_disk_full_on_rank_2, 4, drill, (4, 8), timeout_s=180, pg_timeout_s=30)
+    for r in results:
+        assert r["rejected"] is None, r["rejected"]
+        assert r["frontier"] == 8 and r["history"] == []
+        assert r["mismatches"] == [], f"rank {r['rank']}: {r['mismatches']}"
+    published = sorted(p.name for p in ckpt.glob("step-*") if TMP_MARK not in p.name)
+    assert published == [step_dir_name(2), step_dir_name(6)], published
+    records = [json.loads(line) for line in (ckpt / "attempts.jsonl").read_text().splitlines()]
+    failed = [(r["frontier"], r["reason"]) for r in records if r["event"] == "save_failed"]
+    assert [f for f, _ in failed] == [4, 8], records
+    assert all("rank 2: OSError: [Errno 28] No space left on device" in why for _, why in failed), failed
+    assert not [r for r in records if r["event"] == "fail_stop"], records
+    for trace in sorted((tmp_path / "trace").glob("trace-rank*.jsonl")):  # every rank traced each outcome
+        saves = [json.loads(line) for line in trace.read_text().splitlines() if '"checkpoint"' in line]
+        assert [(s["step"], "error" in s) for s in saves if s.get("kind") == "checkpoint"] == [
+            (2, False), (4, True), (6, False), (8, True)], trace.name
     assert_valid_run(tmp_path / "trace")

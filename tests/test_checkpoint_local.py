@@ -6,6 +6,7 @@ import json
 import logging
 import random
 import shutil
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from accelpact.checkpoint import (
     CheckpointManager,
     CheckpointSaveError,
     NoVerifiedCheckpointError,
+    agreed_failure,
     verify_step_dir,
 )
 from accelpact.checkpoint.naming import step_dir_name, tmp_dir_name
@@ -360,6 +362,13 @@ def test_dcp_failures_become_checkpoint_errors_and_leave_no_temp_directory(tmp_p
     monkeypatch.setattr(dcp, "save", lambda *a, **k: (_ for _ in ()).throw(full))
     with pytest.raises(CheckpointSaveError, match=r"rank 0: OSError: \[Errno 28\] No space left on device"):
         save(mgr, t)
+    # DCP's own form: (exception, stack summary) per rank; the stack stays out of the reason
+    wrapped = CheckpointException("save failed", {0: (OSError(28, "No space left on device"),
+                                                      traceback.StackSummary.from_list([]))})
+    monkeypatch.setattr(dcp, "save", lambda *a, **k: (_ for _ in ()).throw(wrapped))
+    with pytest.raises(CheckpointSaveError, match=r"rank 0: OSError: \[Errno 28\] No space left on device$") as got:
+        save(mgr, t)
+    assert agreed_failure(got.value)  # DCP raised it on every rank
     assert mgr.verified_steps() == [1]
     assert [p.name for p in tmp_path.iterdir() if "tmp" in p.name] == []
     broken = CheckpointException("load failed", {0: ValueError("bad metadata")})

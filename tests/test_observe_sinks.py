@@ -70,6 +70,23 @@ def test_a_failing_observer_is_logged_and_the_others_still_hear(caplog):
     assert isinstance(seen, RecoveryObserver)
 
 
+def test_checkpoint_outcomes_reach_the_observers_that_listen_for_them(tmp_path):
+    """`on_checkpoint` is optional: an observer without it (the recorder) is skipped, not broken;
+    Prometheus counts saves by outcome and keeps the newest published step."""
+    observers, seen = Observers(), _Recorder()
+    obs = prom.PrometheusObserver(rank=5, replicas=2, textfile=str(tmp_path / "c.prom"))
+    observers.add(seen)
+    observers.add(obs)
+    observers.checkpoint(2, None)
+    observers.checkpoint(4, "CheckpointSaveError: writing rank state for step 4 failed on 1 of 4 rank(s)")
+    observers.checkpoint(6, None)
+    assert seen.calls == []
+    assert _sample("accelpact_checkpoint_saves_total", rank="5", outcome="published") == 2
+    assert _sample("accelpact_checkpoint_saves_total", rank="5", outcome="failed") == 1
+    assert _sample("accelpact_checkpoint_step", rank="5") == 6
+    assert 'accelpact_checkpoint_saves_total{outcome="failed",rank="5"} 1.0' in (tmp_path / "c-rank5.prom").read_text()
+
+
 def _sample(name, **labels):
     m = prom.process_metrics()
     return m.registry.get_sample_value(name, labels)

@@ -17,6 +17,7 @@ from .errors import (
     NoVerifiedCheckpointError,
     Refusal,
     RestartBudgetExceeded,
+    agreed_failure,
 )
 from .manager import CheckpointManager, RestoreResult, SaveResult
 from .manifest import FileEntry, Manifest, parse_manifest
@@ -42,6 +43,7 @@ __all__ = [
     "SaveResult",
     "Stateful",
     "Verdict",
+    "agreed_failure",
     "capture_rng_state",
     "check_restart_budget",
     "parse_manifest",

@@ -33,6 +33,7 @@ RESTART_ENV = "TORCHELASTIC_RESTART_COUNT"
 FAIL_STOP = "fail_stop"
 RESTORED = "restored"
 FRESH_START = "fresh_start"
+SAVE_FAILED = "save_failed"
 
 
 def restart_count(env: Mapping[str, str] | None = None) -> int:
@@ -60,13 +61,13 @@ class AttemptRecord:
 
     run_id: str
     attempt: int
-    event: str  # restored | fresh_start | fail_stop
+    event: str  # restored | fresh_start | fail_stop | save_failed
     time: str
     checkpoint_step: int | None = None
     checkpoint_path: str | None = None
     updates_replayed: int | None = None
     restore_seconds: float | None = None
-    frontier: int | None = None  # fail_stop: committed frontier when the attempt gave up
+    frontier: int | None = None  # fail_stop: committed frontier when the attempt gave up; save_failed: its step
     reason: str | None = None
     refused: tuple[dict[str, str], ...] = ()
     host: str = field(default_factory=platform.node)
@@ -134,6 +135,11 @@ class AttemptLog:
     def record_fail_stop(self, frontier: int, reason: str) -> AttemptRecord:
         """The runtime rejected in-memory recovery (L2): note the frontier being abandoned."""
         return self.append(AttemptRecord(self.run_id, self.attempt, FAIL_STOP, _now(), frontier=frontier,
+                                         reason=reason))
+
+    def record_save_failed(self, frontier: int, reason: str) -> AttemptRecord:
+        """A save failed on every rank alike and training went on without it (`failed_saves`)."""
+        return self.append(AttemptRecord(self.run_id, self.attempt, SAVE_FAILED, _now(), frontier=frontier,
                                          reason=reason))
 
     def record_restore(self, report: RestoreResult, *, failure_frontier: int | None = None) -> AttemptRecord:

@@ -61,4 +61,4 @@ class Comm:
         if failed:
             detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
             raise exc(f"{what} failed on {len(failed)} of {self.world_size} rank(s): {detail}",
-                      ranks=[r for r, _ in failed])
+                      ranks=[r for r, _ in failed], agreed=True)

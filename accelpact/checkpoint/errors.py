@@ -19,6 +19,7 @@ __all__ = [
     "CheckpointLoadError",
     "CheckpointSaveError",
     "ManifestError",
+    "agreed_failure",
     "NoVerifiedCheckpointError",
     "Refusal",
     "RestartBudgetExceeded",
@@ -35,6 +36,14 @@ class CheckpointExistsError(CheckpointError, FileExistsError):
 
 class CheckpointSaveError(CheckpointError):
     """A save failed on at least one rank; nothing was published."""
+
+
+def agreed_failure(exc: BaseException) -> bool:
+    """Whether every rank raised `exc` at the same point of a save, after a collective that
+    completed everywhere (a gathered local error, rank 0's broadcast outcome, DCP's gathered
+    failures): the ranks stand together and the control group works, unlike a save whose own
+    collective failed (a peer lost, a link cut), which may have left them at different points."""
+    return isinstance(exc, CheckpointError) and exc.context.get("agreed") is True
 
 
 class CheckpointLoadError(CheckpointError):

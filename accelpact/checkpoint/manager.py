@@ -34,6 +34,7 @@ from .errors import (
     CheckpointSaveError,
     NoVerifiedCheckpointError,
     Refusal,
+    agreed_failure,
 )
 from .events import log_event
 from .fsio import tree_fingerprint, write_durable
@@ -102,9 +103,9 @@ def _agreed(comm: Comm, outcome: tuple | None, failure: str) -> tuple:
     outcome = comm.broadcast(outcome)
     assert outcome is not None
     if outcome[0] == "exists":
-        raise CheckpointExistsError(outcome[1])
+        raise CheckpointExistsError(outcome[1], agreed=True)
     if outcome[0] != "ok":
-        raise CheckpointSaveError(f"{failure}: {outcome[1]}")
+        raise CheckpointSaveError(f"{failure}: {outcome[1]}", agreed=True)
     return outcome
 
 
@@ -212,7 +213,7 @@ class CheckpointManager:
         seen = comm.all_gather((step, local))
         raise_gathered([e for _, e in seen], f"save of step {step}")
         if len({s for s, _ in seen}) != 1:
-            raise CheckpointSaveError(f"ranks disagree on the step to save: {[s for s, _ in seen]}")
+            raise CheckpointSaveError(f"ranks disagree on the step to save: {[s for s, _ in seen]}", agreed=True)
 
         prep: tuple[str, Any, Any] | None = None
         if comm.is_coordinator:
@@ -237,7 +238,8 @@ class CheckpointManager:
         except Exception as exc:  # DCP gathers its failures and raises on every rank
             if comm.is_coordinator:  # an unpublished step directory is never left behind
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise CheckpointSaveError(f"DCP save of step {step} into {tmp} failed: {_err(exc)}") from exc
+            raise CheckpointSaveError(f"DCP save of step {step} into {tmp} failed: {_err(exc)}",
+                                      agreed=agreed_failure(exc)) from exc
         local = None
         try:
             payload = {"rank": comm.rank, "world_size": comm.world_size, "step": step, "run_id": self.run_id,

@@ -155,4 +155,5 @@ def delete_steps(root: Path, names: Iterable[str]) -> list[str]:
 def raise_gathered(errors: Iterable[str | None], what: str) -> None:
     failed = [(r, e) for r, e in enumerate(errors) if e]
     if failed:
-        raise CheckpointSaveError(f"{what} failed: " + "; ".join(f"rank {r}: {e}" for r, e in failed))
+        raise CheckpointSaveError(f"{what} failed: " + "; ".join(f"rank {r}: {e}" for r, e in failed),
+                                  agreed=True)  # every rank holds the same gathered errors

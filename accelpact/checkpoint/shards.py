@@ -54,7 +54,8 @@ def save_shards(
                 _state(model, optimizer), storage_writer=writer, process_group=comm.group, no_dist=not comm.enabled
             )
     except CheckpointException as exc:  # a BaseException: `except Exception` would let it escape
-        raise CheckpointSaveError(f"DCP save into {path} failed: {_dcp_failures(exc)}") from exc
+        # DCP gathers every rank's failure and raises it on every rank
+        raise CheckpointSaveError(f"DCP save into {path} failed: {_dcp_failures(exc)}", agreed=True) from exc
     storage = getattr(metadata, "storage_data", None) or {}
     return {getattr(info, "relative_path", "") for info in storage.values()} - {""}
 
@@ -81,5 +82,9 @@ def load_shards(
 def _dcp_failures(exc: CheckpointException) -> str:
     """DCP's per-rank failures as one line: 'rank r: Type: message; ...'."""
     failures = getattr(exc, "failures", None) or {}
-    parts = [f"rank {rank}: {type(err).__name__}: {err}" for rank, err in sorted(failures.items())]
+    parts = []
+    for rank, err in sorted(failures.items()):
+        if isinstance(err, tuple) and err and isinstance(err[0], BaseException):
+            err = err[0]  # DCP keeps (exception, its stack summary): the exception says what failed
+        parts.append(f"rank {rank}: {type(err).__name__}: {err}")
     return "; ".join(parts) or str(exc)

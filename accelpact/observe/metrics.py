@@ -63,6 +63,10 @@ class _ProcessMetrics:
                                     ["rank", "quantile"], registry=r)
         self.straggler = Gauge("accelpact_straggler", "1 while this rank is named a straggler (its median update "
                                "time above the straggler factor times its peers' median)", ["rank"], registry=r)
+        self.saves = Counter("accelpact_checkpoint_saves", "Checkpoint saves by outcome: published, or failed "
+                             "(the job went on without it, or failed stop)", ["rank", "outcome"], registry=r)
+        self.checkpoint_step = Gauge("accelpact_checkpoint_step", "Newest checkpoint this run published (the L2 "
+                                     "fallback: F minus this is what a restart would replay)", ["rank"], registry=r)
         self.servers: dict[int, Any] = {}
 
     def serve(self, port: int) -> bool:
@@ -142,6 +146,13 @@ class PrometheusObserver:
 
     def on_reject(self, evidence: Evidence) -> None:
         self._incident(evidence)
+
+    def on_checkpoint(self, step: int, error: str | None) -> None:
+        self.m.saves.labels(self.label, "failed" if error else "published").inc()
+        if error is None:
+            self.m.checkpoint_step.labels(self.label).set(step)
+        if self.textfile is not None:
+            self._write(self.clock())
 
     def close(self) -> None:
         if self.textfile is not None:

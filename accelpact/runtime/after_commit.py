@@ -1,7 +1,9 @@
 """What runs right after a commit, on every rank alike and in this order: the replica digest
 check (`digests.py`), then the checkpoint save (`checkpointing.py`), so that a checkpoint is
-never taken of replicas that disagree. Either one failing fails stop on every rank together:
+never taken of replicas that disagree. A failure of either fails stop on every rank together:
 each rank holds the same agreed result (the gathered digests, the collective save's error).
+A save that failed on every rank alike costs only that checkpoint, up to a number in a row
+(`checkpoint.failed_saves`).
 
 Both run on the control plane with nothing before them to detect a cut link: a cut that begins
 inside a save stalls the save's first collective across it from its first second. A cut at an
@@ -55,8 +57,11 @@ def after_commit(rt: Runtime) -> None:
         if save_due and failure is None:
             try:
                 rt.checkpointer.after_commit(rt)
-            except Exception as exc:  # a rank's own error is agreed by every rank; a lost peer is not
-                failure = f"checkpoint save at F={rt.frontier} failed: {type(exc).__name__}: {exc}", exc
+            except Exception as exc:  # judged below: every rank's alike, or a lost peer's
+                verdict = rt.checkpointer.judge_failure(rt.frontier, exc)
+                if not verdict.go_on:
+                    failure = (f"checkpoint save at F={rt.frontier} failed: {type(exc).__name__}: {exc} "
+                               f"[{verdict.reason}]", exc)
     if failure is None:
         return
     reason, exc = failure  # outside the stretch: what follows keeps the usual bound

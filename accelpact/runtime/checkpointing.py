@@ -18,8 +18,10 @@ from ..checkpoint import (
     AttemptLog,
     CheckpointManager,
     RestoreResult,
+    agreed_failure,
     check_restart_budget,
 )
+from ..checkpoint.failed_saves import FailedSaveVerdict, judge_failed_save
 from ..errors import ControlPlaneError
 
 if TYPE_CHECKING:
@@ -53,6 +55,8 @@ class Checkpointer:
         self.manager.notes["shrinks"] = rt.shrinks  # the experiment's changes, kept in every manifest
         self.attempts = AttemptLog(cfg.checkpoint_dir, run_id=self.run_id, attempt=rt.attempt)
         self.saves: list[dict] = []
+        self.failed: list[dict] = []  # saves that failed on every rank alike and were gone on from
+        self.in_a_row = 0  # failed saves since the last one that published
         self.restored: RestoreResult | None = None
 
     def app_state(self) -> AppState:
@@ -90,10 +94,44 @@ class Checkpointer:
         if not self.due(rt.frontier):
             return
         t = time.perf_counter()
-        report = self.manager.save(rt.frontier, model=rt.model, optimizer=rt.optimizer, app_state=self.app_state())
+        try:
+            report = self.manager.save(rt.frontier, model=rt.model, optimizer=rt.optimizer,
+                                       app_state=self.app_state())
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"[:500]
+            rt.trace.write({"kind": "checkpoint", "step": rt.frontier, "seconds": time.perf_counter() - t,
+                            "error": error})
+            rt.observers.checkpoint(rt.frontier, error)
+            raise
         save = {"step": report.step, "bytes": report.bytes, "seconds": time.perf_counter() - t}
         self.saves.append(save)
+        self.in_a_row = 0
         rt.trace.write({"kind": "checkpoint", **save})  # when it ran: a stall inside it is told apart (chaos)
+        rt.observers.checkpoint(report.step, None)
+
+    def newest_step(self) -> int | None:
+        """The newest checkpoint this run holds: its last save, else the one it restored."""
+        if self.saves:
+            return self.saves[-1]["step"]
+        return self.restored.step if self.restored is not None else None
+
+    def judge_failure(self, frontier: int, exc: BaseException) -> FailedSaveVerdict:
+        """Whether training goes on without the save of `frontier` (`checkpoint.failed_saves`);
+        if it does, the failure is logged on every rank and recorded in attempts.jsonl."""
+        agreed = agreed_failure(exc)
+        self.in_a_row += agreed
+        verdict = judge_failed_save(agreed=agreed, in_a_row=self.in_a_row,
+                                    tolerated=self.rt.config.checkpoint_failures_tolerated,
+                                    last_saved=self.newest_step())
+        if verdict.go_on:
+            self.failed.append({"step": frontier, "error": f"{type(exc).__name__}: {exc}"[:2000]})
+            log.error("checkpoint save at F=%d %s: %s: %s", frontier, verdict.reason, type(exc).__name__, exc)
+            if self.rt.rank == 0:
+                try:
+                    self.attempts.record_save_failed(frontier, f"{type(exc).__name__}: {exc}"[:2000])
+                except OSError as record_error:  # the storage that failed the save may fail this too
+                    log.error("could not record the failed save: %s", record_error)
+        return verdict
 
     def record_fail_stop(self, frontier: int, reasons: list[str]) -> None:
         if self.rt.rank == 0:

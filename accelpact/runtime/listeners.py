@@ -85,7 +85,10 @@ class RecoveryObserver(Protocol):
         """A recovery (or the control plane) rejected; `RecoveryRejected` is raised next."""
 
     def close(self) -> None:
-        """The runtime closes: flush what is buffered."""
+        """The runtime closes: flush what is buffered.
+
+        Optional, looked up by name: `on_checkpoint(step, error)`, after every checkpoint save
+        (`error` None: published; else why not, whether the job went on or fails stop)."""
 
 
 class Observers:
@@ -108,11 +111,16 @@ class Observers:
     def rejected(self, evidence: Evidence) -> None:
         self._each("on_reject", evidence)
 
+    def checkpoint(self, step: int, error: str | None) -> None:
+        self._each("on_checkpoint", step, error, optional=True)
+
     def close(self) -> None:
         self._each("close")
 
-    def _each(self, method: str, *args: object) -> None:
+    def _each(self, method: str, *args: object, optional: bool = False) -> None:
         for observer in self.items:
+            if optional and not hasattr(observer, method):
+                continue
             try:
                 getattr(observer, method)(*args)
             except Exception:  # telemetry never fails training; the traceback is kept in the log
