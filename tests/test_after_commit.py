@@ -153,6 +153,26 @@ def test_a_save_that_failed_on_every_rank_alike_costs_that_checkpoint_up_to_the_
     assert len(seen) == 1 and rt.checkpointer.failed[-1]["step"] == 10
 
 
+def test_under_membership_only_a_lost_peer_becomes_a_membership_change(monkeypatch) -> None:
+    """A save whose own collective failed (a timeout, a closed connection) under spares goes to the
+    membership change at phase committed; a storage error every rank agreed on, even one whose text
+    says it timed out, is the save's own: past the tolerance it fails stop."""
+    changes: list = []
+    monkeypatch.setattr(after_commit_mod, "on_lost_member", lambda rt, exc, phase, detect_s: changes.append(
+        (type(exc).__name__, str(phase))))
+    lost = _runtime(2, [])
+    lost.membership = object()
+    seen = _failing_save(lost, RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer"))
+    after_commit_mod.after_commit(lost)
+    assert changes == [("RuntimeError", "committed")] and seen == []
+    nfs = _runtime(2, [], tolerated=0)
+    nfs.membership = object()
+    seen = _failing_save(nfs, CheckpointSaveError("writing rank state failed on 1 of 4 rank(s): rank 1: "
+                                                  "OSError: NFS server timed out", agreed=True))
+    after_commit_mod.after_commit(nfs)
+    assert len(changes) == 1 and len(seen) == 1 and "checkpoint_failures_tolerated=0" in seen[0][0]
+
+
 @pytest.mark.parametrize(("agreed", "in_a_row", "tolerated", "go_on"), [
     (True, 1, 3, True), (True, 3, 3, True), (True, 4, 3, False), (True, 1, 0, False), (False, 1, 3, False)])
 def test_judge_failed_save(agreed: bool, in_a_row: int, tolerated: int, go_on: bool) -> None:

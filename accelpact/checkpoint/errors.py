@@ -19,10 +19,10 @@ __all__ = [
     "CheckpointLoadError",
     "CheckpointSaveError",
     "ManifestError",
-    "agreed_failure",
     "NoVerifiedCheckpointError",
     "Refusal",
     "RestartBudgetExceeded",
+    "agreed_failure",
 ]
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
+from ..checkpoint import agreed_failure
 from ..comm.classify import FailureCause, classify_failure
 from ..errors import ControlPlaneError
 from ..fsm.phases import FailurePhase
@@ -65,7 +66,7 @@ def after_commit(rt: Runtime) -> None:
     if failure is None:
         return
     reason, exc = failure  # outside the stretch: what follows keeps the usual bound
-    if rt.membership is not None and classify_failure(exc).cause in LOST_PEER:
+    if rt.membership is not None and not agreed_failure(exc) and classify_failure(exc).cause in LOST_PEER:
         on_lost_member(rt, exc, FailurePhase.COMMITTED, time.perf_counter() - t0)
         return
     rt._reject_without_protocol(reason, exc)
