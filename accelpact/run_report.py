@@ -107,6 +107,8 @@ class RunSummary:
     recoveries: list[Recovery] = field(default_factory=list)
     t_start: float = 0.0
     t_end: float = 0.0
+    #: the L2 fallback's saves as the lowest rank traced them: attempt, step, seconds, error if any
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def outcomes(self) -> dict[str, int]:
@@ -146,7 +148,7 @@ class RunSummary:
             "updates_run": self.updates_run, "wall_s": self.wall_s, "outcomes": self.outcomes,
             "mttd_s": self.mttd_s, "mean_repair_s": self.mean_repair_s, "mean_phases_s": self.mean_phases_s,
             "updates_lost": self.updates_lost, "mean_rto_s": self.mean_rto_s,
-            "recoveries": [r.to_dict() for r in self.recoveries],
+            "recoveries": [r.to_dict() for r in self.recoveries], "checkpoints": self.checkpoints,
         }
 
 
@@ -285,7 +287,25 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
         recoveries.append(recovery)
     return RunSummary(ranks=ranks, attempts=max(len(a) for a in per_rank.values()),
                       final_frontier=final_frontier, updates_run=updates_run, recoveries=recoveries,
-                      t_start=min(all_t) if all_t else 0.0, t_end=max(all_t) if all_t else 0.0)
+                      t_start=min(all_t) if all_t else 0.0, t_end=max(all_t) if all_t else 0.0,
+                      checkpoints=_checkpoints(per_rank[ranks[0]]) if ranks else [])
+
+
+def _checkpoints(attempts: Sequence[tuple[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
+    """One rank's save records (every rank saves every step, and agrees on a failure)."""
+    return [{"attempt": attempt, "step": int(r["step"]), "seconds": float(r.get("seconds", 0.0)),
+             **({"error": str(r["error"])} if r.get("error") else {})}
+            for attempt, recs in attempts for r in recs if r.get("kind") == "checkpoint"]
+
+
+def checkpoint_line(summary: RunSummary) -> str | None:
+    """The L2 fallback in one line: what was published, what failed and why (None: no saves)."""
+    if not summary.checkpoints:
+        return None
+    published = [str(c["step"]) for c in summary.checkpoints if "error" not in c]
+    failed = [f"{c['step']} ({c['error'][:160]})" for c in summary.checkpoints if "error" in c]
+    return (f"checkpoints: published {', '.join(published) or 'none'}"
+            + (f"; failed {'; '.join(failed)}" if failed else ""))
 
 
 def _resolve_outcome(rec: Recovery, per_rank: Mapping[int, list[tuple[int, list[dict[str, Any]]]]]) -> None:
@@ -414,6 +434,8 @@ def format_summary(summary: RunSummary) -> str:
             f"  mean RTO {'n/a' if rto is None else f'{rto:.3f}s'}"
         )
         lines.append("mean per phase: " + "  ".join(f"{k} {v * 1e3:.1f}ms" for k, v in summary.mean_phases_s.items()))
+    if (saved := checkpoint_line(summary)) is not None:
+        lines.append(saved)
     return "\n".join(lines)
 
 

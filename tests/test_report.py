@@ -106,6 +106,20 @@ def test_cold_restart_numbers_from_records():
     assert "reject 1" in text and "restored C=2" in text and "updates lost 2" in text
 
 
+def test_the_report_names_published_and_failed_checkpoints():
+    traces = _restart_traces()
+    for rank, recs in traces.items():
+        recs += [{"kind": "checkpoint", "rank": rank, "t": 27.5, "step": 6, "bytes": 10, "seconds": 0.2},
+                 {"kind": "checkpoint", "rank": rank, "t": 28.5, "step": 8, "seconds": 0.1,
+                  "error": "CheckpointSaveError: writing rank state for step 8 failed on 1 of 2 rank(s)"}]
+    s = summarize(traces)
+    assert [(c["step"], "error" in c) for c in s.checkpoints] == [(6, False), (8, True)]
+    assert ("checkpoints: published 6; failed 8 (CheckpointSaveError: writing rank state for step 8 failed on 1 "
+            "of 2 rank(s))") in format_summary(s)
+    assert s.to_dict()["checkpoints"][1]["step"] == 8
+    assert "checkpoints:" not in format_summary(summarize(_restart_traces()))  # no saves traced, no line
+
+
 def test_attempts_are_numbered_by_position_and_torn_lines_are_skipped(tmp_path):
     recs = [{"kind": "attach", "attempt": 0, "t": 0}, {"kind": "attach", "attempt": 0, "t": 1}]
     assert [a for a, _ in split_attempts(recs)] == [0, 1]  # a restart inside the same processes
