@@ -17,6 +17,7 @@ from accelpact.checkpoint import CheckpointSaveError, agreed_failure
 from accelpact.checkpoint.failed_saves import judge_failed_save
 from accelpact.checkpoint.naming import TMP_MARK, step_dir_name
 from accelpact.control.plane import ControlPlane
+from accelpact.errors import ControlPlaneError
 from accelpact.runtime import after_commit as after_commit_mod
 from accelpact.runtime.checkpointing import Checkpointer
 from accelpact.testing.drills import Drill, run_drill
@@ -171,6 +172,30 @@ def test_under_membership_only_a_lost_peer_becomes_a_membership_change(monkeypat
                                                   "OSError: NFS server timed out", agreed=True))
     after_commit_mod.after_commit(nfs)
     assert len(changes) == 1 and len(seen) == 1 and "checkpoint_failures_tolerated=0" in seen[0][0]
+
+
+class _Missing:
+    """A listener whose control plane fails before the work after a commit (`miss@U:save:R`)."""
+
+    def before_commit_work(self, update: int) -> None:
+        raise ControlPlaneError(f"injected miss@{update}:save:1")
+
+
+def test_a_control_plane_that_fails_before_the_save_rejects_or_changes_membership(monkeypatch) -> None:
+    changes: list = []
+    monkeypatch.setattr(after_commit_mod, "on_lost_member", lambda rt, exc, phase, detect_s: changes.append(
+        type(exc).__name__))
+    alone = _runtime(2, [])
+    alone.listeners = [_Missing()]
+    seen = _failing_save(alone, AssertionError("the save must not start"))
+    after_commit_mod.after_commit(alone)
+    assert seen == [("the control plane failed after the commit of F=2: injected miss@2:save:1",
+                     "ControlPlaneError", 5.0)] and changes == []
+    spared = _runtime(2, [])
+    spared.listeners, spared.membership = [_Missing()], object()
+    seen = _failing_save(spared, AssertionError("the save must not start"))
+    after_commit_mod.after_commit(spared)
+    assert seen == [] and changes == ["ControlPlaneError"]
 
 
 @pytest.mark.parametrize(("agreed", "in_a_row", "tolerated", "go_on"), [

@@ -87,15 +87,17 @@ def test_a_kill_or_stall_can_be_planned_inside_a_recovery_and_strikes_at_that_st
 
 def test_a_kill_at_the_save_strikes_before_the_work_after_that_commit(monkeypatch):
     """`kill@U:save:R`: R committed update U and dies as the work due after it (a checkpoint save,
-    a digest check) begins; its peers meet its absence inside that work (`runtime.after_commit`)."""
+    a digest check) begins; its peers meet its absence inside that work (`runtime.after_commit`).
+    `miss@U:save:R`: R's control plane fails there instead, every process alive."""
+    from accelpact.errors import ControlPlaneError
     from accelpact.faults import injector as injector_module
     from accelpact.faults.plan import FaultPlan
     from accelpact.runtime.listeners import tell_before_commit_work
 
-    plan = FaultPlan.parse("kill@4:save:2")
-    assert [str(f) for f in plan.faults] == ["kill@4:save:2"]
-    for bad in ("skip@4:save:2", "stall@4:save:2", "miss@4:save:2"):
-        with pytest.raises(ConfigError, match="only kill can strike at the work after a commit|a miss strikes"):
+    plan = FaultPlan.parse("kill@4:save:2,miss@6:save:2")
+    assert [str(f) for f in plan.faults] == ["kill@4:save:2", "miss@6:save:2"]
+    for bad in ("skip@4:save:2", "stall@4:save:2", "late@4:save:2"):
+        with pytest.raises(ConfigError, match="only kill or miss can strike at the work after a commit"):
             FaultPlan.parse(bad)
     with pytest.raises(ConfigError, match="or after the commit: save"):
         FaultPlan.parse("kill@4:elsewhere:2")
@@ -108,6 +110,9 @@ def test_a_kill_at_the_save_strikes_before_the_work_after_that_commit(monkeypatc
     tell_before_commit_work([inj], 4)
     tell_before_commit_work([inj], 4)  # once
     assert struck == ["kill@4:save:2"]
+    with pytest.raises(ControlPlaneError, match="injected miss@6:save:2: the control plane failed on this rank"):
+        tell_before_commit_work([inj], 6)  # a miss fails the work here, every process alive
+    tell_before_commit_work([inj], 6)
 
 
 def test_a_kill_or_miss_at_the_boundary_check_strikes_after_the_check_before_the_commit(monkeypatch):
@@ -120,7 +125,7 @@ def test_a_kill_or_miss_at_the_boundary_check_strikes_after_the_check_before_the
 
     plan = FaultPlan.parse("kill@3:check:1,miss@3:check:2")
     for bad, why in (("skip@3:check:1", "only kill or miss can strike at the boundary's 'check'"),
-                     ("miss@3:forward:1", "a miss strikes at the boundary check only"),
+                     ("miss@3:forward:1", "a miss strikes at the boundary check or the save only"),
                      ("kill@3:elsewhere:1", "or the boundary's: check")):
         with pytest.raises(ConfigError, match=why):
             FaultPlan.parse(bad)

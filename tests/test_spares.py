@@ -199,3 +199,21 @@ def test_a_rank_lost_as_the_checkpoint_save_begins_is_replaced_at_the_committed_
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-")) == [
         step_dir_name(2), step_dir_name(6)]  # no unpublished directory of F=4 left behind
     _traces_keep_the_membership_rules(job)
+
+
+def test_a_control_plane_that_fails_in_a_save_with_every_rank_alive_rebuilds_the_world_bitwise():
+    """Rank 1's control plane fails as the save of F=4 begins (`miss@4:save:1`: a link cut past the
+    save's bound), every process alive. Its peers meet its closed connections inside the save; with
+    every position present the world is rebuilt around the same members at F=4, nothing re-run,
+    and the job ends bitwise. Without spares the same fault is one Reject on every rank."""
+    job = run_spare_job(framework="fsdp2", faults="miss@4:save:1", updates=6, spares=1, checkpoint_every=2)
+    assert job.codes == [0] * 5, _explain(job)
+    assert job.result["bitwise_ok"] and job.result["all_in_memory"], _explain(job)
+    (rebuilt,) = [h for h in job.result["verdicts"][0]["history"] if h["action"] == "replace"]
+    assert rebuilt["replacement"]["lost"] == [] and rebuilt["frontier"] == 4, rebuilt
+    assert "took over" not in job.output[4], _explain(job)  # the spare was never claimed
+    ckpt = Path(job.trace_dir) / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-")) == [
+        step_dir_name(2), step_dir_name(6)]
+    traces = load_membership_traces(job.trace_dir)
+    assert check_membership_traces(traces, replicas=HSDP_REPLICAS) == []

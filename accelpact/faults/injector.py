@@ -113,10 +113,16 @@ class FaultInjector:
 
     def before_commit_work(self, update: int) -> None:
         """Update `update` is committed here and a save or digest check is due: a kill planned at
-        `save` strikes before it, so the peers meet this rank's absence inside that work."""
+        `save` strikes before it, so the peers meet this rank's absence inside that work; a miss
+        fails that work here as a control plane cut past its bound would, every process alive."""
         fault = self._take(update, "save")
-        if fault is not None:
-            perform(fault, data_timeout_s=self.data_timeout_s)
+        if fault is None:
+            return
+        log.info("injecting %s", fault, extra={"fault": str(fault)})
+        if fault.kind is FaultKind.MISS:
+            raise ControlPlaneError(f"injected {fault}: the control plane failed on this rank in the work after the "
+                                    f"commit of update {update}")
+        perform(fault, data_timeout_s=self.data_timeout_s)
 
     def probe_order(self, labels: list[str]) -> list[str]:
         """The group a boundary fault targets goes last, so a late rank does not stall the others.

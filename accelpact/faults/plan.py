@@ -40,10 +40,11 @@ RECOVERY_STEPS = ("guard", "agree", "restore", "replace", "rebind", "validate", 
 #: peer, it dies with update 5 finished but not committed), or failed (`miss`).
 BOUNDARY_STEPS = ("check",)
 
-#: The work after a commit a `kill` can strike at. `save`: as the work due after the commit begins
-#: (the checkpoint save, the replica digest check: `runtime.after_commit`); `kill@4:save:2`: rank 2
-#: committed update 4 and dies before that work, and its peers meet its absence inside it. Where
-#: nothing is due after the commit, nothing strikes.
+#: The work after a commit a `kill` or `miss` can strike at. `save`: as the work due after the commit
+#: begins (the checkpoint save, the replica digest check: `runtime.after_commit`); `kill@4:save:2`:
+#: rank 2 committed update 4 and dies before that work, and its peers meet its absence inside it;
+#: `miss@4:save:2`: rank 2's control plane fails there while every process lives (a link cut past
+#: the save's bound). Where nothing is due after the commit, nothing strikes.
 AFTER_COMMIT_STEPS = ("save",)
 
 
@@ -126,12 +127,13 @@ def _parse_one(item: str) -> Fault:
         if kind not in (FaultKind.KILL, FaultKind.MISS):
             raise ConfigError(f"fault {item!r}: only kill or miss can strike at the boundary's {step!r}")
         return Fault(update, step, rank, kind)
-    if kind is FaultKind.MISS:
-        raise ConfigError(f"fault {item!r}: a miss strikes at the boundary check only (miss@U:check:R)")
     if step in AFTER_COMMIT_STEPS:
-        if kind is not FaultKind.KILL:
-            raise ConfigError(f"fault {item!r}: only kill can strike at the work after a commit ({step!r})")
+        if kind not in (FaultKind.KILL, FaultKind.MISS):
+            raise ConfigError(f"fault {item!r}: only kill or miss can strike at the work after a commit ({step!r})")
         return Fault(update, step, rank, kind)
+    if kind is FaultKind.MISS:
+        raise ConfigError(f"fault {item!r}: a miss strikes at the boundary check or the save only "
+                          "(miss@U:check:R, miss@U:save:R)")
     if step in RECOVERY_STEPS:
         if kind not in (FaultKind.KILL, FaultKind.STALL):
             raise ConfigError(f"fault {item!r}: only kill or stall can strike inside a recovery (step {step!r})")

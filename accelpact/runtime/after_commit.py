@@ -36,6 +36,14 @@ if TYPE_CHECKING:
 LOST_PEER = (FailureCause.TIMEOUT, FailureCause.CONNECTION_CLOSED)
 
 
+def lost_peer(exc: BaseException) -> bool:
+    """Whether the work after a commit failed in its own collectives (a peer lost, the control
+    plane cut), not on an error every rank agreed on (a full disk)."""
+    if agreed_failure(exc):
+        return False
+    return isinstance(exc, ControlPlaneError) or classify_failure(exc).cause in LOST_PEER
+
+
 def budget_s(rt: Runtime) -> float:
     """How long one collective after a commit may wait: what a cut at an update may last and still
     be recovered in memory (its detection, then the recovery's control-plane bound)."""
@@ -47,10 +55,13 @@ def after_commit(rt: Runtime) -> None:
     save_due = rt.checkpointer is not None and rt.checkpointer.due(rt.frontier)
     if not (digests_due or save_due):
         return  # the usual update: nothing to stretch
-    tell_before_commit_work(rt.listeners, rt.frontier)
     t0, failure = time.perf_counter(), None
     with rt.control.timeout_for(budget_s(rt)):
-        if digests_due:
+        try:
+            tell_before_commit_work(rt.listeners, rt.frontier)
+        except ControlPlaneError as exc:
+            failure = f"the control plane failed after the commit of F={rt.frontier}: {exc}", exc
+        if digests_due and failure is None:
             try:
                 rt.digests.after_commit(rt)
             except (ReplicaDivergence, ControlPlaneError) as exc:
@@ -66,7 +77,7 @@ def after_commit(rt: Runtime) -> None:
     if failure is None:
         return
     reason, exc = failure  # outside the stretch: what follows keeps the usual bound
-    if rt.membership is not None and not agreed_failure(exc) and classify_failure(exc).cause in LOST_PEER:
+    if rt.membership is not None and lost_peer(exc):
         on_lost_member(rt, exc, FailurePhase.COMMITTED, time.perf_counter() - t0)
         return
     rt._reject_without_protocol(reason, exc)

@@ -31,7 +31,8 @@ class UpdateListener(Protocol):
     called as a recovery enters each step (guard, agree, ...; `RecoveryExecutor.before_effect`);
     `before_check(update)` and `after_check(update, flag)`, called around the boundary's
     control-plane check (`checked`); `before_commit_work(update)`, called when update `update` is
-    committed and work is due after it (a save, a digest check: `after_commit`), before it begins."""
+    committed and work is due after it (a save, a digest check: `after_commit`), before it begins
+    (a ControlPlaneError it raises is that work's failure)."""
 
     def on_phase(self, update: int, phase: FailurePhase) -> None:
         """Update `update` (1-based) entered `phase`; COMMITTED: its boundary check begins."""
