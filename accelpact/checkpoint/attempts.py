@@ -34,6 +34,9 @@ FAIL_STOP = "fail_stop"
 RESTORED = "restored"
 FRESH_START = "fresh_start"
 SAVE_FAILED = "save_failed"
+#: written by the next attempt for one that ended without its fail-stop on record (a crash, a
+#: kill, rank 0 stopped before it wrote): the log never shows a failed attempt as a clean one
+ENDED_UNRECORDED = "ended_unrecorded"
 
 
 def restart_count(env: Mapping[str, str] | None = None) -> int:
@@ -61,7 +64,7 @@ class AttemptRecord:
 
     run_id: str
     attempt: int
-    event: str  # restored | fresh_start | fail_stop | save_failed
+    event: str  # restored | fresh_start | fail_stop | save_failed | ended_unrecorded
     time: str
     checkpoint_step: int | None = None
     checkpoint_path: str | None = None
@@ -129,8 +132,23 @@ class AttemptLog:
         return sum(1 for r in self.records() if r.event == FAIL_STOP)
 
     def last_failure_frontier(self) -> int | None:
-        fails = [r.frontier for r in self.records() if r.event == FAIL_STOP and r.frontier is not None]
-        return fails[-1] if fails else None
+        """The frontier the latest failed attempt gave up at; None when it is not known (none
+        failed, or the latest ended without a record)."""
+        ends = [r for r in self.records() if r.event in (FAIL_STOP, ENDED_UNRECORDED)]
+        return ends[-1].frontier if ends else None
+
+    def note_unrecorded_end(self) -> AttemptRecord | None:
+        """At the start of a restart attempt: record the previous attempt as ended without a
+        record when it left no fail-stop (torchrun restarted it, so it failed). Not counted
+        against the budget: torchrun's own attempt number already counts it."""
+        previous = self.attempt - 1
+        if previous < 0 or any(r.attempt == previous and r.event == FAIL_STOP for r in self.records()):
+            return None
+        return self.append(AttemptRecord(
+            self.run_id, previous, ENDED_UNRECORDED, _now(),
+            reason=f"attempt {previous} ended without a fail-stop record (a crash, a kill, or rank 0 stopped "
+                   "before it wrote one); its frontier is unknown",
+        ))
 
     def record_fail_stop(self, frontier: int, reason: str) -> AttemptRecord:
         """The runtime rejected in-memory recovery (L2): note the frontier being abandoned."""

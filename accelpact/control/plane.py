@@ -401,6 +401,23 @@ class ControlPlane:
             out.append(f"release reasons unreadable: {type(exc).__name__}: {exc}")
         return out
 
+    def mark(self, name: str) -> None:
+        """Tell every rank that `name` happened here (a store key; `await_mark` reads it)."""
+        try:
+            self.store.set(f"mark/{name}", "1")
+        except Exception as exc:  # torch raises RuntimeError/DistStoreError/DistNetworkError
+            raise ControlPlaneError(f"marking {name!r} failed: {type(exc).__name__}: {exc}") from exc
+
+    def await_mark(self, name: str, timeout_s: float) -> bool:
+        """Whether `name` was marked within `timeout_s` (False also for a store gone: the caller
+        only waits for a courtesy, never for a decision)."""
+        try:
+            self.store.wait([f"mark/{name}"], datetime.timedelta(seconds=max(0.001, timeout_s)))
+        except Exception as exc:  # DistStoreError (a RuntimeError) on timeout, network errors
+            log.warning("no mark %r within %.1fs: %s: %s", name, timeout_s, type(exc).__name__, exc)
+            return False
+        return True
+
     def close(self) -> None:
         try:
             dist.destroy_process_group(self.group)

@@ -222,6 +222,7 @@ def _checkpointing(rt: Runtime, config: Config, rank: int) -> None:
         rt.checkpointer.enforce_budget()
     except RestartBudgetExceeded as exc:
         fail_stop(exc, on_reject=config.on_reject, rank=rank)
+    rt.checkpointer.note_previous_attempt()
     if config.restore:
         rt.checkpointer.restore()
 

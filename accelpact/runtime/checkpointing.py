@@ -29,6 +29,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("accelpact.checkpointing")
 
+#: the mark rank 0 sets once the fail-stop is on disk, and how long the other ranks wait for it
+#: before they exit anyway (rank 0 may be the rank that is gone)
+FAIL_STOP_RECORDED = "fail-stop-recorded"
+FAIL_STOP_WAIT_S = 5.0
+
 
 class Checkpointer:
     def __init__(self, rt: Runtime):
@@ -133,9 +138,31 @@ class Checkpointer:
                     log.error("could not record the failed save: %s", record_error)
         return verdict
 
+    def note_previous_attempt(self) -> None:
+        """Rank 0, at a restart: an attempt that died without its fail-stop record gets one."""
+        if self.rt.rank != 0:
+            return
+        try:
+            rec = self.attempts.note_unrecorded_end()
+        except OSError as exc:
+            log.error("could not record how the previous attempt ended: %s: %s", type(exc).__name__, exc)
+            return
+        if rec is not None:
+            log.warning("attempt %d ended without a fail-stop record", rec.attempt)
+
     def record_fail_stop(self, frontier: int, reasons: list[str]) -> None:
-        if self.rt.rank == 0:
-            try:
-                self.attempts.record_fail_stop(frontier, "; ".join(reasons)[:2000])
-            except OSError as exc:  # the fail-stop must not be blocked by a full disk
-                log.error("could not record the fail-stop: %s: %s", type(exc).__name__, exc)
+        """Rank 0 writes the record; the other ranks wait (bounded) until it has. torchrun stops
+        every worker as soon as the first one exits, so a rank 0 a little slower than its peers
+        (it also writes the incidents) would otherwise be killed before the record is on disk."""
+        control = self.rt.control
+        if self.rt.rank != 0:
+            control.await_mark(FAIL_STOP_RECORDED, min(FAIL_STOP_WAIT_S, control.timeout_s))
+            return
+        try:
+            self.attempts.record_fail_stop(frontier, "; ".join(reasons)[:2000])
+        except OSError as exc:  # the fail-stop must not be blocked by a full disk
+            log.error("could not record the fail-stop: %s: %s", type(exc).__name__, exc)
+        try:
+            control.mark(FAIL_STOP_RECORDED)
+        except ControlPlaneError as exc:  # the peers wait out their bound
+            log.error("could not tell the peers the fail-stop is recorded: %s", exc)

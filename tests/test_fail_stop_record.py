@@ -1,0 +1,124 @@
+"""The fail-stop is on record before any rank exits, and an attempt that died without one is
+recorded as such by the next: torchrun stops every worker as soon as the first exits, so a rank 0
+slower than its peers lost its record (seen in CI: a restarted attempt died and the log showed
+it as clean)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch.distributed as dist
+
+from accelpact.checkpoint import AttemptLog, RestoreResult
+from accelpact.checkpoint.attempts import ENDED_UNRECORDED, FAIL_STOP, RESTORED, AttemptRecord
+from accelpact.control.plane import ControlPlane
+from accelpact.errors import ControlPlaneError
+from accelpact.runtime import checkpointing
+from accelpact.runtime.checkpointing import FAIL_STOP_RECORDED, Checkpointer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def report(step: int) -> RestoreResult:
+    return RestoreResult(step=step, path=f"/ck/step-{step}", frontier=step, opt_step=step, saved_attempt="0",
+                         refused=(), latest_note=None, bytes=10, seconds=0.25, verify_seconds=0.1)
+
+
+def _plane(store: dist.Store, timeout_s: float = 6.0) -> ControlPlane:
+    """A control plane's store side only (mark/await_mark), on an in-process store."""
+    plane = ControlPlane.__new__(ControlPlane)
+    plane.store, plane.timeout_s = store, timeout_s
+    return plane
+
+
+def _checkpointer(rank: int, control: ControlPlane, attempts: AttemptLog) -> Checkpointer:
+    ck = Checkpointer.__new__(Checkpointer)
+    ck.rt, ck.attempts = SimpleNamespace(rank=rank, control=control), attempts
+    return ck
+
+
+class _SlowLog(AttemptLog):
+    """Rank 0's disk is slow: the record lands `delay_s` after the call."""
+
+    def __init__(self, root: Path, delay_s: float, done: list) -> None:
+        super().__init__(root, run_id="job", attempt=1)
+        self.delay_s, self.done = delay_s, done
+
+    def record_fail_stop(self, frontier: int, reason: str) -> AttemptRecord:
+        time.sleep(self.delay_s)
+        rec = super().record_fail_stop(frontier, reason)
+        self.done.append(("recorded", time.monotonic()))
+        return rec
+
+
+def test_the_other_ranks_leave_only_after_rank_0_recorded_the_fail_stop(tmp_path: Path) -> None:
+    store, events = dist.HashStore(), []
+    rank0 = _checkpointer(0, _plane(store), _SlowLog(tmp_path, 0.5, events))
+    rank1 = _checkpointer(1, _plane(store), AttemptLog(tmp_path, run_id="job", attempt=1))
+
+    def leave_as_rank1() -> None:
+        rank1.record_fail_stop(7, ["skipped collective"])
+        events.append(("rank 1 exits", time.monotonic()))
+
+    t = threading.Thread(target=leave_as_rank1)
+    t.start()  # rank 1 reaches its exit first ...
+    time.sleep(0.1)
+    rank0.record_fail_stop(7, ["skipped collective"])  # ... rank 0 is slow to write
+    t.join(10)
+    assert [name for name, _ in sorted(events, key=lambda e: e[1])] == ["recorded", "rank 1 exits"]
+    (rec,) = AttemptLog(tmp_path, run_id="job").records()
+    assert (rec.attempt, rec.event, rec.frontier) == (1, FAIL_STOP, 7)
+
+
+def test_without_rank_0_the_others_wait_only_their_bound(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(checkpointing, "FAIL_STOP_WAIT_S", 0.3)
+    rank1 = _checkpointer(1, _plane(dist.HashStore()), AttemptLog(tmp_path, run_id="job", attempt=1))
+    t0 = time.monotonic()
+    rank1.record_fail_stop(7, ["rank 0 lost"])  # nobody marks: rank 0 is the rank that is gone
+    assert 0.25 <= time.monotonic() - t0 < 3
+    assert not (tmp_path / "attempts.jsonl").exists()  # only rank 0 writes the log
+
+
+def test_a_full_disk_on_rank_0_still_releases_the_others(tmp_path: Path) -> None:
+    class FullDisk(AttemptLog):
+        def record_fail_stop(self, frontier: int, reason: str) -> AttemptRecord:
+            raise OSError(28, "No space left on device")
+
+    store = dist.HashStore()
+    _checkpointer(0, _plane(store), FullDisk(tmp_path, run_id="job", attempt=0)).record_fail_stop(3, ["x"])
+    assert _plane(store).await_mark(FAIL_STOP_RECORDED, 0.1)
+
+
+def test_a_store_gone_is_a_control_plane_error_for_mark_and_false_for_await() -> None:
+    class Gone:
+        def set(self, *a):
+            raise RuntimeError("Connection reset by peer")
+
+        def wait(self, *a):
+            raise RuntimeError("Connection reset by peer")
+
+    with pytest.raises(ControlPlaneError, match="marking 'x' failed: RuntimeError: Connection reset"):
+        _plane(Gone()).mark("x")
+    assert _plane(Gone()).await_mark("x", 0.1) is False
+
+
+def test_the_next_attempt_records_one_that_ended_without_its_fail_stop(tmp_path: Path) -> None:
+    first = AttemptLog(tmp_path, run_id="job", attempt=0)
+    first.record_fail_stop(5, "backward timeout")
+    assert AttemptLog(tmp_path, run_id="job", attempt=1).note_unrecorded_end() is None  # 0 is on record
+    AttemptLog(tmp_path, run_id="job", attempt=1).record_restore(report(3))
+    third = AttemptLog(tmp_path, run_id="job", attempt=2)
+    assert third.last_failure_frontier() == 5
+    rec = third.note_unrecorded_end()  # attempt 1 restored, then died with no fail-stop
+    assert rec is not None and (rec.attempt, rec.event, rec.frontier) == (1, ENDED_UNRECORDED, None)
+    assert "attempt 1 ended without a fail-stop record" in rec.reason
+    assert third.last_failure_frontier() is None  # what attempt 1 reached is not known
+    assert third.record_restore(report(6)).updates_replayed is None  # so the replay is not claimed
+    assert third.fail_stops() == 1  # torchrun's attempt number counts the lost one for the budget
+    assert [(r.attempt, r.event) for r in third.records()] == [
+        (0, FAIL_STOP), (1, RESTORED), (1, ENDED_UNRECORDED), (2, RESTORED)]
+    assert AttemptLog(tmp_path, run_id="job", attempt=0).note_unrecorded_end() is None  # a first attempt
