@@ -410,11 +410,39 @@ def test_a_kill_at_the_boundary_check_is_met_in_the_next_forward_or_inside_the_r
     assert check_kills_as_seen(silenced)[2] is None
 
 
+def test_a_kill_at_the_save_after_a_commit_is_met_there_after_every_recovery_of_that_update():
+    """`kill@U:save:R` (spares campaign, a save every 2 updates): R dies as the save due after U's
+    commit begins, after U's own recoveries; the survivors meet it in the save and a spare takes
+    R's place at F = U (X), then U+1 runs in the new world. R's own faults of U+1 never fire; a
+    kill of R earlier in U (or at its check) leaves it nothing to strike."""
+    from accelpact.testing.campaign import check_kills_as_seen
+
+    clean = expected((Fault(4, "save", 2, "kill"), Fault(5, "backward", 2, "skip"), Fault(5, "forward", 0, "skip")),
+                     spares=2)
+    assert clean.outcome == "replace" and [str(f) for f in clean.unfired] == ["skip@5:backward:2"]
+    assert clean.matches(["replace", "rewind"], observed="replace") == 0
+    # after a Preserve (or a Rewind) of U: the save it commits is where R dies; never a dirty check
+    after = expected((Fault(4, "committed", 1, "skip"), Fault(4, "save", 2, "kill")), spares=2)
+    assert after.outcome == "replace" and after.matches(["preserve", "replace"], observed="replace") == 0
+    assert check_kills_as_seen((Fault(4, "backward", 1, "skip"), Fault(4, "save", 2, "kill")))[2] is None
+    for first in (Fault(4, "forward", 2, "kill"), Fault(4, "check", 2, "kill")):
+        gone = expected((first, Fault(4, "save", 2, "kill")), spares=2)
+        assert gone.unfired == (Fault(4, "save", 2, "kill"),) and gone.outcome == "replace", first
+    # a check kill of R is not silenced by R's own save kill of U (the save comes after the check)
+    assert check_kills_as_seen((Fault(3, "check", 1, "kill"), Fault(3, "save", 1, "kill")))[1] == (
+        Fault(3, "save", 1, "kill"),)
+    # the spares are counted as ever: a third loss with two spares ends the attempt
+    three = expected((Fault(2, "save", 0, "kill"), Fault(4, "save", 1, "kill"), Fault(5, "forward", 3, "kill")),
+                     spares=2)
+    assert (three.outcome, three.reject_update) == ("killed", 5)
+
+
 @settings(max_examples=200, deadline=None)
 @given(fault_schedules(updates=6, check_kills=True))
 def test_check_kills_are_drawn_only_as_kills_before_the_last_update(faults):
     for f in faults:
         assert f.phase != "check" or (f.kind == "kill" and f.update < 6)
+        assert f.phase != "save" or (f.kind == "kill" and f.update < 6 and f.update % 2 == 0)
 
 
 @pytest.mark.multiproc
@@ -424,6 +452,8 @@ def test_check_kills_are_drawn_only_as_kills_before_the_last_update(faults):
     ("kill@3:check:1,skip@3:committed:2", "killed", ["reject"]),  # lost inside the Preserve it started
     ("kill@3:check:3,skip@3:backward:3", "killed", ["reject"]),  # its own skip made the check dirty (seed 77)
     ("kill@3:check:0,kill@4:backward:0,kill@5:optimizer:0", "replace", ["replace", "replace"]),  # seed 78
+    # the save after a Preserve's commit: a second recovery, in the new world's members
+    ("skip@4:committed:1,kill@4:save:2", "replace", ["preserve", "replace"]),
 ])
 def test_a_kill_at_the_boundary_check_keeps_the_campaigns_prescription(tmp_path, schedule, observed, recoveries):
     from accelpact.testing.campaign import run_schedule_with_spares

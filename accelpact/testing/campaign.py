@@ -55,6 +55,11 @@ PHASES = ("forward", "backward", "optimizer", "committed")
 #: with spares a kill may also strike at the boundary check (`kill@U:check:R`: right after the
 #: rank's check of update U completed, before it commits; `accelpact.faults.plan.BOUNDARY_STEPS`)
 CHECK = "check"
+#: with spares a kill may also strike as the checkpoint save after a commit begins (`kill@U:save:R`,
+#: `accelpact.faults.plan.AFTER_COMMIT_STEPS`): the spares jobs save every SPARES_CHECKPOINT_EVERY
+#: updates, so only a due update's save can be struck
+SAVE = "save"
+SPARES_CHECKPOINT_EVERY = 2
 #: the campaign's job shapes: HSDP 2x2 (replica peers hold each shard), or FSDP2 fully sharded
 #: over the 4 ranks with neighbour copies (rank r's copy in rank r+1's memory)
 PROFILES = ("hsdp", "fsdp2-full")
@@ -317,8 +322,9 @@ def shares_holder(a: int, b: int, profile: str = "hsdp") -> bool:
 
 
 def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tuple[Fault, ...], int | None]:
-    """A kill at the boundary check, as the survivors meet it: (the schedule with each such kill
-    moved, the faults that never fire, the update a kill after a dirty check ends the attempt in).
+    """A kill at the boundary check or at the save after a commit, as the survivors meet it: (the
+    schedule with each such kill moved, the faults that never fire, the update a kill after a
+    dirty check ends the attempt in).
 
     `kill@U:check:R` strikes after R's check of U completed. A clean check commits U on every
     survivor (R's state of U is in the store: it was written before its contribution left), and
@@ -329,17 +335,27 @@ def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tup
     survivor rejects. Any skip or late of U that fires makes it dirty, at U's boundary or inside
     U (R's own too: a rank whose update failed still runs the check): the pass of U that meets it
     ends in a check that needs a recovery, and a pass that meets another rank's kill first ends in
-    a Replace, whose re-run meets it. A check kill whose rank died earlier in U never fires."""
+    a Replace, whose re-run meets it. A check kill whose rank died earlier in U never fires.
+
+    `kill@U:save:R` strikes as the save due after U's commit begins, after every recovery of U:
+    the survivors meet the loss in the save, at F = U with nothing in flight, and R's spare starts
+    at U, as after a clean check kill; so it is moved the same way (met before U+1 instead of in
+    its forward: the same Replace, and U+1's own faults then fire in the new world, which the
+    moved kill's re-run allows). It never makes a check dirty, and never fires when R died earlier
+    in U (a kill in a phase of U or at its check)."""
     out, unfired, dirty_end = [], [], None
-    checks = [f for f in faults if f.kind == "kill" and f.phase == CHECK]
+    checks = [f for f in faults if f.kind == "kill" and f.phase in (CHECK, SAVE)]
     for f in faults:
         if f not in checks:
             out.append(f)
     for k in checks:
-        if any(f.kind == "kill" and f.rank == k.rank and f.update == k.update and f.phase != CHECK for f in faults):
+        earlier = (CHECK,) if k.phase == SAVE else ()
+        if any(f.kind == "kill" and f.rank == k.rank and f.update == k.update and (f.phase in PHASES or
+                                                                                   f.phase in earlier)
+               for f in faults):
             unfired.append(k)
             continue
-        if any(f.update == k.update and _soft_fires(f, faults) for f in faults):
+        if k.phase == CHECK and any(f.update == k.update and _soft_fires(f, faults) for f in faults):
             dirty_end = k.update if dirty_end is None else min(dirty_end, k.update)
             continue
         gone = [f for f in out if f.rank == k.rank and f.update == k.update + 1]
@@ -352,8 +368,8 @@ def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tup
 def _soft_fires(f: Fault, faults: Sequence[Fault]) -> bool:
     """A skip or late that fires: its rank is not killed at or before its phase of that update
     (a kill at the boundary strikes before any probe)."""
-    return f.kind != "kill" and f.phase != CHECK and not any(
-        g.kind == "kill" and g.rank == f.rank and g.update == f.update and g.phase != CHECK
+    return f.kind != "kill" and f.phase in PHASES and not any(
+        g.kind == "kill" and g.rank == f.rank and g.update == f.update and g.phase in PHASES
         and PHASES.index(g.phase) <= PHASES.index(f.phase) for g in faults)
 
 
@@ -441,11 +457,13 @@ def fault_schedules(updates: int = 6, max_faults: int = 10, kinds: Sequence[str]
                     check_kills: bool = False) -> st.SearchStrategy:
     """1..max_faults distinct faults on updates 2..updates (update 1 wires FSDP lazily).
     `check_kills` (spares): a kill may also strike at the boundary check of an update before the
-    last (after the last one nobody would meet the loss)."""
-    phases = PHASES + ((CHECK,) if check_kills else ())
+    last (after the last one nobody would meet the loss), or at the save of such an update when
+    one is due (every SPARES_CHECKPOINT_EVERY)."""
+    phases = PHASES + ((CHECK, SAVE) if check_kills else ())
     fault = st.builds(Fault, st.integers(2, updates), st.sampled_from(phases), st.integers(0, WORLD - 1),
                       st.sampled_from(list(kinds))).filter(
-        lambda f: f.phase != CHECK or (f.kind == "kill" and f.update < updates))
+        lambda f: f.phase in PHASES or (f.kind == "kill" and f.update < updates
+                                        and (f.phase == CHECK or f.update % SPARES_CHECKPOINT_EVERY == 0)))
     return st.lists(fault, min_size=1, max_size=max_faults,
                     unique_by=lambda f: (f.update, f.phase, f.rank)).map(lambda fs: tuple(sorted(fs)))
 
@@ -557,7 +575,8 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
     drill = Drill(updates=updates, faults=plan(faults), data_timeout_s=data_timeout_s,
                   control_timeout_s=control_timeout_s, trace_dir=str(trace), rewind=True, envelope="permissive",
                   max_rewinds=REWIND_BUDGET + spares, framework="fsdp2-full" if full else "fsdp2",
-                  replicate="neighbour" if full else "off")
+                  replicate="neighbour" if full else "off", checkpoint_dir=str(workdir / "ckpt"),
+                  checkpoint_every=SPARES_CHECKPOINT_EVERY)  # saves a kill may strike (`SAVE`)
     cmd = [sys.executable, "-m", "accelpact.testing.spare_drill", "--drill", drill_json(drill), "--out", str(workdir)]
     t0 = time.monotonic()
     codes, output, _ = launch_with_spares(cmd, active=WORLD, spares=spares, log_dir=workdir, timeout_s=timeout_s,
