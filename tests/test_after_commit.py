@@ -55,8 +55,8 @@ class _Due:
     def due(self, frontier: int) -> bool:
         return frontier % self.every == 0
 
-    def after_commit(self, rt) -> None:
-        if self.due(rt.frontier):
+    def after_commit(self, rt, *, owed: bool = False) -> None:
+        if owed or self.due(rt.frontier):
             self.log.append((type(self).__name__, rt.frontier, rt.control.timeout_s))
 
 
@@ -110,7 +110,7 @@ def test_a_due_save_and_digest_check_get_data_plus_control_timeout() -> None:
 def _failing_save(rt: SimpleNamespace, exc: BaseException) -> list:
     seen: list = []
 
-    def fail(_rt) -> None:
+    def fail(_rt, *, owed: bool = False) -> None:
         raise exc
 
     def reject(reason: str, error: BaseException) -> None:
@@ -179,6 +179,28 @@ class _Missing:
 
     def before_commit_work(self, update: int) -> None:
         raise ControlPlaneError(f"injected miss@{update}:save:1")
+
+
+def test_a_save_lost_to_a_member_is_owed_and_the_owed_one_runs_without_the_fault_hook(monkeypatch) -> None:
+    """A lost peer in the save of F marks F's save interrupted (this rank's presence tells the new
+    world); the owed save, taken after the change, runs the save alone: no digest check, no
+    `before_commit_work` hook (its faults fired in the first pass), whether F is due or not."""
+    monkeypatch.setattr(after_commit_mod, "on_lost_member", lambda *a: None)
+    rt = _runtime(2, [])
+    rt.membership = object()
+    rt.checkpointer.interrupted_at = None
+    _failing_save(rt, RuntimeError("Connection closed by peer"))
+    after_commit_mod.after_commit(rt)
+    assert rt.checkpointer.interrupted_at == 2
+    log: list = []
+    rt = _runtime(3, log)  # F=3: neither a save nor a digest check is due
+    rt.listeners = [SimpleNamespace(before_commit_work=lambda f: log.append(("hook", f)))]
+    after_commit_mod.take_owed_save(rt)
+    assert log == [("_Checkpointer", 3, 7.0)] and rt.control.timeout_s == 5.0
+    log.clear()
+    rt.frontier = 6  # the usual path, both due: the hook first
+    after_commit_mod.after_commit(rt)
+    assert log == [("hook", 6), ("_Digests", 6, 7.0), ("_Checkpointer", 6, 7.0)]
 
 
 def test_a_control_plane_that_fails_before_the_save_rejects_or_changes_membership(monkeypatch) -> None:
@@ -318,3 +340,39 @@ def test_saves_that_fail_on_every_rank_alike_cost_those_checkpoints_not_the_job(
         assert [(s["step"], "error" in s) for s in saves if s.get("kind") == "checkpoint"] == [
             (2, False), (4, True), (6, False), (8, True)], trace.name
     assert_valid_run(tmp_path / "trace")
+
+
+class _Published:
+    """A manager whose step is already published (rank 0 published it before a loss reached it)."""
+
+    def save(self, step, **_):
+        from accelpact.checkpoint import CheckpointExistsError
+
+        raise CheckpointExistsError(f"step {step} is already published")
+
+
+def _saver(records: list) -> tuple[Checkpointer, SimpleNamespace]:
+    ck = Checkpointer.__new__(Checkpointer)
+    ck.every, ck.manager, ck.saves, ck.in_a_row = 2, _Published(), [], 1
+    ck.rt = rt = SimpleNamespace(frontier=5, opt_step=5, data_state=None, model=None, optimizer=None,
+                                 trace=SimpleNamespace(write=records.append),
+                                 observers=SimpleNamespace(checkpoint=lambda step, error: records.append(error)))
+    return ck, rt
+
+
+def test_an_owed_save_found_published_is_that_save_and_a_due_one_is_a_failure():
+    """`take_owed_save` after a membership change: a step rank 0 published before the loss reached
+    it is the save the new world owed (published saves are verified); on the usual schedule a
+    step found published is a failed save, judged as one."""
+    records: list = []
+    ck, rt = _saver(records)
+    ck.after_commit(rt, owed=True)  # F=5 is not due: owed saves run regardless
+    assert records == [{"kind": "checkpoint", "step": 5, "seconds": records[0]["seconds"], "owed": True,
+                        "published_before": True}] and ck.in_a_row == 0
+    records.clear()
+    ck.rt.frontier = rt.frontier = 6
+    from accelpact.checkpoint import CheckpointExistsError
+
+    with pytest.raises(CheckpointExistsError):
+        ck.after_commit(rt)
+    assert records[0]["error"].startswith("CheckpointExistsError: step 6") and records[1] == records[0]["error"]

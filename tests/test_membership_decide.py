@@ -127,3 +127,23 @@ def test_a_check_nobody_completed_keeps_the_frontier_although_the_lost_rank_wrot
     reports[1] = Presence(**{**reports[1].to_json(), "rerun_ok": True, "rerun_reason": ""})
     d = decide_membership(world=0, world_size=4, reports=reports, free_spares=[4], small_state_at={3: {4, 5}})
     assert d.replace and d.frontier == 4 and d.rolled == ()
+
+
+def test_a_save_the_loss_interrupted_is_owed_by_the_new_world():
+    """A survivor that met the loss in the checkpoint save of F says so; the decision owes that
+    save to every member of the new world (the spare reads it from the register); a reject owes
+    nothing."""
+    cut = Presence(**{**_hsdp(0).to_json(), "save_interrupted": True})
+    d = decide_membership(world=0, world_size=4, reports=[cut, _hsdp(1), _hsdp(2)], free_spares=[4],
+                          small_state_at={3: {4}})
+    assert d.replace and d.save_owed and MembershipDecision.from_json(d.to_json()).save_owed
+    assert Presence.from_json(cut.to_json()).save_interrupted
+    plain = decide_membership(world=0, world_size=4, reports=[_hsdp(0), _hsdp(1), _hsdp(2)], free_spares=[4],
+                              small_state_at={3: {4}})
+    assert not plain.save_owed
+    everyone = decide_membership(world=0, world_size=4, reports=[cut, _hsdp(1), _hsdp(2), _hsdp(3)],
+                                 free_spares=[4], small_state_at={})
+    assert everyone.replace and everyone.lost == () and everyone.save_owed  # rebuilt around the same members
+    no_spare = decide_membership(world=0, world_size=4, reports=[cut, _hsdp(1), _hsdp(2)], free_spares=[],
+                                 small_state_at={3: {4}})
+    assert not no_spare.replace and not no_spare.save_owed  # nobody goes on to take it

@@ -2,6 +2,7 @@
 job ends bitwise equal to an uninterrupted run (demo trainer, 4 active ranks HSDP 2x2 + spares,
 each a process of its own; the test process hosts the store as torchrun's agent would)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -189,7 +190,8 @@ def test_a_rank_lost_as_the_checkpoint_save_begins_is_replaced_at_the_committed_
     meet its absence inside the save's collectives. That is a member lost at a committed frontier:
     a spare takes its place at F=4, nobody re-runs anything (the survivors' live state is 4's) and
     the job ends bitwise equal to the uninterrupted run. (It was a fail-stop: "checkpoint save at
-    F=4 failed".) The interrupted save stays unpublished, the next one (F=6) is the new world's."""
+    F=4 failed".) The new world takes the interrupted save of F=4 right after the release, the
+    spare included (it was published only at F=6, the next due, before), then F=6 on schedule."""
     job = run_spare_job(framework="fsdp2", faults="kill@4:save:2", updates=6, spares=1, checkpoint_every=2)
     assert job.codes == [0, 0, -9, 0, 0], _explain(job)
     (replaced,) = _replaced(job, 2)
@@ -197,8 +199,20 @@ def test_a_rank_lost_as_the_checkpoint_save_begins_is_replaced_at_the_committed_
     assert "rank 2 <- rank 0" in job.output[0], _explain(job)  # the sender names itself
     ckpt = Path(job.trace_dir) / "ckpt"
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-")) == [
-        step_dir_name(2), step_dir_name(6)]  # no unpublished directory of F=4 left behind
+        step_dir_name(2), step_dir_name(4), step_dir_name(6)]  # no unpublished directory left behind
+    assert _owed_saves(job) == {0: [4], 1: [4], 2: [4], 3: [4]}  # the spare holds position 2
     _traces_keep_the_membership_rules(job)
+
+
+def _owed_saves(job) -> dict[int, list[int]]:
+    """Per position, the steps saved as owed by a membership change (`take_owed_save`)."""
+    out: dict[int, list[int]] = {}
+    for path in Path(job.trace_dir).glob("trace-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("kind") == "checkpoint" and rec.get("owed") and "error" not in rec:
+                out.setdefault(int(rec["rank"]), []).append(int(rec["step"]))
+    return out
 
 
 def test_a_control_plane_that_fails_in_a_save_with_every_rank_alive_rebuilds_the_world_bitwise():
@@ -214,6 +228,7 @@ def test_a_control_plane_that_fails_in_a_save_with_every_rank_alive_rebuilds_the
     assert "took over" not in job.output[4], _explain(job)  # the spare was never claimed
     ckpt = Path(job.trace_dir) / "ckpt"
     assert sorted(p.name for p in ckpt.iterdir() if p.name.startswith("step-")) == [
-        step_dir_name(2), step_dir_name(6)]
+        step_dir_name(2), step_dir_name(4), step_dir_name(6)]  # F=4's taken by the rebuilt world
+    assert _owed_saves(job) == {0: [4], 1: [4], 2: [4], 3: [4]}
     traces = load_membership_traces(job.trace_dir)
     assert check_membership_traces(traces, replicas=HSDP_REPLICAS) == []

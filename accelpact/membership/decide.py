@@ -64,6 +64,9 @@ class Presence:
     #: this rank finished update F+1 (its body ran, its step is applied) and contributed a clean
     #: flag to its boundary check, but never learned the check's outcome: its state is that of F+1
     at_check: bool = False
+    #: this rank met the loss in the checkpoint save due after committing F (or in the work
+    #: before it): the new world owes that save
+    save_interrupted: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -78,7 +81,8 @@ class Presence:
                    copy_faults=tuple(str(x) for x in d.get("copy_faults", ())),
                    shard_group=tuple(int(r) for r in d.get("shard_group", ())), on_loss=str(d.get("on_loss", "reject")),
                    shrink_ok=bool(d.get("shrink_ok", False)), shrink_reason=str(d.get("shrink_reason", "")),
-                   at_check=bool(d.get("at_check", False)))
+                   at_check=bool(d.get("at_check", False)),
+                   save_interrupted=bool(d.get("save_interrupted", False)))
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,9 @@ class MembershipDecision:
     #: present positions one update behind `frontier` that commit it in the change (a member was
     #: lost inside its boundary check, whose outcome they never learned)
     rolled: tuple[int, ...] = ()
+    #: the checkpoint save of `frontier` was interrupted by the loss: every member of the new
+    #: world takes it right after the release (the spare as well: it cannot know otherwise)
+    save_owed: bool = False
 
     @property
     def replace(self) -> bool:
@@ -148,7 +155,7 @@ class MembershipDecision:
                    recoveries=int(d.get("recoveries", 0)), leaving=tuple(d.get("leaving", ())),
                    renumber={int(k): int(v) for k, v in d.get("renumber", {}).items()},
                    replicas_before=int(d.get("replicas_before", 0)), replicas_after=int(d.get("replicas_after", 0)),
-                   rolled=tuple(int(p) for p in d.get("rolled", ())))
+                   rolled=tuple(int(p) for p in d.get("rolled", ())), save_owed=bool(d.get("save_owed", False)))
 
 
 def agreed_frontier(reports: Sequence[Presence]) -> tuple[int, tuple[int, ...], list[str]]:
@@ -199,6 +206,8 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     # the same decision with nobody to replace, a world rebuilt around the same members at the
     # agreed frontier (spec/Membership.tla's `Decision` with L = {}).
     frontier, rolled, reasons = agreed_frontier(reports)
+    # a save is owed only of the agreed frontier (a rank rolled forward met the loss elsewhere)
+    owed = any(r.save_interrupted and r.frontier == frontier for r in reports)
     generations = sorted({r.generation for r in reports})
     if len(generations) > 1:
         reasons.append(f"survivors stand at different generations {generations}")
@@ -213,7 +222,7 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
             return MembershipDecision(outcome="shrink", frontier=frontier, rolled=rolled, generation=generations[0] + 1,
                                       recoveries=max(r.recoveries for r in reports), leaving=plan.leaving,
                                       renumber=plan.renumber, replicas_before=plan.replicas_before,
-                                      replicas_after=plan.replicas_after, **base)
+                                      replicas_after=plan.replicas_after, save_owed=owed, **base)
         reasons.extend(f"cannot shrink: {why}" for why in plan.reasons)
     if len(free_spares) < len(lost):
         reasons.append(f"{len(lost)} rank(s) lost ({list(lost)}) but {len(free_spares)} spare(s) free")
@@ -239,7 +248,7 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
         return MembershipDecision(outcome="reject", frontier=frontier, reasons=tuple(reasons), **base)
     return MembershipDecision(outcome="replace", assign=assign, source=source, holders=holders, via=via,
                               frontier=frontier, rolled=rolled, generation=generations[0] + 1,
-                              recoveries=max(r.recoveries for r in reports), **base)
+                              recoveries=max(r.recoveries for r in reports), save_owed=owed, **base)
 
 
 def _no_holder(lost: int, frontier: int, reports: Sequence[Presence]) -> str:

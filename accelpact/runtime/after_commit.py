@@ -14,7 +14,8 @@ less than that stalls the save instead of failing the job to its last checkpoint
 Under membership (spares, shrink), a communication failure inside that work is a member lost (or
 a control plane cut past the bound) at a committed frontier: the membership change takes it, as
 it takes one at the boundary check, instead of a fail-stop. The save it interrupted stays
-unpublished (the next save removes it); the next one due is taken on schedule."""
+unpublished (the next save removes it); the new world takes the save of F right after the change's
+release (`take_owed_save`), and the next one due on schedule."""
 
 from __future__ import annotations
 
@@ -55,12 +56,25 @@ def after_commit(rt: Runtime) -> None:
     save_due = rt.checkpointer is not None and rt.checkpointer.due(rt.frontier)
     if not (digests_due or save_due):
         return  # the usual update: nothing to stretch
+    _work(rt, digests_due=digests_due, save_due=save_due, owed=False)
+
+
+def take_owed_save(rt: Runtime) -> None:
+    """Right after the release of a membership change that interrupted the save of F
+    (`MembershipDecision.save_owed`): every member of the new world takes it, the spare included,
+    so the checkpoints keep their schedule. The fault hook before the work does not run again."""
+    if rt.checkpointer is not None:
+        _work(rt, digests_due=False, save_due=True, owed=True)
+
+
+def _work(rt: Runtime, *, digests_due: bool, save_due: bool, owed: bool) -> None:
     t0, failure = time.perf_counter(), None
     with rt.control.timeout_for(budget_s(rt)):
-        try:
-            tell_before_commit_work(rt.listeners, rt.frontier)
-        except ControlPlaneError as exc:
-            failure = f"the control plane failed after the commit of F={rt.frontier}: {exc}", exc
+        if not owed:
+            try:
+                tell_before_commit_work(rt.listeners, rt.frontier)
+            except ControlPlaneError as exc:
+                failure = f"the control plane failed after the commit of F={rt.frontier}: {exc}", exc
         if digests_due and failure is None:
             try:
                 rt.digests.after_commit(rt)
@@ -68,7 +82,10 @@ def after_commit(rt: Runtime) -> None:
                 failure = f"replica digest check at F={rt.frontier}: {exc}", exc
         if save_due and failure is None:
             try:
-                rt.checkpointer.after_commit(rt)
+                if owed:
+                    rt.checkpointer.after_commit(rt, owed=True)
+                else:
+                    rt.checkpointer.after_commit(rt)
             except Exception as exc:  # judged below: every rank's alike, or a lost peer's
                 verdict = rt.checkpointer.judge_failure(rt.frontier, exc)
                 if not verdict.go_on:
@@ -78,6 +95,8 @@ def after_commit(rt: Runtime) -> None:
         return
     reason, exc = failure  # outside the stretch: what follows keeps the usual bound
     if rt.membership is not None and lost_peer(exc):
+        if save_due:  # the save of F is not taken: this rank's presence tells the new world so
+            rt.checkpointer.interrupted_at = rt.frontier
         on_lost_member(rt, exc, FailurePhase.COMMITTED, time.perf_counter() - t0)
         return
     rt._reject_without_protocol(reason, exc)

@@ -153,6 +153,10 @@ def _join(rt: Runtime, injector: FaultInjector | None) -> None:
         injector.fired_through = rt.frontier + 1  # the lost process fired these
     rt.trace.write({"kind": "joined", **describe(change, rt.rank), "timings_s": change.timings_s})
     log.warning("spare %d took over rank %d at F=%d", activation.spare, rt.rank, rt.frontier)
+    if change.decision.save_owed:  # the survivors take it right after the release too (on_lost_member)
+        from .after_commit import take_owed_save
+
+        take_owed_save(rt)
 
 
 def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, config: Config) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from ..checkpoint import (
     AppState,
     AttemptLog,
+    CheckpointExistsError,
     CheckpointManager,
     RestoreResult,
     agreed_failure,
@@ -62,6 +63,8 @@ class Checkpointer:
         self.saves: list[dict] = []
         self.failed: list[dict] = []  # saves that failed on every rank alike and were gone on from
         self.in_a_row = 0  # failed saves since the last one that published
+        #: F when a membership change interrupted the save due at F (this rank's presence says so)
+        self.interrupted_at: int | None = None
         self.restored: RestoreResult | None = None
 
     def app_state(self) -> AppState:
@@ -95,24 +98,41 @@ class Checkpointer:
         """Whether the commit of `frontier` is followed by a save (every rank alike)."""
         return bool(self.every) and frontier % self.every == 0
 
-    def after_commit(self, rt: Runtime) -> None:
-        if not self.due(rt.frontier):
+    def after_commit(self, rt: Runtime, *, owed: bool = False) -> None:
+        """The save due at F; `owed`: the save of F a membership change interrupted, taken by the
+        new world whether or not F is due (`after_commit.take_owed_save`)."""
+        if not (owed or self.due(rt.frontier)):
             return
         t = time.perf_counter()
         try:
             report = self.manager.save(rt.frontier, model=rt.model, optimizer=rt.optimizer,
                                        app_state=self.app_state())
-        except Exception as exc:
-            error = f"{type(exc).__name__}: {exc}"[:500]
+        except CheckpointExistsError as exc:
+            if not owed:
+                self._failed(rt, t, exc)
+                raise
+            # rank 0 published it before the loss reached it (a step is published verified): done
+            log.warning("checkpoint step %d owed by the membership change was already published", rt.frontier)
+            self.in_a_row = 0
             rt.trace.write({"kind": "checkpoint", "step": rt.frontier, "seconds": time.perf_counter() - t,
-                            "error": error})
-            rt.observers.checkpoint(rt.frontier, error)
+                            "owed": True, "published_before": True})
+            return
+        except Exception as exc:
+            self._failed(rt, t, exc)
             raise
         save = {"step": report.step, "bytes": report.bytes, "seconds": time.perf_counter() - t}
         self.saves.append(save)
         self.in_a_row = 0
-        rt.trace.write({"kind": "checkpoint", **save})  # when it ran: a stall inside it is told apart (chaos)
+        # when it ran: a stall inside it is told apart (chaos); `owed`: taken after a membership change
+        rt.trace.write({"kind": "checkpoint", **save, **({"owed": True} if owed else {})})
         rt.observers.checkpoint(report.step, None)
+
+    @staticmethod
+    def _failed(rt: Runtime, t: float, exc: BaseException) -> None:
+        error = f"{type(exc).__name__}: {exc}"[:500]
+        rt.trace.write({"kind": "checkpoint", "step": rt.frontier, "seconds": time.perf_counter() - t,
+                        "error": error})
+        rt.observers.checkpoint(rt.frontier, error)
 
     def newest_step(self) -> int | None:
         """The newest checkpoint this run holds: its last save, else the one it restored."""

@@ -113,7 +113,8 @@ def presence_of(rt: Runtime, phase: FailurePhase, at_check: bool = False) -> tup
                     replace_reason=unqualified, recoveries=rt._recoveries, copies=copies,
                     copy_faults=copy_faults, shard_group=tuple(shard.ranks) if shard is not None else (),
                     on_loss=rt.config.on_loss, shrink_ok=not no_shrink, shrink_reason=no_shrink,
-                    at_check=at_check and phase is FailurePhase.COMMITTED and rt.update_index == rt.frontier + 1), undo
+                    at_check=at_check and phase is FailurePhase.COMMITTED and rt.update_index == rt.frontier + 1,
+                    save_interrupted=rt.checkpointer is not None and rt.checkpointer.interrupted_at == rt.frontier), undo
 
 
 def presence_grace_s(control_timeout_s: float, data_timeout_s: float) -> float:
@@ -452,6 +453,10 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
     rt.update_index, rt._rewound = d.frontier, rerun
     rt.rewind.rewinds += rerun
     log.warning(record.summary())
+    if d.save_owed:  # the new world's first collective, on every member alike (`_join` for the spare)
+        from .after_commit import take_owed_save
+
+        take_owed_save(rt)
 
 
 def release_spares(rt: Runtime, reasons: list[str]) -> None:

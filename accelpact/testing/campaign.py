@@ -556,7 +556,8 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
     process hosts the store, so every rank may be killed), every update as rt.step(fn).
 
     In memory (preserve, rewind, replace): every position's final holder ends at F = updates,
-    one frontier and generation, bitwise equal to the uninterrupted reference; every killed
+    one frontier and generation, bitwise equal to the uninterrupted reference, and every due
+    checkpoint was published (a save a loss interrupted is owed by the new world); every killed
     rank's process died of SIGKILL and every other process exited 0. A loss that cannot be
     replaced ("killed"): every survivor rejected (exit 75) with the same recoveries. The
     recoveries fit the prescription (`expected_with_spares`); a spare's history starts at its
@@ -620,6 +621,9 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
         for r in results.values():
             assert r["frontier"] == updates, f"rank {r['position']} ended at F={r['frontier']}"
             assert r.get("mismatches") == [], f"rank {r['position']} differs from the reference: {r.get('mismatches')}"
+        saved = _saved_steps(trace)  # every recovery in memory keeps the checkpoints' schedule
+        due = set(range(SPARES_CHECKPOINT_EVERY, updates + 1, SPARES_CHECKPOINT_EVERY))
+        assert due <= saved, f"due checkpoints {sorted(due - saved)} were never published (saved: {sorted(saved)})"
     if -9 not in codes:  # a lost rank is a membership change, which the spec does not model yet
         assert_valid_run(trace)  # TLC: every attempt is a behaviour of the spec
     else:  # the membership records against spec/Membership.tla's rules
@@ -631,6 +635,17 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
         broken = check_membership_traces(load_membership_traces(trace), replicas=replicas, copies=copies)
         assert not broken, f"the membership records break the spec's rules: {broken}"
     return ScheduleResult(plan(faults), exp.outcome, observed, time.monotonic() - t0, extra=extra, recoveries=actions)
+
+
+def _saved_steps(trace: Path) -> set[int]:
+    """The steps some rank traced a published save of (`checkpoint` records without an error)."""
+    steps = set()
+    for path in trace.glob("trace-rank*.jsonl"):
+        for line in path.read_text().splitlines():
+            rec = json.loads(line)
+            if rec.get("kind") == "checkpoint" and "error" not in rec:
+                steps.add(int(rec["step"]))
+    return steps
 
 
 # -- hypothesis driver ----------------------------------------------------------------------------
