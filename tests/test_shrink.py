@@ -212,3 +212,25 @@ def test_an_hsdp_job_that_loses_a_rank_goes_on_with_one_replica_bitwise():
     found = check_membership_traces(doctored)
     assert any(v.startswith("[LeaverNeverTrains]") for v in found), found
     assert any(v.startswith("[NoStaleAverage]") for v in found), found
+
+
+@pytest.mark.timeout(240)
+def test_a_job_that_shrinks_at_a_save_takes_that_save_in_the_smaller_world():
+    """Rank 1 dies as the save due after update 4 begins (`kill@4:save:1`), with no spare and
+    on_loss=shrink: the replica group that lost it leaves, the other goes on from F=4, and the
+    smaller world takes the save of F=4 it owes (`MembershipDecision.save_owed`) before update 5,
+    then F=6 on schedule; bitwise equal to the whole world to F=4, then one replica."""
+    from pathlib import Path
+
+    from accelpact.checkpoint.naming import step_dir_name
+    from accelpact.testing.spares import run_spare_job
+
+    job = run_spare_job(active=4, spares=0, faults="kill@4:save:1", updates=6, framework="fsdp2",
+                        on_loss="shrink", timeout_s=200, checkpoint_every=2)
+    assert job.codes[1] == -9 and job.codes.count(0) == 3, (job.codes, job.output)
+    assert job.result is not None and job.result["bitwise_ok"] and job.result["all_in_memory"], job.output
+    ckpt = Path(job.trace_dir) / "ckpt"
+    assert sorted(p.name for p in ckpt.glob("step-*")) == [step_dir_name(s) for s in (2, 4, 6)]
+    owed = [json.loads(line) for p in Path(job.trace_dir).glob("trace-rank*.jsonl")
+            for line in p.read_text().splitlines() if '"owed"' in line]
+    assert sorted(r["step"] for r in owed if r.get("kind") == "checkpoint") == [4, 4], owed  # both who go on

@@ -25,7 +25,20 @@ def _survivor(recipe: world.WorldRecipe) -> SimpleNamespace:
         rank=1, frontier=4, opt_step=4, update_index=5, generation=0, _recoveries=1, data_state=None, rewind=rewind,
         data_plane=SimpleNamespace(gids={}), envelope=SimpleNamespace(replace_phases=(FailurePhase.FORWARD,)),
         profile="fsdp2-hsdp", platform="cpu-gloo", envelope_source="test", recipe=recipe, neighbours=None,
-        config=Config())
+        config=Config(), checkpointer=None)
+
+
+def test_a_survivor_that_lost_a_member_in_the_save_of_its_frontier_says_the_save_is_owed(monkeypatch):
+    """`after_commit` marks the save of F interrupted; the presence carries it to the decision
+    (`MembershipDecision.save_owed`). A mark of another frontier is stale: nothing is owed."""
+    recipe = world.WorldRecipe(groups=(), control_name="3", count_after_attach=4)
+    monkeypatch.setattr(_c10d, "group_count", lambda: 4)
+    rt = _survivor(recipe)
+    assert not presence_of(rt, FailurePhase.FORWARD)[0].save_interrupted  # no checkpointer at all
+    rt.checkpointer = SimpleNamespace(interrupted_at=4)
+    assert presence_of(rt, FailurePhase.COMMITTED)[0].save_interrupted
+    rt.checkpointer.interrupted_at = 2
+    assert not presence_of(rt, FailurePhase.COMMITTED)[0].save_interrupted
 
 
 def test_a_group_made_after_attach_keeps_a_survivor_out_of_a_replace_with_the_reason(monkeypatch):

@@ -64,6 +64,7 @@ def take_owed_save(rt: Runtime) -> None:
     (`MembershipDecision.save_owed`): every member of the new world takes it, the spare included,
     so the checkpoints keep their schedule. The fault hook before the work does not run again."""
     if rt.checkpointer is not None:
+        rt.checkpointer.interrupted_at = None  # owed no more: a loss inside this save marks it again
         _work(rt, digests_due=False, save_due=True, owed=True)
 
 
