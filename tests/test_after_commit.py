@@ -246,12 +246,12 @@ def _stall_in_the_save(rank: int, world_size: int, drill: Drill, stalled: tuple[
     save = Checkpointer.after_commit
     timeouts: list[float] = []
 
-    def stalling(self: Checkpointer, rt) -> None:
+    def stalling(self: Checkpointer, rt, **kw) -> None:
         if self.due(rt.frontier):
             timeouts.append(rt.control.timeout_s)
             if (rt.frontier, rank) == stalled:
                 time.sleep(STALL_S)
-        save(self, rt)
+        save(self, rt, **kw)
 
     Checkpointer.after_commit = stalling
     out = run_drill(rank, world_size, drill)

@@ -231,6 +231,7 @@ def test_a_job_that_shrinks_at_a_save_takes_that_save_in_the_smaller_world():
     assert job.result is not None and job.result["bitwise_ok"] and job.result["all_in_memory"], job.output
     ckpt = Path(job.trace_dir) / "ckpt"
     assert sorted(p.name for p in ckpt.glob("step-*")) == [step_dir_name(s) for s in (2, 4, 6)]
-    owed = [json.loads(line) for p in Path(job.trace_dir).glob("trace-rank*.jsonl")
-            for line in p.read_text().splitlines() if '"owed"' in line]
+    from accelpact.run_report import load_traces  # a killed rank may leave a torn last line
+
+    owed = [r for recs in load_traces(job.trace_dir).values() for r in recs if "owed" in r]
     assert sorted(r["step"] for r in owed if r.get("kind") == "checkpoint") == [4, 4], owed  # both who go on

@@ -83,10 +83,7 @@ def _work(rt: Runtime, *, digests_due: bool, save_due: bool, owed: bool) -> None
                 failure = f"replica digest check at F={rt.frontier}: {exc}", exc
         if save_due and failure is None:
             try:
-                if owed:
-                    rt.checkpointer.after_commit(rt, owed=True)
-                else:
-                    rt.checkpointer.after_commit(rt)
+                rt.checkpointer.after_commit(rt, owed=owed)
             except Exception as exc:  # judged below: every rank's alike, or a lost peer's
                 verdict = rt.checkpointer.judge_failure(rt.frontier, exc)
                 if not verdict.go_on:

@@ -349,10 +349,8 @@ def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tup
         if f not in checks:
             out.append(f)
     for k in checks:
-        earlier = (CHECK,) if k.phase == SAVE else ()
-        if any(f.kind == "kill" and f.rank == k.rank and f.update == k.update and (f.phase in PHASES or
-                                                                                   f.phase in earlier)
-               for f in faults):
+        before = PHASES + ((CHECK,) if k.phase == SAVE else ())  # where R may have died first in U
+        if any(f.kind == "kill" and f.rank == k.rank and f.update == k.update and f.phase in before for f in faults):
             unfired.append(k)
             continue
         if k.phase == CHECK and any(f.update == k.update and _soft_fires(f, faults) for f in faults):
@@ -639,13 +637,10 @@ def run_schedule_with_spares(faults: Sequence[Fault], workdir: Path, *, spares: 
 
 def _saved_steps(trace: Path) -> set[int]:
     """The steps some rank traced a published save of (`checkpoint` records without an error)."""
-    steps = set()
-    for path in trace.glob("trace-rank*.jsonl"):
-        for line in path.read_text().splitlines():
-            rec = json.loads(line)
-            if rec.get("kind") == "checkpoint" and "error" not in rec:
-                steps.add(int(rec["step"]))
-    return steps
+    from ..run_report import load_traces  # skips the torn last line a killed rank may leave
+
+    return {int(r["step"]) for recs in load_traces(trace).values() for r in recs
+            if r.get("kind") == "checkpoint" and "error" not in r}
 
 
 # -- hypothesis driver ----------------------------------------------------------------------------
