@@ -5,7 +5,8 @@ the slowest rank's time per phase is taken (the protocol releases all ranks toge
 slowest rank is the repair time); medians over recoveries are printed. Detection (the data-plane
 timeout the failure takes to surface, a setting) is reported separately from repair
 (control-plane admission → release), and that time split into the wait for the last rank's
-admission (detection skew) and what follows it (the protocol's own work). Goal: repair ≤ 0.1 s at 4 ranks.
+admission (detection skew) and what follows it (the protocol's own work). Goals: repair ≤ 0.1 s at 4 ranks
+(the paper's); ≤ 10 ms at every world size (#17's).
 
     python bench/repair.py [--faults 6] [--data-timeout 0.8] [--worlds 2,4,8]
 
@@ -104,6 +105,44 @@ def floor(world: int, repeats: int = 5) -> dict:
     return {k: max(r[k] for r in per_rank) for k in per_rank[0]}
 
 
+def free_cost(rank: int, world: int, repeats: int) -> dict:
+    """What freeing a retired group costs the thread that drops it, side by side: dropped in
+    place (what a rebind paid in the next recovery before `comm.reaper`) against handed to the
+    reaper (the caller's longest pause while the reaper frees it: torch releases the GIL there).
+    Each group is a 2-member gloo group that ran one collective and was retired, as in a repair."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from accelpact.comm import reaper
+    from accelpact.comm.lifecycle import make_group, retire_group
+
+    members = [0, 1]
+    out: dict[str, list[float]] = {"in_place": [], "handed_over": []}
+    for i in range(2 * repeats):
+        pg = make_group(members, label="freecost", generation=i, timeout=30) if rank in members else None
+        if pg is not None:
+            dist.all_reduce(torch.ones(1), group=pg)
+            retire_group(pg)
+        dist.barrier()
+        if pg is None:
+            continue
+        if i % 2 == 0:
+            t = time.perf_counter()
+            del pg
+            out["in_place"].append(time.perf_counter() - t)
+        else:
+            reaper.free_later(pg)
+            del pg
+            longest, last = 0.0, time.perf_counter()
+            while reaper.pending():
+                now = time.perf_counter()
+                longest, last = max(longest, now - last), now
+            out["handed_over"].append(longest)
+    return {k: median(v) for k, v in out.items() if v}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--faults", type=int, default=6)
@@ -116,6 +155,7 @@ def main(argv=None) -> int:
     runs = [measure(w, 1 if w == 2 else 2, args.faults, args.data_timeout, args.framework) for w in worlds]
     for run in runs:
         run["floor_s"] = floor(run["world"])
+    freeing = max(run_world(free_cost, 2, 4, timeout_s=120, pg_timeout_s=30), key=lambda r: r["in_place"])
     rows = []
     for run in runs:
         m = run["median"]
@@ -137,10 +177,16 @@ def main(argv=None) -> int:
     print("repair: the slowest rank's admission -> release; skew: first to last admission (the first rank waits "
           "for the last one in agree); after last: the last admission -> the last release, the protocol's own time")
     print("first/normal: the update right after a repair against the clean ones (slowest rank); goal <= 1.2")
+    print(f"freeing a retired group (2-member gloo, median of 4): {freeing['in_place'] * 1e3:.2f} ms on the "
+          f"thread that drops it; {freeing['handed_over'] * 1e3:.2f} ms longest pause of that thread with the "
+          f"reaper freeing it (`comm.reaper`; a rebind drops the group before last)")
     r4 = next((run["median"]["repair_s"] for run in runs if run["world"] == 4), runs[-1]["median"]["repair_s"])
     print(f"\n4-rank repair {r4 * 1e3:.1f} ms vs goal 100 ms: {'MET' if r4 <= 0.1 else 'NOT MET'} "
           f"(paper 625-694 ms on NCCL; ratio to paper's 625 ms: {r4 / 0.625:.3f})")
-    path = write_json("repair", {"runs": runs})
+    each = ", ".join(f"{run['world']} ranks {run['median']['repair_s'] * 1e3:.1f} ms" for run in runs)
+    print(f"#17's goal, <= 10 ms at every world size: {'MET' if all(run['median']['repair_s'] <= 0.01 for run in runs) else 'NOT MET'} "
+          f"({each}; the bare rounds above are this machine's floor)")
+    path = write_json("repair", {"runs": runs, "freeing_s": freeing})
     print(f"wrote {path}")
     return 0
 

@@ -18,6 +18,7 @@ from typing import Any
 from torch._C._distributed_c10d import ProcessGroup
 
 from accelpact.comm import _c10d
+from accelpact.comm.reaper import free_later
 from accelpact.rebind.errors import MembershipMismatchError, StaleReferenceError
 from accelpact.rebind.sites import Access, Site, slot_descriptor
 
@@ -176,6 +177,9 @@ class RebindPlan:
         end = time.perf_counter_ns()
         elapsed_us, actions_us = (end - start) / 1e3, (end - writes_done) / 1e3
         if new_group is not old:
+            # the group before last is dropped here; freeing it joins its backend's threads
+            # (milliseconds), so that happens on the reaper's thread, off the recovery's path
+            free_later(self._previous)
             self._previous = old
         self._group, self._name = new_group, new_name
         return RebindResult(old_name, new_name, self.counts, self.references, self.names, len(self.sites),
