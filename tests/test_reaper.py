@@ -6,7 +6,15 @@ import multiprocessing
 import threading
 import time
 
+import pytest
+
 from accelpact.comm import reaper
+
+
+@pytest.fixture(autouse=True)
+def long_grace(monkeypatch):
+    """A grace no loaded machine outlasts between two statements: "not yet freed" is then sure."""
+    monkeypatch.setattr(reaper, "GRACE_S", 1.0)
 
 
 class Freed:

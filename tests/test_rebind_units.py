@@ -228,14 +228,14 @@ def test_plan_is_reused_across_generations():
         previous = new
 
 
-def test_the_group_before_last_is_freed_by_the_reaper_not_inside_the_rebind():
+def test_the_group_before_last_is_freed_by_the_reaper_not_inside_the_rebind(monkeypatch):
     """Freeing a group joins its backend's threads (milliseconds): a rebind that dropped the
     group before last itself paid that on the recovery's path (`comm.reaper`)."""
-    import gc
     import weakref
 
     from accelpact.comm import reaper
 
+    monkeypatch.setattr(reaper, "GRACE_S", 1.0)  # "not yet freed" is then sure, however loaded
     first = dist.new_group([0, 2])
     holder, plan = _plan_over(first)
     plan.rebind(dist.new_group([0, 2]))  # the plan keeps `first` for the proof
@@ -243,7 +243,6 @@ def test_the_group_before_last_is_freed_by_the_reaper_not_inside_the_rebind():
     freed = weakref.ref(first)
     del first
     plan.rebind(dist.new_group([0, 2]))  # drops `first`: handed to the reaper
-    gc.collect()
     assert freed() is not None and reaper.pending() >= 1, "freed on the rebinding thread"
     assert reaper.drain(reaper.GRACE_S + 5)
     assert freed() is None

@@ -1,5 +1,6 @@
 """No leak per recovery: a retired group is released once the rebind drops the framework's last
-reference to it, so descriptors, threads and process groups stay flat over many recoveries."""
+reference to it (on the reaper's thread, `comm.reaper`, which each sample waits for), so
+descriptors, threads and process groups stay flat over many recoveries."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ def _resources() -> dict:
 
     import torch.distributed as dist
 
+    from accelpact.comm import reaper
+
+    assert reaper.drain(10), "retired groups still waiting for the reaper"  # freed off the recovery's path
     gc.collect()
     status = Path("/proc/self/status").read_text()
     threads = int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
