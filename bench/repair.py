@@ -8,7 +8,12 @@ timeout the failure takes to surface, a setting) is reported separately from rep
 admission (detection skew) and what follows it (the protocol's own work). Goals: repair ≤ 0.1 s at 4 ranks
 (the paper's); ≤ 10 ms at every world size (#17's).
 
-    python bench/repair.py [--faults 6] [--data-timeout 0.8] [--worlds 2,4,8]
+    python bench/repair.py [--faults 6] [--data-timeout 0.8] [--worlds 2,4,8] [--phase backward]
+
+`--ablate-reaper` runs every world a second time with retired groups freed on the recovery's
+thread, as before `comm.reaper`, and prints both side by side.
+`--phase forward|backward` strikes inside the update instead: each recovery is then a Rewind, which
+restores the boundary snapshot and rebuilds every group (results in repair-rewind.json).
 
 Also the first update after each repair against the clean updates (the issue's ≤ 1.2 goal):
 faults are spaced so that every repair is followed by a clean update.
@@ -25,20 +30,32 @@ from _common import median, table, write_json
 from accelpact.testing.drills import Drill, run_drill
 from accelpact.testing.spawn import run_world
 
-PHASES = ["guard", "agree", "replace", "rebind", "validate", "release"]
+PHASES = ["guard", "agree", "restore", "replace", "rebind", "validate", "release"]  # restore: a Rewind's only
 
 
-def measure(world: int, local: int, faults: int, data_timeout: float, framework: str) -> dict:
+def drill_freeing_in_place(rank: int, world_size: int, drill: Drill) -> dict:
+    """The ablation of `comm.reaper`: each rebind drops the group before last itself, on the
+    recovery's thread, as it did before the reaper."""
+    from accelpact.rebind import plan
+
+    plan.free_later = lambda group: None  # the plan's own reassignment then drops the last reference
+    return run_drill(rank, world_size, drill)
+
+
+def measure(world: int, local: int, faults: int, data_timeout: float, framework: str, phase: str = "committed",
+            in_place: bool = False) -> dict:
     ranks = list(range(world))
     faulted = [2 + 2 * i for i in range(faults)]  # a clean update between faults: the first one after repair
-    plan = ",".join(f"skip@{u}:committed:{ranks[(u * 3) % world]}" for u in faulted)
-    drill = Drill(framework=framework, updates=faulted[-1] + 3, faults=plan, local=local, layers=2,
+    plan = ",".join(f"skip@{u}:{phase}:{ranks[(u * 3) % world]}" for u in faulted)
+    action = "preserve" if phase == "committed" else "rewind"  # inside an update: every group rebuilt
+    rewind = {} if action == "preserve" else {"rewind": True, "envelope": "permissive", "max_rewinds": faults + 1}
+    drill = Drill(framework=framework, updates=faulted[-1] + 3, faults=plan, local=local, layers=2, **rewind,
                   data_timeout_s=data_timeout, control_timeout_s=data_timeout * 6 + 2, reference=False)
-    results = run_world(run_drill, world, drill, timeout_s=60 + faults * 10, pg_timeout_s=30)
+    results = run_world(drill_freeing_in_place if in_place else run_drill, world, drill, timeout_s=60 + faults * 10, pg_timeout_s=30)
     recs = []
     for i in range(faults):
         per_rank = [r["history"][i] for r in results]
-        assert all(h["action"] == "preserve" for h in per_rank), per_rank
+        assert all(h["action"] == action for h in per_rank), per_rank
         admitted = [h["admitted_at"] for h in per_rank]
         released = [h["admitted_at"] + h["repair_s"] for h in per_rank]
         recs.append(
@@ -57,7 +74,8 @@ def measure(world: int, local: int, faults: int, data_timeout: float, framework:
     after = [slowest[u] for u in faulted]  # index u is update u+1: the first one after update u's repair
     normal = [t for i, t in enumerate(slowest) if i > 0 and i + 1 not in faulted and i not in faulted]
     first_ratio = median(after) / median(normal)
-    return {"world": world, "framework": framework, "faults": faults, "data_timeout_s": data_timeout,
+    return {"world": world, "framework": framework, "phase": phase, "action": action, "faults": faults,
+            "data_timeout_s": data_timeout,
             "median": {k: median([r[k] for r in recs]) for k in recs[0]}, "recoveries": recs,
             "first_update_after_s": after, "normal_update_s": normal, "first_update_ratio": first_ratio}
 
@@ -148,25 +166,31 @@ def main(argv=None) -> int:
     ap.add_argument("--faults", type=int, default=6)
     ap.add_argument("--data-timeout", type=float, default=0.8)
     ap.add_argument("--framework", default="fsdp2")
+    ap.add_argument("--phase", default="committed",
+                    help="where the faults strike: committed (Preserve) or forward/backward (Rewind: every group rebuilt)")
+    ap.add_argument("--ablate-reaper", action="store_true",
+                    help="also run every world with retired groups freed in place (as before comm.reaper), side by side")
     ap.add_argument("--worlds", default="2,4", help="world sizes, comma-separated (even: 2 ranks per node)")
     args = ap.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",")]
     load_before = [round(x, 2) for x in os.getloadavg()]
-    runs = [measure(w, 1 if w == 2 else 2, args.faults, args.data_timeout, args.framework) for w in worlds]
+    runs = [measure(w, 1 if w == 2 else 2, args.faults, args.data_timeout, args.framework, args.phase) for w in worlds]
     for run in runs:
         run["floor_s"] = floor(run["world"])
     freeing = max(run_world(free_cost, 2, 4, timeout_s=120, pg_timeout_s=30), key=lambda r: r["in_place"])
+    ablated = [measure(run["world"], 1 if run["world"] == 2 else 2, args.faults, args.data_timeout, args.framework,
+                       args.phase, in_place=True) for run in runs] if args.ablate_reaper else []
     rows = []
     for run in runs:
         m = run["median"]
-        rows.append([run["world"], run["framework"], f"{m['detect_s']:.3f}", f"{m['repair_s'] * 1e3:.1f}",
+        rows.append([run["world"], f"{run['framework']} {run['action']}", f"{m['detect_s']:.3f}", f"{m['repair_s'] * 1e3:.1f}",
                      f"{m['skew_s'] * 1e3:.1f}", f"{m['after_last_s'] * 1e3:.1f}"]
                     + [f"{m[p] * 1e3:.2f}" for p in PHASES]
                     + [f"{median(run['first_update_after_s']) * 1e3:.0f}", f"{median(run['normal_update_s']) * 1e3:.0f}",
                        f"{run['first_update_ratio']:.2f}"])
     print(f"repair time, medians over {args.faults} recoveries (ms; detect in s = data timeout + wait); "
           f"load {load_before} -> {[round(x, 2) for x in os.getloadavg()]}")
-    print(table(["ranks", "framework", "detect s", "repair ms", "skew ms", "after last ms"]
+    print(table(["ranks", "recovery", "detect s", "repair ms", "skew ms", "after last ms"]
                 + [f"{p} ms" for p in PHASES]
                 + ["first after ms", "normal ms", "first/normal"], rows))
     print(table(["ranks", "bare all-gather ms", "bare vote ms", "repair's agree ms", "repair's release ms"],
@@ -180,13 +204,21 @@ def main(argv=None) -> int:
     print(f"freeing a retired group (2-member gloo, median of 4): {freeing['in_place'] * 1e3:.2f} ms on the "
           f"thread that drops it; {freeing['handed_over'] * 1e3:.2f} ms longest pause of that thread with the "
           f"reaper freeing it (`comm.reaper`; a rebind drops the group before last)")
+    if ablated:
+        print(f"\nthe same {args.faults} recoveries, retired groups freed on the recovery's thread (the ablation) vs by "
+              f"the reaper, in this run (medians, ms):")
+        print(table(["ranks", "repair in place", "repair reaper", "rebind in place", "rebind reaper",
+                     "validate in place", "validate reaper"],
+                    [[run["world"]] + [f"{r['median'][k] * 1e3:.2f}" for k in ("repair_s", "rebind", "validate")
+                                       for r in (abl, run)] for abl, run in zip(ablated, runs)]))
+        print("validate: the peers of the rank that frees wait there for it")
     r4 = next((run["median"]["repair_s"] for run in runs if run["world"] == 4), runs[-1]["median"]["repair_s"])
     print(f"\n4-rank repair {r4 * 1e3:.1f} ms vs goal 100 ms: {'MET' if r4 <= 0.1 else 'NOT MET'} "
           f"(paper 625-694 ms on NCCL; ratio to paper's 625 ms: {r4 / 0.625:.3f})")
     each = ", ".join(f"{run['world']} ranks {run['median']['repair_s'] * 1e3:.1f} ms" for run in runs)
     print(f"#17's goal, <= 10 ms at every world size: {'MET' if all(run['median']['repair_s'] <= 0.01 for run in runs) else 'NOT MET'} "
           f"({each}; the bare rounds above are this machine's floor)")
-    path = write_json("repair", {"runs": runs, "freeing_s": freeing})
+    path = write_json("repair" if args.phase == "committed" else "repair-rewind", {"runs": runs, "freeing_s": freeing, "ablated_in_place": ablated})
     print(f"wrote {path}")
     return 0
 
