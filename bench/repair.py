@@ -166,7 +166,7 @@ def main(argv=None) -> int:
     ap.add_argument("--faults", type=int, default=6)
     ap.add_argument("--data-timeout", type=float, default=0.8)
     ap.add_argument("--framework", default="fsdp2")
-    ap.add_argument("--phase", default="committed",
+    ap.add_argument("--phase", default="committed", choices=("committed", "forward", "backward"),
                     help="where the faults strike: committed (Preserve) or forward/backward (Rewind: every group rebuilt)")
     ap.add_argument("--ablate-reaper", action="store_true",
                     help="also run every world with retired groups freed in place (as before comm.reaper), side by side")
@@ -174,12 +174,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",")]
     load_before = [round(x, 2) for x in os.getloadavg()]
-    runs = [measure(w, 1 if w == 2 else 2, args.faults, args.data_timeout, args.framework, args.phase) for w in worlds]
+    runs, ablated = [], []
+    for w in worlds:  # each world's ablation right after it: the same load for both
+        for in_place in (False, True) if args.ablate_reaper else (False,):
+            (ablated if in_place else runs).append(
+                measure(w, 1 if w == 2 else 2, args.faults, args.data_timeout, args.framework, args.phase, in_place))
     for run in runs:
         run["floor_s"] = floor(run["world"])
     freeing = max(run_world(free_cost, 2, 4, timeout_s=120, pg_timeout_s=30), key=lambda r: r["in_place"])
-    ablated = [measure(run["world"], 1 if run["world"] == 2 else 2, args.faults, args.data_timeout, args.framework,
-                       args.phase, in_place=True) for run in runs] if args.ablate_reaper else []
     rows = []
     for run in runs:
         m = run["median"]
