@@ -12,7 +12,15 @@ stalled connection, and to the start of the first fresh connection that got thro
 Where the restore falls in the stalled connection's back-off schedule decides its wait, so
 several cut lengths are run. Needs root and iproute2, like `make chaos`.
 
+`--kicks` asks whether the stalled connection can be made to send again from user space once a
+fresh one got through (the link is back, the connection still waits): each named kick is applied
+to it at that moment, one run per kick and cut, side by side with `none`. `nodelay` sets
+TCP_NODELAY again (which pushes pending frames), `rtomax` sets TCP_RTO_MAX_MS again, `cong` switches
+its congestion control to reno, `send` writes one more byte. The answer decides whether probing
+could shorten a stall without moving to new connections.
+
     python bench/link_return.py [--methods port-block,switch-down] [--cuts 2.5,3.0,3.3,3.6]
+                                [--kicks none,nodelay,rtomax,cong,send]
 """
 
 from __future__ import annotations
@@ -47,8 +55,25 @@ def serve(host: str) -> None:
         threading.Thread(target=echo, args=(conn,), daemon=True).start()
 
 
-def client(host: str, seconds: float) -> None:
-    """Echo rounds on one connection and fresh-connection probes beside them; prints their times."""
+KICKS = ("none", "nodelay", "rtomax", "cong", "send")
+
+
+def _kick(conn: socket.socket, kick: str) -> None:
+    """Apply one kick (see the module docstring) to the stalled connection."""
+    if kick == "nodelay":
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    elif kick == "rtomax":
+        conn.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS, 1000)
+    elif kick == "cong":
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, b"reno")
+    elif kick == "send":
+        conn.send(b"k")  # the echo comes back as one more byte of the next round
+
+
+def client(host: str, seconds: float, kick: str = "none") -> None:
+    """Echo rounds on one connection and fresh-connection probes beside them; prints their times.
+    The first fresh connection that gets through while the echo loop has been stalled for 0.5 s
+    applies `kick` to the stalled connection."""
     conn = socket.create_connection((host, PORT))
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
@@ -58,6 +83,7 @@ def client(host: str, seconds: float) -> None:
         capped = False
     echoed: list[float] = []
     fresh: list[float] = []
+    kicked: list[float] = []
 
     def probe() -> None:
         while True:
@@ -65,6 +91,9 @@ def client(host: str, seconds: float) -> None:
             try:
                 socket.create_connection((host, PORT), timeout=0.05).close()
                 fresh.append(t)
+                if not kicked and echoed and time.monotonic() - echoed[-1] > 0.5:  # stalled; the link is back
+                    kicked.append(time.monotonic())
+                    _kick(conn, kick)
             except OSError:
                 pass
             time.sleep(0.01)
@@ -78,10 +107,10 @@ def client(host: str, seconds: float) -> None:
             got += len(conn.recv(65536))
         echoed.append(time.monotonic())
         time.sleep(0.005)
-    print(json.dumps({"capped": capped, "echoed": echoed, "fresh": fresh}))
+    print(json.dumps({"capped": capped, "echoed": echoed, "fresh": fresh, "kicked": kicked}))
 
 
-def one_cut(method: str, cut_s: float) -> dict:
+def one_cut(method: str, cut_s: float, kick: str = "none") -> dict:
     from accelpact.chaos.nemesis import CutMethod, cut_commands
     from accelpact.chaos.topology import emulated_nodes
 
@@ -91,7 +120,7 @@ def one_cut(method: str, cut_s: float) -> dict:
         server = subprocess.Popen(topo.exec_argv(1, [sys.executable, me, "--serve", far]))
         try:
             time.sleep(0.5)
-            loop = subprocess.Popen(topo.exec_argv(0, [sys.executable, me, "--client", far, str(cut_s + 3.5)]),
+            loop = subprocess.Popen(topo.exec_argv(0, [sys.executable, me, "--client", far, str(cut_s + 3.5), kick]),
                                     stdout=subprocess.PIPE, text=True)
             time.sleep(1.5)
             cut, restore = cut_commands(topo.spec, CutMethod(method), 1)
@@ -106,7 +135,8 @@ def one_cut(method: str, cut_s: float) -> dict:
             server.kill()
     after = [t - restored for t in out["echoed"] if t > restored]
     fresh = [t - restored for t in out["fresh"] if t > restored]
-    return {"method": method, "cut_s": cut_s, "capped": out["capped"],
+    return {"method": method, "cut_s": cut_s, "capped": out["capped"], "kick": kick,
+            "kicked_s": out["kicked"][0] - restored if out["kicked"] else None,
             "stalled_resumes_s": after[0] if after else None, "fresh_connects_s": fresh[0] if fresh else None}
 
 
@@ -115,13 +145,14 @@ def main(argv=None) -> int:
     ap.add_argument("--methods", default="port-block,switch-down")
     ap.add_argument("--cuts", default="2.5,3.0,3.3,3.6", help="cut lengths, seconds")
     ap.add_argument("--serve", metavar="HOST", help=argparse.SUPPRESS)
-    ap.add_argument("--client", nargs=2, metavar=("HOST", "SECONDS"), help=argparse.SUPPRESS)
+    ap.add_argument("--kicks", default="none", help=f"kicks to compare, comma-separated, of {','.join(KICKS)}")
+    ap.add_argument("--client", nargs=3, metavar=("HOST", "SECONDS", "KICK"), help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.serve:
         serve(args.serve)
         return 0
     if args.client:
-        client(args.client[0], float(args.client[1]))
+        client(args.client[0], float(args.client[1]), args.client[2])
         return 0
     from accelpact.chaos.topology import ChaosUnavailable, preflight
 
@@ -130,17 +161,25 @@ def main(argv=None) -> int:
     except ChaosUnavailable as exc:
         print(f"link_return: {exc}")
         return 2
+    kicks = [k.strip() for k in args.kicks.split(",") if k.strip()]
+    unknown = sorted(set(kicks) - set(KICKS))
+    if unknown:
+        ap.error(f"unknown kick(s) {unknown}: choose from {','.join(KICKS)}")
     load_before = [round(x, 2) for x in os.getloadavg()]
-    rows = [one_cut(m, float(c)) for m in args.methods.split(",") for c in args.cuts.split(",")]
-    print(f"after the restore (back-off capped at 1 s: {all(r['capped'] for r in rows)}), load {load_before}")
-    print(table(["cut", "cut s", "stalled connection resumes s", "a fresh connection gets through s"],
-                [[r["method"], r["cut_s"], f"{r['stalled_resumes_s']:.3f}", f"{r['fresh_connects_s']:.3f}"]
-                 for r in rows]))
+    rows = [one_cut(m, float(c), k) for m in args.methods.split(",") for c in args.cuts.split(",") for k in kicks]
+    print(f"after the restore (back-off capped at 1 s: {all(r['capped'] for r in rows)}), load {load_before} -> "
+          f"{[round(x, 2) for x in os.getloadavg()]}")
+    print(table(["cut", "cut s", "kick", "kicked at s", "stalled connection resumes s", "a fresh connection gets through s"],
+                [[r["method"], r["cut_s"], r["kick"], "-" if r["kicked_s"] is None else f"{r['kicked_s']:.3f}",
+                  f"{r['stalled_resumes_s']:.3f}", f"{r['fresh_connects_s']:.3f}"] for r in rows]))
     for m in args.methods.split(","):
-        mine = [r for r in rows if r["method"] == m]
-        print(f"{m}: median {median([r['stalled_resumes_s'] for r in mine]):.3f} s on the stalled connection, "
-              f"{median([r['fresh_connects_s'] for r in mine]):.3f} s for a fresh one")
-    path = write_json("link-return", {"load_before": load_before, "rows": rows})
+        for k in kicks:
+            mine = [r for r in rows if r["method"] == m and r["kick"] == k]
+            print(f"{m}, kick {k}: median {median([r['stalled_resumes_s'] for r in mine]):.3f} s on the stalled "
+                  f"connection, {median([r['fresh_connects_s'] for r in mine]):.3f} s for a fresh one")
+    if len(kicks) > 1:
+        print("a kick helps only if its stalled connection resumes well before the same cut's `none` run")
+    path = write_json("link-return" if kicks == ["none"] else "link-return-kicks", {"load_before": load_before, "rows": rows})
     print(f"wrote {path}")
     return 0
 
