@@ -41,6 +41,7 @@ from ..comm import _c10d
 from ..comm.backends import wait_unless
 from ..errors import ControlPlaneError
 from ..fsm.decisions import ReleaseVote
+from . import exchange
 from .auth import SECRET_BYTES, ForgedValue, Sealer
 from .clock import VectorClock
 
@@ -249,8 +250,9 @@ class ControlPlane:
         """Every rank's JSON-serialisable object (reports), in rank order. A rank whose object
         does not fit its slot sends `{OVERSIZE: n, "rank": r}` instead (see `unusable`).
 
-        One all-gather of fixed-size byte buffers: `all_gather_object` would cost two collectives
-        plus pickling, and the agreement phase sits on the repair path."""
+        One exchange of fixed-size byte buffers (`exchange.py`: one round of direct sends, not
+        gloo's ring): `all_gather_object` would cost two collectives plus pickling, and the
+        agreement phase sits on the repair path."""
         self.seq += 1
         payload = self.sealer.seal(self._stamped(obj), "report", self.seq, self.rank).encode()
         if len(payload) > GATHER_BYTES - 4:
@@ -261,9 +263,9 @@ class ControlPlane:
         buf = torch.zeros(GATHER_BYTES, dtype=torch.uint8)
         buf[:4] = torch.tensor(list(len(payload).to_bytes(4, "little")), dtype=torch.uint8)
         buf[4 : 4 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
-        out = [torch.empty_like(buf) for _ in range(self.world_size)]
         try:
-            dist.all_gather(out, buf, group=self.group)
+            out = exchange.exchange(self.group, buf, rank=self.rank, world_size=self.world_size, tag=self.seq,
+                                    timeout=self.timeout)
         except Exception as exc:
             raise ControlPlaneError(f"gather #{self.seq} failed: {exc}{self._peer_left()}") from exc
         result: list[object] = []
