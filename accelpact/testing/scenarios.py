@@ -45,6 +45,15 @@ __all__ = ["FRAMEWORKS", "Scenario", "build", "recovery_scenario", "stale_refere
 
 FRAMEWORKS = ("fsdp1", "fsdp1-orig", "fsdp1-mesh", "fsdp2", "ddp")
 
+#: What `stale_reference_scenario` leaves broken on purpose, kept until the rank is killed after
+#: reporting. Freeing it would tear down a model mid-backward whose group was retired under it:
+#: DDP's C++ reducer may then hold the retired group's last reference and free it with the GIL
+#: held (pybind's holder), while the group's threads may still need the GIL: a likely cause, not
+#: a proven one, of a rank that hung once in CI in the world function's `return` line, after this
+#: scenario and before reporting (faulthandler showed that line and a thread with no Python
+#: frame; `spawn` now adds gdb's native stacks to a hang).
+ABANDONED: list[object] = []
+
 
 @dataclass(frozen=True)
 class Scenario:
@@ -219,4 +228,5 @@ def stale_reference_scenario(scenario: Scenario, layout: HSDPLayout, groups: HSD
         out["step"] = None
     except Exception as exc:  # the failure under test
         out["step"] = _classified(exc, used)
+    ABANDONED.append((model, optimizer, data, labelled))
     return out

@@ -26,7 +26,9 @@ import multiprocessing
 import os
 import pickle
 import queue as queue_module
+import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -50,6 +52,8 @@ _POLL_S = 0.05
 _ENV_LOCK = threading.Lock()
 #: How long a hung rank gets to write its threads' stacks (SIGUSR1, faulthandler) before the kill.
 _STACKS_WAIT_S = 0.5
+#: Native stacks of a hung rank (gdb): frames per thread, seconds for all ranks, characters kept per rank.
+_NATIVE_FRAMES, _NATIVE_WAIT_S, _NATIVE_CHARS = 14, 30.0, 12000
 _STACKS_FILE: Any = None  # a rank's open stacks file: faulthandler writes to its descriptor
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.distributed.fsdp", "torch.distributed.tensor",
                    "torch.nn.parallel", "torch._dynamo", "numpy.random", "accelpact.runtime", "accelpact.testing.drills")
@@ -150,8 +154,8 @@ def run_world(
                 process.start()
             processes[rank] = process
         reason = _collect(processes, results_queue, outcomes, time.monotonic() + timeout_s, timeout_s, grace_s)
-        if reason is not None:
-            _take_stacks(processes, outcomes, os.getpid(), store.port)
+        if reason is not None:  # native stacks only for a hang: where a rank raised, its traceback is the cause
+            _take_stacks(processes, outcomes, os.getpid(), store.port, native=reason.startswith("timed out"))
     finally:
         _kill_all(processes)
         for rank in processes:
@@ -210,7 +214,7 @@ def _stacks_path(parent_pid: int, store_port: int, rank: int) -> Path:
 
 
 def _take_stacks(processes: Mapping[int, multiprocessing.process.BaseProcess], outcomes: dict[int, RankOutcome],
-                 parent_pid: int, store_port: int) -> None:
+                 parent_pid: int, store_port: int, *, native: bool) -> None:
     """Before a failed world is killed: every rank still running without a result writes its
     threads' stacks (faulthandler, registered on SIGUSR1 at the rank's start), and they become its
     outcome, so that a hang names the call it hung in."""
@@ -220,13 +224,41 @@ def _take_stacks(processes: Mapping[int, multiprocessing.process.BaseProcess], o
             os.kill(process.pid, signal.SIGUSR1)
     if hung:
         time.sleep(_STACKS_WAIT_S)
+    native = _native_stacks({rank: p.pid for rank, p in hung.items() if p.pid is not None}) if native else {}
     for rank in hung:
         try:
             stacks = _stacks_path(parent_pid, store_port, rank).read_text(errors="replace").strip()
         except OSError as exc:
             stacks = f"(none: {type(exc).__name__}: {exc})"
         outcomes[rank] = RankOutcome(rank, False, detail="no result (killed); its threads at the kill:\n"
-                                                         + (stacks[-6000:] or "(none written)"))
+                                                         + (stacks[-6000:] or "(none written)")
+                                                         + (f"\n--- native stacks (gdb):\n{native[rank]}" if rank in native else ""))
+
+
+def _native_stacks(pids: Mapping[int, int]) -> dict[int, str]:
+    """Every hung rank's native threads (gdb, where installed), beside faulthandler's Python view.
+    Why: a rank stuck in a destructor or waiting for the GIL shows only "<no Python frame>" or the
+    line that dropped the object (seen in CI: a rank hung at a `return`); the C++ frames name
+    the join or the lock. All ranks at once, bounded, best effort: the world has failed already
+    (~3 s of CPU per rank, gdb loading torch's symbols)."""
+    gdb = shutil.which("gdb")
+    if gdb is None or not pids:
+        return {}
+    running = {rank: subprocess.Popen([gdb, "-p", str(pid), "-batch", "-nx", "-ex", "set pagination off",
+                                       "-ex", f"thread apply all bt {_NATIVE_FRAMES}"],
+                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, errors="replace")
+               for rank, pid in pids.items()}
+    out = {}
+    for rank, proc in running.items():
+        try:
+            text, _ = proc.communicate(timeout=_NATIVE_WAIT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            text, _ = proc.communicate()
+            text = f"(gdb gave no answer within {_NATIVE_WAIT_S:.0f} s)\n{text}"
+        frames = [line for line in text.splitlines() if line.startswith(("Thread ", "#", "(gdb"))]
+        out[rank] = "\n".join(frames)[-_NATIVE_CHARS:] or "(gdb printed no frames: not permitted to attach?)"
+    return out
 
 
 def _drain_one(results_queue: Any) -> RankOutcome | None:
