@@ -224,7 +224,7 @@ def _take_stacks(processes: Mapping[int, multiprocessing.process.BaseProcess], o
             os.kill(process.pid, signal.SIGUSR1)
     if hung:
         time.sleep(_STACKS_WAIT_S)
-    native = _native_stacks({rank: p.pid for rank, p in hung.items() if p.pid is not None}) if native else {}
+    native_by_rank = _native_stacks({rank: p.pid for rank, p in hung.items() if p.pid is not None}) if native else {}
     for rank in hung:
         try:
             stacks = _stacks_path(parent_pid, store_port, rank).read_text(errors="replace").strip()
@@ -232,7 +232,7 @@ def _take_stacks(processes: Mapping[int, multiprocessing.process.BaseProcess], o
             stacks = f"(none: {type(exc).__name__}: {exc})"
         outcomes[rank] = RankOutcome(rank, False, detail="no result (killed); its threads at the kill:\n"
                                                          + (stacks[-6000:] or "(none written)")
-                                                         + (f"\n--- native stacks (gdb):\n{native[rank]}" if rank in native else ""))
+                                                         + (f"\n--- native stacks (gdb):\n{native_by_rank[rank]}" if rank in native_by_rank else ""))
 
 
 def _native_stacks(pids: Mapping[int, int]) -> dict[int, str]:
@@ -248,10 +248,10 @@ def _native_stacks(pids: Mapping[int, int]) -> dict[int, str]:
                                        "-ex", f"thread apply all bt {_NATIVE_FRAMES}"],
                                       stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, errors="replace")
                for rank, pid in pids.items()}
-    out = {}
+    out, deadline = {}, time.monotonic() + _NATIVE_WAIT_S  # one bound for all: they run side by side
     for rank, proc in running.items():
         try:
-            text, _ = proc.communicate(timeout=_NATIVE_WAIT_S)
+            text, _ = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             proc.kill()
             text, _ = proc.communicate()
