@@ -33,6 +33,8 @@ AUTO = "auto"
 BOUNDARY_MODES = ("sync", "deferred")
 #: Where shard state that no replica holds is copied (`Config.replicate`).
 REPLICATE_MODES = ("off", "neighbour")
+#: Which data-plane groups keep a standby successor (`Config.standby_groups`, `runtime.standby`).
+STANDBY_MODES = ("off", "gloo", "all")
 #: What a lost rank no spare can take over leads to (`Config.on_loss`).
 ON_LOSS_MODES = ("reject", "shrink")
 
@@ -142,6 +144,13 @@ class Config:
     #: (`accelpact.membership.shrink`). Read by `accelpact.init_process_group` from
     #: ACCELPACT_ON_LOSS, like the spares: every rank must watch its peers from the start.
     on_loss: str = "reject"
+    #: Standby successors (`accelpact.runtime.standby`): each data-plane group's members keep a
+    #: second group over the same ranks connected and idle, so that a repair adopts it instead of
+    #: building one (the largest part of a repair that grows with the group). Built at attach and
+    #: again after each recovery that used it, off the repair's path. "gloo" (the default): for
+    #: groups without NCCL; "all": NCCL groups too (each standby is one more communicator, with
+    #: its device buffers); "off": every replacement is built during the repair.
+    standby_groups: str = "gloo"
 
     def __post_init__(self) -> None:
         self.validate()
@@ -198,6 +207,8 @@ class Config:
                               f"0: off), got {self.digest_every!r}")
         if self.replicate not in REPLICATE_MODES:
             raise ConfigError(f"replicate must be one of {', '.join(REPLICATE_MODES)}, got {self.replicate!r}")
+        if self.standby_groups not in STANDBY_MODES:
+            raise ConfigError(f"standby_groups must be one of {', '.join(STANDBY_MODES)}, got {self.standby_groups!r}")
         if self.on_loss not in ON_LOSS_MODES:
             raise ConfigError(f"on_loss must be one of {', '.join(ON_LOSS_MODES)}, got {self.on_loss!r}")
         if not (isinstance(self.replicate_stride, int) and not isinstance(self.replicate_stride, bool)

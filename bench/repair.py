@@ -13,7 +13,8 @@ admission (detection skew) and what follows it (the protocol's own work). Goals:
 `--ablate-reaper` runs every world a second time with retired groups freed on the recovery's
 thread, as before `comm.reaper`, and prints both side by side. `--ablate-exchange` runs it a
 second time with the agreement's reports gathered along gloo's ring, as before
-`control.exchange`, and prints both side by side.
+`control.exchange`, and prints both side by side. `--ablate-standby` runs it a second time with
+every replacement built during the repair, as before `runtime.standby`.
 `--phase forward|backward` strikes inside the update instead: each recovery is then a Rewind, which
 restores the boundary snapshot and rebuilds every group (results in repair-rewind.json).
 
@@ -53,8 +54,14 @@ def drill_ring_exchange(rank: int, world_size: int, drill: Drill) -> dict:
     return run_drill(rank, world_size, drill)
 
 
+def drill_without_standby(rank: int, world_size: int, drill: Drill) -> dict:
+    """The ablation of `runtime.standby`: every replacement is built during the repair."""
+    os.environ["ACCELPACT_STANDBY_GROUPS"] = "off"
+    return run_drill(rank, world_size, drill)
+
+
 #: what each ablation runs instead of `run_drill`
-ABLATIONS = {"in_place": drill_freeing_in_place, "ring": drill_ring_exchange}
+ABLATIONS = {"in_place": drill_freeing_in_place, "ring": drill_ring_exchange, "built": drill_without_standby}
 
 
 def measure(world: int, local: int, faults: int, data_timeout: float, framework: str, phase: str = "committed",
@@ -82,6 +89,8 @@ def measure(world: int, local: int, faults: int, data_timeout: float, framework:
                 "after_last_s": max(released) - max(admitted),
                 "detect_s": max(h["detect_s"] for h in per_rank),
                 **{p: max(h["timings_s"].get(p, 0.0) for h in per_rank) for p in PHASES},
+                # after the release, off the repair's path: the replaced groups' standbys built again
+                "standby_s": max(h.get("standby_s", 0.0) for h in per_rank),
             }
         )
     # per update, the slowest rank (updates end together); the first update is warm-up
@@ -194,11 +203,14 @@ def main(argv=None) -> int:
                     help="also run every world with retired groups freed in place (as before comm.reaper), side by side")
     ap.add_argument("--ablate-exchange", action="store_true",
                     help="also run every world with the agreement gathered along gloo's ring (as before control.exchange)")
+    ap.add_argument("--ablate-standby", action="store_true",
+                    help="also run every world with every replacement built during the repair (standby_groups=off)")
     ap.add_argument("--worlds", default="2,4", help="world sizes, comma-separated (even: 2 ranks per node)")
     args = ap.parse_args(argv)
     worlds = [int(w) for w in args.worlds.split(",")]
     load_before = [round(x, 2) for x in os.getloadavg()]
-    ablations = [name for name, on in (("in_place", args.ablate_reaper), ("ring", args.ablate_exchange)) if on]
+    ablations = [name for name, on in (("in_place", args.ablate_reaper), ("ring", args.ablate_exchange),
+                                       ("built", args.ablate_standby)) if on]
     runs, ablated = [], {name: [] for name in ablations}
     for w in worlds:  # each world's ablations right after it: the same load for all
         for ablation in ("", *ablations):
@@ -212,13 +224,13 @@ def main(argv=None) -> int:
         m = run["median"]
         rows.append([run["world"], f"{run['framework']} {run['action']}", f"{m['detect_s']:.3f}", f"{m['repair_s'] * 1e3:.1f}",
                      f"{m['skew_s'] * 1e3:.1f}", f"{m['after_last_s'] * 1e3:.1f}"]
-                    + [f"{m[p] * 1e3:.2f}" for p in PHASES]
+                    + [f"{m[p] * 1e3:.2f}" for p in PHASES] + [f"{m['standby_s'] * 1e3:.2f}"]
                     + [f"{median(run['first_update_after_s']) * 1e3:.0f}", f"{median(run['normal_update_s']) * 1e3:.0f}",
                        f"{run['first_update_ratio']:.2f}"])
     print(f"repair time, medians over {args.faults} recoveries (ms; detect in s = data timeout + wait); "
           f"load {load_before} -> {[round(x, 2) for x in os.getloadavg()]}")
     print(table(["ranks", "recovery", "detect s", "repair ms", "skew ms", "after last ms"]
-                + [f"{p} ms" for p in PHASES]
+                + [f"{p} ms" for p in PHASES] + ["standby ms"]
                 + ["first after ms", "normal ms", "first/normal"], rows))
     print(table(["ranks", "bare ring all-gather ms", "bare direct exchange ms", "bare vote ms", "repair's agree ms",
                  "repair's release ms"],
@@ -229,6 +241,8 @@ def main(argv=None) -> int:
           "agreement's exchange, the release vote through the store): what the machine charges for them")
     print("repair: the slowest rank's admission -> release; skew: first to last admission (the first rank waits "
           "for the last one in agree); after last: the last admission -> the last release, the protocol's own time")
+    print("standby: after the release (not in repair), the replaced groups' standby successors connected again "
+          "(`runtime.standby`); replace adopts one instead of building")
     print("first/normal: the update right after a repair against the clean ones (slowest rank); goal <= 1.2")
     print(f"freeing a retired group (2-member gloo, median of 4): {freeing['in_place'] * 1e3:.2f} ms on the "
           f"thread that drops it; {freeing['handed_over'] * 1e3:.2f} ms longest pause of that thread with the "
@@ -240,6 +254,9 @@ def main(argv=None) -> int:
         "ring": ("the agreement gathered along gloo's ring (the ablation) vs by direct sends", ("ring", "direct"),
                  ("repair_s", "after_last_s", "agree"),
                  "agree: from this rank's admission, so it holds the wait for the last rank too (skew)"),
+        "built": ("every replacement built during the repair (the ablation) vs the standby adopted",
+                  ("built", "standby"), ("repair_s", "after_last_s", "replace"),
+                  "replace: retiring the failed group and building (or adopting) its successor"),
     }
     for name, abl_runs in ablated.items():
         what, labels, keys, note = compared[name]

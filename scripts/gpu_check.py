@@ -11,8 +11,9 @@ B  a stuck collective: one rank skips an all-reduce; the other's bounded wait ra
    the replacement is NCCL again and validates (needs 2 GPUs: NCCL refuses two ranks of one
    communicator on one GPU);
 C  a DDP job (and FSDP2 HSDP on a 2x2 mesh where 4 GPUs exist) under `accelpact.attach`, with a fault
-   at a committed boundary (Preserve) and one in backward (Rewind), bitwise equal to an
-   uninterrupted run, its data-plane groups still NCCL afterwards;
+   at a committed boundary (Preserve: its NCCL replacement built during the repair) and one in
+   backward (Rewind, `standby_groups="all"`: every group's NCCL standby adopted), bitwise equal to
+   an uninterrupted run, its data-plane groups still NCCL afterwards;
 D  the recovered job is still alive and training 60 s after the fault (the heartbeat monitor, left
    on, would have killed it).
 
@@ -165,7 +166,8 @@ def _flat(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat(parts)
 
 
-def run_job(kind: str, rank: int, world: int, faults: str | None, survive_s: float = 0.0) -> dict:
+def run_job(kind: str, rank: int, world: int, faults: str | None, survive_s: float = 0.0,
+            standby: str = "gloo") -> dict:
     import accelpact
     from accelpact.comm.backends import backend_spec
     from accelpact.envelope import permissive_envelope
@@ -175,7 +177,7 @@ def run_job(kind: str, rank: int, world: int, faults: str | None, survive_s: flo
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     cursor = Cursor()
     config = accelpact.Config(data_timeout_s=DATA_TIMEOUT_S, control_timeout_s=CONTROL_TIMEOUT_S,
-                              trace_dir=os.environ.get("GPU_CHECK_TRACE"))
+                              trace_dir=os.environ.get("GPU_CHECK_TRACE"), standby_groups=standby)
     platform = "cuda-nccl" if DEVICE == "cuda" else "cpu-gloo"
     envelope = permissive_envelope(platform, detect_profile(model))  # a qualification run
     rt = accelpact.attach(model, optimizer, data_state=cursor, config=config, envelope=envelope, faults=faults)
@@ -198,6 +200,7 @@ def run_job(kind: str, rank: int, world: int, faults: str | None, survive_s: flo
         time.sleep(1.0)
     _sync()
     out = {"params": params, "actions": [r.action.value for r in rt.history],
+           "adopted": [sorted(r.adopted) == sorted(r.failed_groups) for r in rt.history],
            "backends": sorted({backend_spec(pg) or "?" for pg in rt.groups.values()}),
            "survived_updates": survived}
     rt.close()
@@ -207,12 +210,14 @@ def run_job(kind: str, rank: int, world: int, faults: str | None, survive_s: flo
 def step_c(rank: int, world: int, kind: str) -> dict:
     reference = run_job(kind, rank, world, faults=None)
     preserve = run_job(kind, rank, world, faults="skip@3:committed:1")
-    rewind = run_job(kind, rank, world, faults="skip@5:backward:1", survive_s=SURVIVE_S if kind == "ddp" else 0.0)
+    rewind = run_job(kind, rank, world, faults="skip@5:backward:1", survive_s=SURVIVE_S if kind == "ddp" else 0.0,
+                     standby="all")  # the Preserve builds its NCCL replacement, the Rewind adopts standbys
     checks = {
         "preserve bitwise": preserve["params"] == reference["params"],
         "preserve recovered": "preserve" in preserve["actions"],
         "rewind bitwise": rewind["params"] == reference["params"],
         "rewind recovered": "rewind" in rewind["actions"],
+        "rewind adopted its standbys": bool(rewind["adopted"]) and all(rewind["adopted"]),
         "backend kept": all(b in (BACKEND, DEFAULT_BACKEND) for b in preserve["backends"] + rewind["backends"]),
     }
     if kind == "ddp":

@@ -102,3 +102,36 @@ def test_pinned_gloo_retired_healthy_group_still_works(comm):
     for rank in (1, 3):
         assert comm[rank]["stale_c10d"] is None
         assert comm[rank]["stale_raw"] is None
+
+
+def crossed_validation(rank: int, world_size: int) -> dict:
+    """Two groups over the same pair, validated in opposite orders on the two ranks."""
+    import datetime
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from accelpact.comm import GroupValidationError, make_group
+    from accelpact.comm.validate import validate_groups
+
+    a, b = (make_group([0, 1], label=label, timeout=3) for label in ("va", "vb"))
+    t = time.perf_counter()
+    order = [(a, [0, 1]), (b, [0, 1])] if rank == 0 else [(b, [0, 1]), (a, [0, 1])]
+    sums = [r.observed_sum for r in validate_groups(order, timeout=datetime.timedelta(seconds=3))]
+    elapsed = time.perf_counter() - t
+    with pytest.raises(GroupValidationError, match="rank sum 1 != 2"):
+        validate_groups([(a, [0, 1]), (b, [0, 2])])  # b's claimed members are wrong
+    after = torch.ones(1)
+    dist.all_reduce(after, group=a)  # a was waited for too: its next collective pairs up
+    return {"sums": sums, "elapsed": elapsed, "after": int(after)}
+
+
+@pytest.mark.timeout(60)
+def test_validations_of_several_groups_are_all_in_flight_at_once():
+    """A Rewind validates every group: each rank posts all of them before waiting, so two ranks
+    that list the groups in different orders do not wait for each other until the timeout."""
+    from accelpact.testing.spawn import run_world
+
+    for r in run_world(crossed_validation, 2, timeout_s=45, pg_timeout_s=20):
+        assert r["sums"] == [1, 1] and r["elapsed"] < 2.5 and r["after"] == 2

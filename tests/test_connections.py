@@ -111,3 +111,33 @@ def test_a_descriptor_that_names_another_socket_now_is_left_alone(monkeypatch):
     finally:
         a.close()
         b.close()
+
+
+def test_a_connection_counts_as_intact_until_its_peer_closes_it(monkeypatch):
+    """`intact` (a standby's check before it is reported): open and idle, or with data waiting,
+    is intact (a peek consumes nothing); closed by the peer, or its descriptor gone, is not."""
+    import socket
+
+    server = socket.create_server(("127.0.0.1", 0))
+    a = socket.create_connection(server.getsockname())
+    b, _ = server.accept()
+
+    class Group:
+        group_name = "accelpact:probe:s0"
+
+    group = Group()
+    monkeypatch.setitem(connections._by_group, id(group), (group.group_name, (
+        (a.fileno(), connections._sockets()[a.fileno()]), (server.fileno(), connections._sockets()[server.fileno()]))))
+    try:
+        assert connections.intact(group)  # the listener is not asked
+        b.send(b"x")
+        time.sleep(0.05)
+        assert connections.intact(group) and a.recv(1) == b"x"  # pending data: not a close, and not consumed
+        b.close()
+        time.sleep(0.05)
+        assert not connections.intact(group)
+        a.close()
+        assert not connections.intact(group)  # its descriptor no longer names the socket recorded
+    finally:
+        a.close()
+        server.close()

@@ -56,7 +56,7 @@ def test_an_nccl_group_is_replaced_by_an_nccl_group_built_non_blocking_on_the_de
         assert set(out["nccl_spec_before"].values()) == {"nccl"}
         assert out["nccl_spec_after"] == {"bp-replicate": "nccl", "bp-shard": "nccl"}
         assert set(out["nccl_config_after"].values()) == {"cuda:nccl"}
-        builds = [e for e in out["events"] if e[0] == "build"]
+        builds = [e for e in out["events"][:out["events"].index(("standby",))] if e[0] == "build"]
         assert [name for _, name, _, _ in builds[-2:]] == ["accelpact:bp-replicate:g1", "accelpact:bp-shard:g1"]
         assert all(device == "cuda:0" and timeout == 7.0 for _, _, device, timeout in builds[-2:])
         assert not any(out["old_registered"].values())
@@ -66,9 +66,24 @@ def test_an_nccl_group_is_replaced_by_an_nccl_group_built_non_blocking_on_the_de
 @pytest.mark.timeout(180)
 def test_failed_nccl_groups_are_aborted_together_before_any_replacement_is_built(backends):
     for out in backends:
-        after = out["events"][out["events"].index(("built",)) + 1:]
+        after = out["events"][out["events"].index(("built",)) + 1:out["events"].index(("standby",))]
         assert after[0] == ("abort", ["accelpact:bp-replicate:g0", "accelpact:bp-shard:g0"])
         assert [e[0] for e in after[1:]] == ["build", "build"]
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_nccl_standbys_are_built_ahead_through_the_nccl_builder_and_adopted_after_the_abort(backends):
+    for out in backends:
+        events = out["events"]
+        ahead = events[events.index(("standby",)) + 1:events.index(("filled",))]
+        assert [(e[0], e[1]) for e in ahead] == [("build", "accelpact:bp-replicate:s1"), ("build", "accelpact:bp-shard:s1")]
+        assert all(device == "cuda:0" and timeout == 7.0 for _, _, device, timeout in ahead)
+        after = events[events.index(("filled",)) + 1:]
+        assert after == [("abort", ["accelpact:bp-replicate:g1", "accelpact:bp-shard:g1"])]  # and nothing built
+        assert out["adopt_ok"], out["adopt_reason"]
+        assert out["adopted"] == {"bp-replicate": ("accelpact:bp-replicate:g2", "nccl", [0, 1]),
+                                  "bp-shard": ("accelpact:bp-shard:g2", "nccl", [0, 1])}
 
 
 def test_backend_strings_parse_as_c10d_parses_them():

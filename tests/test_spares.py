@@ -231,3 +231,14 @@ def test_a_control_plane_that_fails_in_a_save_with_every_rank_alive_rebuilds_the
     assert _owed_saves(job) == {0: [4], 1: [4], 2: [4], 3: [4]}
     traces = load_membership_traces(job.trace_dir)
     assert check_membership_traces(traces, replicas=HSDP_REPLICAS) == []
+
+
+def test_the_new_world_connects_standbys_and_a_later_repair_adopts_them():
+    """After a spare took over, every member of the new world (the spare too) builds its groups'
+    standbys after the release: a later Preserve adopts them instead of building."""
+    job = run_spare_job(framework="fsdp2", faults="kill@3:forward:3,skip@5:committed:0", updates=7, spares=1)
+    _replaced(job, 3)
+    for verdict in job.result["verdicts"]:
+        preserves = [h for h in verdict["history"] if h["action"] == "preserve"]
+        assert preserves and all(h["adopted"] == h["failed_groups"] for h in preserves), verdict["history"]
+        assert all(h["timings_s"].get("standby", 0) > 0 for h in verdict["history"] if h["action"] == "replace")

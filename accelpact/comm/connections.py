@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import os
+import select
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator
@@ -154,6 +155,48 @@ def connections_of(pg) -> tuple[tuple[int, str], ...]:
     if entry is None or entry[0] != str(pg.group_name):
         return ()
     return entry[1]
+
+
+def renamed(pg, name: str) -> None:
+    """`pg` goes by `name` from now on (a standby adopted as a generation's group): its recorded
+    connections follow it."""
+    with _lock:
+        entry = _by_group.get(id(pg))
+        if entry is not None:
+            _by_group[id(pg)] = (name, entry[1])
+
+
+def intact(pg) -> bool:
+    """Whether every connection recorded for `pg` is still open, as far as this process can see
+    without using it: the descriptor still names the socket recorded, and the socket is neither
+    hung up nor at end of stream (a peek, which consumes nothing). For a group nobody uses yet (a
+    standby, `comm.standby`) a closed connection is a peer that went away, and gloo closes a
+    connection its peer closed (measured: the descriptor is gone). Data waiting to be read is not
+    taken as a close. True when nothing was recorded (no /proc, NCCL): then nobody can tell here,
+    and the validation after the group is adopted is what finds it."""
+    for fd, target in connections_of(pg):
+        try:
+            if os.readlink(f"{_FD_DIR}/{fd}") != target:
+                return False
+        except OSError:
+            return False
+        with _connection(fd, target) as sock:
+            if sock is not None and _closed(sock):  # None: a listener, or not TCP: nothing to ask
+                return False
+    return True
+
+
+def _closed(sock: socket.socket) -> bool:
+    poller = select.poll()
+    poller.register(sock.fileno(), select.POLLRDHUP)  # POLLERR and POLLHUP are always reported
+    if poller.poll(0):
+        return True
+    try:
+        return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:  # open, nothing to read
+        return False
+    except OSError:  # reset, or another error the kernel holds for it
+        return True
 
 
 def _shut(fd: int, target: str) -> bool:

@@ -31,6 +31,7 @@ import datetime
 import threading
 import weakref
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,9 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
 from accelpact.comm import _c10d, connections
 from accelpact.comm.backends import BuildRequest, backend_spec, build_backends, parse_backends, uses_nccl
 from accelpact.errors import AccelPactError
+
+if TYPE_CHECKING:
+    from accelpact.comm.standby import Standby
 
 __all__ = [
     "MembershipError",
@@ -187,8 +191,12 @@ def replace_group(
     store: Store | None = None,
     backend: str | None = None,
     abort: bool | None = None,
+    standby: Standby | None = None,
 ) -> ProcessGroup:
     """Retire ``old`` and build its successor with identical membership, at ``generation``.
+
+    With ``standby`` (`comm.standby`, agreed by every member) the successor is that standby,
+    adopted under the generation's name instead of built.
 
     The successor gets ``old``'s own backends (``backend=None``: read from c10d's registry, so an
     NCCL data plane stays NCCL) and ``old`` is aborted rather than destroyed when NCCL serves it
@@ -217,9 +225,14 @@ def replace_group(
         if backend is None:
             raise MembershipError(f"the backend of {old.group_name!r} is unknown (c10d no longer knows the group): "
                                   "pass backend= explicitly")
+    if standby is not None and standby.backend != backend:
+        raise MembershipError(f"the standby of {label!r} was built with {standby.backend!r}, the group it would "
+                              f"succeed uses {backend!r}")
     if abort is None:
         abort = uses_nccl(parse_backends(backend))
     retire_group(old, abort=abort)
+    if standby is not None:
+        return standby.adopt(ranks=members, label=label, generation=generation, timeout=timeout)
     return make_group(members, label=label, generation=generation, timeout=timeout, store=store, backend=backend)
 
 

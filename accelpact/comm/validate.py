@@ -19,7 +19,7 @@ from torch._C._distributed_c10d import ProcessGroup
 from ..errors import AccelPactError
 from .backends import backends_of, probe_device, wait_for
 
-__all__ = ["GroupValidationError", "ValidationResult", "validate_group"]
+__all__ = ["GroupValidationError", "ValidationResult", "validate_group", "validate_groups"]
 
 
 class GroupValidationError(AccelPactError, RuntimeError):
@@ -49,22 +49,44 @@ def validate_group(pg: ProcessGroup, ranks: Sequence[int], *,
     device the group's traffic uses; with ``timeout`` an NCCL group is waited for at most that
     long (`backends.wait_for`: a bare wait on NCCL only orders the stream and would never raise).
     """
-    members = tuple(int(r) for r in ranks)
-    if pg.size() != len(members):
-        raise GroupValidationError(f"group {pg.group_name!r} has {pg.size()} members, expected {list(members)}")
-    backends = _backends(pg)
-    contribution = torch.tensor([dist.get_rank()], dtype=torch.int64, device=probe_device(backends))
-    start = time.perf_counter_ns()
-    work = dist.all_reduce(contribution, group=pg, async_op=True)
-    if timeout is None:
-        work.wait()
-    else:
-        wait_for(work, backends, timeout)
-    elapsed_us = (time.perf_counter_ns() - start) / 1e3
-    result = ValidationResult(pg.group_name, members, sum(members), int(contribution.item()), elapsed_us)
-    if result.observed_sum != result.expected_sum:
-        raise GroupValidationError(
-            f"group {pg.group_name!r}: rank sum {result.observed_sum} != {result.expected_sum} "
-            f"expected from members {list(members)}"
-        )
-    return result
+    return validate_groups([(pg, ranks)], timeout=timeout)[0]
+
+
+def validate_groups(groups: Sequence[tuple[ProcessGroup, Sequence[int]]], *,
+                    timeout: datetime.timedelta | None = None) -> list[ValidationResult]:
+    """`validate_group` for several groups at once: every all-reduce is posted before any is
+    waited for, so a Rewind that rebuilt every group pays one round trip, not one per group (each
+    group runs its own collective; no order between them can deadlock). Every one is waited for;
+    the first failure is raised, after the others ended."""
+    posted = []
+    for pg, ranks in groups:
+        members = tuple(int(r) for r in ranks)
+        if pg.size() != len(members):
+            raise GroupValidationError(f"group {pg.group_name!r} has {pg.size()} members, expected {list(members)}")
+        backends = _backends(pg)
+        contribution = torch.tensor([dist.get_rank()], dtype=torch.int64, device=probe_device(backends))
+        start = time.perf_counter_ns()
+        posted.append((pg, members, backends, contribution, start,
+                       dist.all_reduce(contribution, group=pg, async_op=True)))
+    results: list[ValidationResult] = []
+    first: BaseException | None = None
+    for pg, members, backends, contribution, start, work in posted:
+        try:
+            if timeout is None:
+                work.wait()
+            else:
+                wait_for(work, backends, timeout)
+        except Exception as exc:  # whatever the backend raises, kept whole; the others still waited
+            first = first or exc
+            continue
+        result = ValidationResult(pg.group_name, members, sum(members), int(contribution.item()),
+                                  (time.perf_counter_ns() - start) / 1e3)
+        if result.observed_sum != result.expected_sum and first is None:
+            first = GroupValidationError(
+                f"group {pg.group_name!r}: rank sum {result.observed_sum} != {result.expected_sum} "
+                f"expected from members {list(members)}"
+            )
+        results.append(result)
+    if first is not None:
+        raise first
+    return results

@@ -123,6 +123,9 @@ class RankReport:
     rerun_reason: str = ""
     step_copy: bool = False
     held_groups: tuple[GroupId, ...] = ()
+    #: (label, token) of each standby successor this rank holds, connected and unused
+    #: (`comm.standby`); `agreed_standbys` picks the groups every member can adopt one for
+    standby: tuple[tuple[str, int], ...] = ()
 
     def to_dict(self) -> dict:
         return {
@@ -141,6 +144,7 @@ class RankReport:
             "rerun_reason": self.rerun_reason,
             "step_copy": self.step_copy,
             "held_groups": [g.key for g in self.held_groups],
+            "standby": [[label, token] for label, token in self.standby],
         }
 
     @classmethod
@@ -161,6 +165,7 @@ class RankReport:
             rerun_reason=str(d.get("rerun_reason", "")),
             step_copy=bool(d.get("step_copy", False)),
             held_groups=tuple(GroupId.parse(k) for k in d.get("held_groups", ())),
+            standby=tuple((str(label), int(token)) for label, token in d.get("standby", ())),
         )
 
 
@@ -175,6 +180,9 @@ class AgreementDecision:
     generation: int | None
     failed_groups: tuple[GroupId, ...] = ()
     reasons: tuple[str, ...] = field(default=())
+    #: (group key, token): the groups to rebuild whose successor every member adopts from the
+    #: standby of that token (`agreed_standbys`); the others are built afresh
+    standby: tuple[tuple[str, int], ...] = ()
 
     @property
     def repair_ranks(self) -> frozenset[int]:
@@ -184,6 +192,11 @@ class AgreementDecision:
     def in_failed_group(self, rank: int) -> bool:
         return rank in self.repair_ranks
 
+    def standby_of(self, groups: Iterable[GroupId]) -> tuple[tuple[str, int], ...]:
+        """The agreed (key, token) standbys among `groups` (a rank's own)."""
+        keys = {g.key for g in groups}
+        return tuple((key, token) for key, token in self.standby if key in keys)
+
     def to_dict(self) -> dict:
         return {
             "action": str(self.action),
@@ -191,6 +204,7 @@ class AgreementDecision:
             "generation": self.generation,
             "failed_groups": [g.key for g in self.failed_groups],
             "reasons": list(self.reasons),
+            "standby": [[key, token] for key, token in self.standby],
         }
 
     @classmethod
@@ -201,6 +215,7 @@ class AgreementDecision:
             generation=d["generation"],
             failed_groups=tuple(GroupId.parse(k) for k in d.get("failed_groups", ())),
             reasons=tuple(d.get("reasons", ())),
+            standby=tuple((str(key), int(token)) for key, token in d.get("standby", ())),
         )
 
 
@@ -312,8 +327,23 @@ def decide_agreement(
     reasons += _unreplaceable(failed, world_size, protected)
     if reasons:
         return _reject(*reasons)
-    first = ordered[0]
-    return AgreementDecision(RecoveryAction.PRESERVE, first.frontier + 1, first.generation, failed, ())
+    return AgreementDecision(RecoveryAction.PRESERVE, ordered[0].frontier + 1, ordered[0].generation, failed, (),
+                             agreed_standbys(failed, ordered))
+
+
+def agreed_standbys(groups: Iterable[GroupId], ordered: Sequence[RankReport]) -> tuple[tuple[str, int], ...]:
+    """(key, token) of each group whose every member reported a standby of that one token: those
+    are adopted, the others built afresh. Why all or none: a member that adopts and one that builds
+    would each wait for the other's connections until the data timeout. Why one token: a member
+    whose last standby build failed still holds an older one, connected to other peers' sockets.
+    `ordered` is indexed by rank (every member's report is there: agreement checked it)."""
+    held = [dict(r.standby) for r in ordered]
+    agreed = []
+    for g in groups:
+        tokens = {held[m].get(g.label) for m in g.ranks}
+        if len(tokens) == 1 and (token := tokens.pop()) is not None:
+            agreed.append((g.key, token))
+    return tuple(agreed)
 
 
 def _unreplaceable(groups: Iterable[GroupId], world_size: int, protected: set[str]) -> list[str]:
@@ -365,7 +395,8 @@ def _decide_rewind(
     blockers += _unreplaceable(held, world_size, protected)
     if blockers:
         return _reject(*reasons, *blockers)
-    return AgreementDecision(RecoveryAction.REWIND, base, ordered[0].generation, held, ())
+    return AgreementDecision(RecoveryAction.REWIND, base, ordered[0].generation, held, (),
+                             agreed_standbys(held, ordered))
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,7 @@ class Observation:
     rerun_reason: str = "this rank cannot re-run an update"
     step_copy: bool = False
     held_groups: tuple[GroupId, ...] = ()
+    standby: tuple[tuple[str, int], ...] = ()  # (label, token) of the standbys this rank holds
 
 
 # --------------------------------------------------------------------------------- outcome ----
@@ -195,6 +196,7 @@ class _Recovery:
             bug=obs.bug[:MAX_REASON],
             rewind_phases=tuple(obs.rewind_phases), rerun_ok=obs.rerun_ok,
             rerun_reason=obs.rerun_reason[:MAX_REASON], step_copy=obs.step_copy, held_groups=tuple(obs.held_groups),
+            standby=tuple(obs.standby),
         )
 
     def agree(self, report: RankReport) -> Generator[Effect, object, AgreementDecision | None]:
@@ -223,7 +225,7 @@ class _Recovery:
             if not built.ok:
                 built = StepResult(False, f"restoring the boundary snapshot failed: {built.reason}")
         if built.ok:
-            built = _as_step((yield self.steps.request(ReplaceGroups(mine, generation))))
+            built = _as_step((yield self.steps.request(ReplaceGroups(mine, generation, decision.standby_of(mine)))))
         self.ctx.replacement_ok = built.ok
         if not built.ok:
             self.steps.fire("replace_failed")

@@ -109,12 +109,14 @@ class RestoreBoundary(Effect):
 @dataclass(frozen=True)
 class ReplaceGroups(Effect):
     """Retire the failed groups this rank belongs to; build identical-membership replacements
-    at `generation`. Result: StepResult."""
+    at `generation` (or adopt the agreed standbys). Result: StepResult."""
 
     handler: ClassVar[str] = "replace_groups"
     phase: ClassVar[str] = "replace"
     groups: tuple[GroupId, ...]
     generation: int
+    #: (group key, token): adopt this rank's standby of that token instead of building (agreed)
+    standby: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from .digests import ReplicaDigests
 from .fail_stop import fail_stop
 from .rewind import RewindState, schedulers_of
 from .runtime import ATTACHED, Runtime
+from .standby import StandbyPool
 
 log = logging.getLogger("accelpact.runtime")
 
@@ -257,6 +258,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     plane.enforce_timeout()
     control = ControlPlane(timeout_s=provisional(config)[1], attempt=attempt)
     plane.scope = control.namespace.rsplit("/", 1)[-1][:8]  # this attach's replacement names
+    plane.standby = StandbyPool(config.standby_groups)
     try:  # "auto": measured here, the same on every rank, applied to both planes (a spare: the survivors')
         config, timeouts = _settle(config, plane, control, model, rank, envelope)
     except BaseException:

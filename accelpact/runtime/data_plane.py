@@ -21,6 +21,7 @@ from ..errors import ConfigError, UnsupportedModelError
 from ..fsm.decisions import GroupId
 from ..rebind import data_plane_groups, discover
 from .listeners import UpdateListener
+from .standby import StandbyPool
 
 
 class DataPlane:
@@ -46,6 +47,8 @@ class DataPlane:
         #: under membership (spares, shrink): whether this world is being abandoned, so that a probe
         #: stops waiting for peers that already left (`comm.backends.wait_unless`)
         self.cut_short: Callable[[], bool] | None = None
+        #: each group's successor, connected ahead of a failure (`Config.standby_groups`; set by attach)
+        self.standby = StandbyPool()
 
     def refuse_default_group(self) -> None:
         """Replacing the default group would destroy it, and with it every group of the job."""

@@ -24,10 +24,12 @@ class RecoveryRecord:
     frontier: int  # committed frontier F after the recovery (unchanged by a Reject)
     generation: int
     failed_groups: list[str] = field(default_factory=list)
+    adopted: list[str] = field(default_factory=list)  # failed groups whose successor was a standby (the rest: built)
     reasons: list[str] = field(default_factory=list)
     detect_s: float = 0.0  # failure detection: data-plane health check + boundary check wait
     timings_s: dict[str, float] = field(default_factory=dict)  # per effect phase (Effect.phase)
     repair_s: float = 0.0  # control-plane admission → release
+    standby_s: float = 0.0  # after the release: the replaced groups' standbys built again (runtime.standby)
     admitted_at: float = 0.0  # wall-clock time of the admission (`recovery.Driven.admitted_at`)
     rebound: dict[str, int] = field(default_factory=dict)  # references rebound per site kind
     edges: list[tuple[str, str, str]] = field(default_factory=list)
@@ -50,6 +52,7 @@ class RecoveryRecord:
             index=index, update=update, action=outcome.action, failure_phase=obs.failure_phase,
             saw_failure=obs.saw_failure, cause=obs.cause, frontier=outcome.frontier, generation=outcome.generation,
             failed_groups=[g.key for g in (outcome.decision.failed_groups if outcome.decision else ())],
+            adopted=[key for key, _ in (outcome.decision.standby if outcome.decision else ())],
             reasons=list(outcome.reasons), detect_s=detect_s, timings_s=driven.timings_s, repair_s=driven.repair_s,
             admitted_at=driven.admitted_at,
             rebound=dict(executor.rebound), edges=list(outcome.edges), discarded=executor.discarded,

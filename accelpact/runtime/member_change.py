@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..comm import _c10d, connections, validate_group
+from ..comm import _c10d, connections
+from ..comm.validate import validate_groups
 from ..control import ControlPlane
 from ..errors import EXIT_REJECTED, ControlPlaneError, RankFenced
 from ..fsm.decisions import applied_steps, may_rerun, must_undo_step
@@ -200,6 +201,7 @@ def _leave_world(rt: Runtime, failed_world: int) -> None:
     out, and the replacement's re-run was rewound."""
     retired = [*rt.data_plane.groups.values(), rt.control.group]
     severed = connections.sever(retired)
+    rt.data_plane.standby.clear()  # connected to the retired world's processes
     trace_event(rt, "left_world", world=failed_world, closed=severed.total, skipped=sorted(severed.skipped))
 
 
@@ -356,9 +358,8 @@ def validate_and_release(rt: Runtime, m: Membership, control: ControlPlane, chan
     ok, reasons = not change.reasons, list(change.reasons)
     if ok:
         try:
-            for label in sorted(rt.data_plane.groups):
-                validate_group(rt.data_plane.groups[label], rt.data_plane.gids[label].ranks,
-                               timeout=rt.data_plane.probe_timeout())
+            validate_groups([(rt.data_plane.groups[label], rt.data_plane.gids[label].ranks)
+                             for label in sorted(rt.data_plane.groups)], timeout=rt.data_plane.probe_timeout())
         except Exception as exc:  # a failed probe is the vote's reason, kept whole
             ok, reasons = False, [f"rank {rt.rank}: validating the rebuilt groups: {type(exc).__name__}: {exc}"]
     clock.lap("validate")
@@ -369,6 +370,9 @@ def validate_and_release(rt: Runtime, m: Membership, control: ControlPlane, chan
     change.outcome, change.reasons = outcome, why
     trace_event(rt, "release", world=m.world, outcome=outcome)
     rt.generation = change.decision.generation
+    if outcome == "resume":  # every member of the new world here alike (survivors, a spare, a shrink)
+        rt.data_plane.standby.fill(rt.data_plane, rt.data_plane.groups, token=rt.generation)
+        clock.lap("standby")
 
 
 def describe(change: MemberChange, rank: int) -> dict[str, Any]:

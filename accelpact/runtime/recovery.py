@@ -58,5 +58,5 @@ def observe(rt, phase: FailurePhase, saw: bool, failed: list[GroupId], cause: st
         cause=cause, preserve_qualified=rt.envelope.preserve, rewind_phases=rt.envelope.rewind_phases,
         rerun_ok=rerun_ok, rerun_reason=rerun_reason, step_copy=rt.rewind.has_step_copy(rt.frontier),
         bug=f"{type(bug).__name__}: {bug}" if bug is not None else "",
-        held_groups=rt.data_plane.held(),
+        held_groups=rt.data_plane.held(), standby=rt.data_plane.standby.tokens(),
     )

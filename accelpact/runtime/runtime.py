@@ -1,11 +1,10 @@
 """The runtime shell: trainer hooks, the committed boundary, `rt.step` / `rt.update`, `close`.
 
-What it owns is the rank's accounting (F, g, tau, the update in flight) and the order of things at
-a boundary. Everything else is a collaborator handed to it by `attach`: the data plane (groups,
-probes, rebind plans), the control plane, the trace, the envelope's facts, the rewind state, the
-checkpointer and any update listeners. A recovery is the pure driver stepped against a
-`RecoveryExecutor` (`recovery.drive`); a Reject raises `RecoveryRejected`, which `fail_stop` (the
-edge) turns into an exit only when configured to."""
+It owns the rank's accounting (F, g, tau, the update in flight) and the order of things at a
+boundary. The rest is a collaborator handed to it by `attach`: the data plane (groups, probes, rebind
+plans, standbys), the control plane, the trace, the envelope's facts, the rewind state, the
+checkpointer, update listeners. A recovery is the pure driver stepped against a `RecoveryExecutor`
+(`recovery.drive`); a Reject raises `RecoveryRejected`, which `fail_stop` (the edge) exits on."""
 
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ class Runtime:
         self.listeners: list[UpdateListener] = []
         self.observers = Observers()  # exporters of commits, recoveries, rejects (accelpact.observe)
         self.stragglers = StragglerWatch(control, config, rank=rank, world_size=world_size)  # .report(): p50/p90
-        #: set by attach: timeouts.DerivedTimeouts ("auto"), observe.hang_watch.HangWatch (stacks during a hang)
-        self.timeouts = self.hang_watch = None
+        self.timeouts = self.hang_watch = None  # set by attach: DerivedTimeouts ("auto"), HangWatch (stacks in a hang)
         self._recoveries, self._rewound, self._plans_deferred = 0, False, False
         self.deferral = DeferralCounts()  # a boundary agreed one step late (Config.boundary)
         self.membership = self.heartbeat = self.replicator = self.neighbours = None  # set by attach under ACCELPACT_SPARES
@@ -95,14 +93,15 @@ class Runtime:
         return counts
 
     def line_up(self) -> None:
-        """Discover the rebind plans where the wrappers allow it (FSDP1 only after its first
-        forward), then line every rank up: discovery can take longer than the data-plane timeout,
-        and a peer already inside the first forward would otherwise time out on us."""
+        """Discover the rebind plans where the wrappers allow it (FSDP1 only after its first forward),
+        then line every rank up (discovery can take longer than the data-plane timeout, and a peer
+        already inside the first forward would time out on us); then connect the groups' standbys."""
         try:
             self.prepare()
         except NotReadyError:
             self._plans_deferred = True
         self.control.boundary_check(0)
+        self.data_plane.standby.fill(self.data_plane, self.data_plane.groups, token=self.generation)
 
     @property
     def groups(self) -> dict[str, dist.ProcessGroup]:  # by label, replacements included
@@ -142,11 +141,10 @@ class Runtime:
             fail_stop(rejected, on_reject=self.config.on_reject, rank=self.rank)
 
     def step(self, fn: Callable[[], T]) -> T:
-        """Run `fn()` as one optimizer update (forward, backward, optimizer.step(), zero_grad).
-
-        Unlike `with rt.update():`, the body can be run again: if the update is interrupted and every
-        rank agrees to Rewind, the partial update is discarded, RNG and data cursor go back to this
-        boundary's snapshot, every group is rebuilt, and `fn()` runs once more."""
+        """Run `fn()` as one optimizer update (forward, backward, optimizer.step(), zero_grad). Unlike
+        `with rt.update():` the body can run again: if the update is interrupted and every rank agrees to
+        Rewind, the partial update is discarded, RNG and data cursor go back to this boundary's snapshot,
+        every group is rebuilt, and `fn()` runs once more."""
         self.rewind.begin_step(self.data_state, self.frontier + (self.deferral.pending is not None), self.model,
                                self.optimizer)  # a boundary in flight is the one this snapshot is of
         if self.replicator is not None and self.rewind.snapshot is not None:  # off the critical path
@@ -182,6 +180,7 @@ class Runtime:
         self.model.__dict__.pop(ATTACHED, None)  # the mark attach set
         self.trace.close()
         self.control.close()
+        self.data_plane.standby.clear()
 
     # ---------------------------------------------------------------- hooks -------------------
     def _notify(self, phase: FailurePhase) -> None:
@@ -249,6 +248,7 @@ class Runtime:
         executor = RecoveryExecutor.for_runtime(self, f"r{self._recoveries}")
         outcome = (driven := drive(self.machine, obs, executor)).outcome
         record = RecoveryRecord.of(self._recoveries, self.update_index, obs, detect_s, driven, executor)
+        record.standby_s = self.data_plane.standby.after_recovery(self.data_plane, self.rank, outcome)  # after release
         self.history.append(record)
         self.trace.write({"kind": "recovery", **record.to_dict()})
         if outcome.action is RecoveryAction.REJECT:

@@ -63,6 +63,11 @@ class Drill:
     flip_bit: tuple[int, int] | None = None
     #: Config.replicate ("neighbour": copies of unreplicated shards in a ring neighbour's memory)
     replicate: str = "off"
+    #: Config.standby_groups; and test-only: (update, rank, how) before whose start that rank's
+    #: standbys are forgotten ("forget": its peers still hold theirs, connected) or their
+    #: connections shut ("sever": held, but dead)
+    standby_groups: str = "gloo"
+    spoil_standby: tuple[int, int, str] | None = None
 
 
 _seed = seed_everything
@@ -123,6 +128,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
         max_rewinds_per_update=drill.max_rewinds,
         digest_every=drill.digest_every,
         replicate=drill.replicate,
+        standby_groups=drill.standby_groups,
     )
     if drill.ddp_user_comm_hook:
         model.register_comm_hook(weakref.ref(model), _users_allreduce_hook)
@@ -136,6 +142,8 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
         for i in range(rt.frontier, drill.updates):
             if drill.tamper_at and i + 1 == drill.tamper_at:
                 rt.frontier += drill.tamper_frontier.get(dist.get_rank(), 0)
+            if drill.spoil_standby and drill.spoil_standby[:2] == (i + 1, dist.get_rank()):
+                _spoil_standby(rt, drill.spoil_standby[2])
             t0 = time.perf_counter()
             if drill.rewind:
                 rt.step(lambda: _update(model, optimizer, data, sched))
@@ -147,6 +155,22 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
     except RecoveryRejected as rej:
         rejected = rej
     return rt, (model, optimizer, data, sched), rejected, restored_step
+
+
+#: standbys a drill made its rank forget, kept open until the process ends (`spoil_standby`)
+FORGOTTEN: list = []
+
+
+def _spoil_standby(rt, how: str) -> None:
+    from ..comm import connections
+
+    if how == "forget":  # as if its builds had failed: its peers' standbys stay connected
+        pool = rt.data_plane.standby
+        FORGOTTEN.extend(pool.take(label, token) for label, token in pool.tokens())
+    elif how == "sever":
+        connections.sever(rt.data_plane.standby.groups().values())
+    else:
+        raise ValueError(f"spoil_standby: unknown way {how!r} (forget | sever)")
 
 
 def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:

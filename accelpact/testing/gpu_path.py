@@ -34,6 +34,7 @@ class _Plane:
 
 def backends_world(rank: int, world_size: int) -> dict:
     from ..runtime.replace import replace_groups
+    from ..runtime.standby import StandbyPool
 
     members = list(range(world_size))
     out: dict = {}
@@ -76,6 +77,21 @@ def backends_world(rank: int, world_size: int) -> dict:
         out["nccl_spec_after"] = {label: backend_spec(new) for label, (_, new) in pending.items()}
         out["nccl_config_after"] = {label: dist.get_backend_config(new) for label, (_, new) in pending.items()}
         out["old_registered"] = {label: _c10d.is_registered(old) for label, (old, _) in pending.items()}
+
+        # Config.standby_groups="all": NCCL groups get standbys too, through the same builder, while
+        # nothing fails; a repair aborts the failed communicators together as before and builds nothing
+        plane.groups = {label: new for label, (_, new) in pending.items()}
+        plane.standby = StandbyPool("all")
+        events.append(("standby",))
+        plane.standby.fill(plane, plane.groups, token=1)
+        events.append(("filled",))
+        agreed = tuple((gid.key, 1) for gid in sorted(plane.gids.values()))
+        adopted: dict = {}
+        result = replace_groups(plane, rank, ReplaceGroups(groups=tuple(sorted(plane.gids.values())), generation=2,
+                                                           standby=agreed), adopted)
+        out["adopt_ok"], out["adopt_reason"] = result.ok, result.reason
+        out["adopted"] = {label: (new.group_name, backend_spec(new), dist.get_process_group_ranks(new))
+                          for label, (_, new) in adopted.items()}
     finally:
         register_builder("nccl", previous)
         torch.cuda.current_device = real_current_device

@@ -1,0 +1,101 @@
+"""Standby communicators: a group's successor, connected before it is needed.
+
+Why: building the replacement is the part of a repair that grows with the group. gloo connects a
+full mesh in the constructor (3-4 ms at 4 ranks, 8-10 ms at 8 on this machine; the largest phase of
+a Preserve), and NCCL initialises a communicator (hundreds of ms to seconds at scale). A standby is
+built by a group's members while nothing fails, so that a recovery only renames and registers it.
+
+A standby is built under a name and a store prefix of its own (``accelpact:L:s<token>``,
+``accelpact/L/s<token>/r0.r1…/``), is *not* registered with c10d (nothing can resolve or use it,
+and a failure that retires the live group does not touch it), and keeps its connections idle.
+`Standby.adopt` turns it into exactly what `lifecycle.make_group` would have built at that generation:
+the same registered name, the same c10d tables, the data-plane timeout.
+
+Every member must adopt the same standby or none: members that adopt and members that build
+afresh would wait for each other's connections until the timeout. Which groups come from a
+standby is therefore agreed (`fsm.decisions.agreed_standbys`, on the token each member reports),
+not decided here. A standby whose connections died while it waited is caught by the validation
+all-reduce that follows every replacement, like a replacement that failed to build.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
+
+from accelpact.comm import _c10d, connections
+from accelpact.comm.lifecycle import MembershipError, _as_timedelta, _build, _normalise_ranks, group_name
+
+__all__ = ["Standby", "build_standby", "standby_name", "standby_prefix"]
+
+
+def standby_name(label: str, token: int) -> str:
+    """Name of a standby until it is adopted (never registered with c10d)."""
+    return f"accelpact:{label}:s{token}"
+
+
+def standby_prefix(label: str, token: int, ranks: Sequence[int]) -> str:
+    """World-unique store prefix of a standby: apart from every generation's (``g<g>``) keys."""
+    return f"accelpact/{label}/s{token}/{'.'.join(str(r) for r in ranks)}/"
+
+
+@dataclass
+class Standby:
+    """A connected, unregistered group over `ranks`, waiting to succeed the group `label`."""
+
+    pg: ProcessGroup
+    label: str
+    token: int
+    ranks: tuple[int, ...]
+    backend: str
+    store: PrefixStore
+
+    def adopt(self, *, ranks: Sequence[int], label: str, generation: int,
+              timeout: datetime.timedelta | float) -> ProcessGroup:
+        """Become the group ``label`` at ``generation``: renamed and registered with c10d as
+        `make_group` registers a group it built, with the data-plane ``timeout``."""
+        members = _normalise_ranks(ranks)
+        if list(self.ranks) != members:
+            raise MembershipError(f"standby {standby_name(self.label, self.token)} connects {list(self.ranks)}, "
+                                  f"the group to replace has {members}")
+        name = group_name(label, generation)
+        if _c10d.name_is_taken(name):
+            raise ValueError(f"a process group named {name!r} already exists in this process; "
+                             "use a new generation for every replacement")
+        self.pg._set_group_name(name)
+        self.pg._set_group_desc(name)
+        connections.renamed(self.pg, name)
+        _c10d.register_group(self.pg, name=name, ranks=members, store=self.store, backend=self.backend)
+        _c10d.set_group_timeout(self.pg, _as_timedelta(timeout))
+        return self.pg
+
+    def discard(self) -> None:
+        """Close a standby that will not be adopted (never registered: nothing else holds it)."""
+        self.pg.shutdown()
+
+
+def build_standby(
+    ranks: Sequence[int],
+    *,
+    label: str,
+    token: int,
+    timeout: datetime.timedelta | float,
+    backend: str,
+    store: Store | None = None,
+) -> Standby:
+    """Connect a standby for the group ``label`` over ``ranks``; called by every member, with the
+    same ``token`` (two standbys of one label never share store keys). Blocks until every member
+    has arrived, for at most ``timeout``; raises what the backend raises when one does not."""
+    members = _normalise_ranks(ranks)
+    me = dist.get_rank()
+    if me not in members:
+        raise MembershipError(f"rank {me} is not a member of {members}: only members build a standby")
+    timeout = _as_timedelta(timeout)
+    name = standby_name(label, token)
+    prefix = PrefixStore(standby_prefix(label, token, members), store or _c10d.default_store())
+    pg = connections.recorded(lambda: _build(members, members.index(me), name, prefix, timeout, backend), backend)
+    return Standby(pg, label, token, tuple(members), backend, prefix)
