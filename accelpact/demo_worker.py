@@ -241,6 +241,11 @@ def report(args, verdicts) -> int:
         print(f"  #{rec['index']} update {rec['update']:3d}  {rec['action']:8s} groups {','.join(rec['failed_groups'])}"
               f"  detect {detect_s:.2f}s  repair {repair_ms:.1f}ms  refs rebound {sum(member['rebound'].values())}")
         print(f"       phases (a rank in R): {phases}")
+        if rec.get("failed_groups"):
+            adopted = set(rec.get("adopted", ()))
+            how = ", ".join(f"{g} {'adopted its standby' if g in adopted else 'built'}" for g in rec["failed_groups"])
+            standby_ms = max(r.get("standby_s", 0.0) for r in per_rank) * 1e3
+            print(f"       successors: {how}; standbys connected again after the release in {standby_ms:.1f}ms")
         shrink = (rec.get("replacement") or {}).get("shrink")
         if shrink:
             print(f"       lost {shrink['lost']}: the job shrank at F={shrink['frontier']} from "
