@@ -137,13 +137,16 @@ def adopt_world(rank: int, world_size: int) -> dict:
     with pytest.raises(MembershipError, match="connects"):
         standby.adopt(ranks=[0, 1, 2, 3], label="rep", generation=1, timeout=5)
     quiet = connections.intact(standby.pg)
+    with pytest.raises(MembershipError, match="was built with 'gloo'"):  # refused before the old group is retired
+        replace_group(old, ranks=mine, label="rep", generation=1, timeout=2.5, backend="cpu:gloo", standby=standby)
+    kept = _c10d.is_registered(old)
     new = replace_group(old, ranks=mine, label="rep", generation=1, timeout=2.5, standby=standby)
     value = torch.tensor([rank + 1])
     dist.all_reduce(value, group=new)
     return {"same": new is standby.pg, "name": new.group_name, "resolved": _c10d.resolve_name("accelpact:rep:g1") is new,
             "ranks": dist.get_process_group_ranks(new), "sum": int(value), "quiet": quiet,
             "timeout": _c10d.group_timeout(new), "connections": len(connections.connections_of(new)),
-            "old_registered": _c10d.is_registered(old)}
+            "old_registered": _c10d.is_registered(old), "kept_after_refusal": kept}
 
 
 @pytest.mark.multiproc
@@ -156,7 +159,7 @@ def test_an_adopted_standby_is_the_group_make_group_would_have_built():
         assert r["ranks"] == pair and r["sum"] == sum(p + 1 for p in pair)
         assert r["timeout"] == datetime.timedelta(seconds=2.5)  # the data timeout, not the standby's
         assert r["quiet"] and r["connections"] >= 1  # its sockets followed it under the new name
-        assert not r["old_registered"]
+        assert not r["old_registered"] and r["kept_after_refusal"]
 
 
 # --------------------------------------------------------------------- runtime (4 gloo ranks) --
