@@ -17,7 +17,7 @@ from accelpact.comm import (
     retired_group_names,
     store_prefix,
 )
-from accelpact.comm.lifecycle import _as_timedelta
+from accelpact.comm.lifecycle import as_timedelta
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -41,14 +41,14 @@ def test_names_and_prefixes_are_deterministic_and_world_unique():
 
 
 def test_timeouts_are_explicit_and_positive():
-    assert _as_timedelta(1.5) == datetime.timedelta(seconds=1.5)
-    assert _as_timedelta(datetime.timedelta(seconds=2)) == datetime.timedelta(seconds=2)
+    assert as_timedelta(1.5) == datetime.timedelta(seconds=1.5)
+    assert as_timedelta(datetime.timedelta(seconds=2)) == datetime.timedelta(seconds=2)
     for bad in (0, -1, datetime.timedelta(0)):
         with pytest.raises(ValueError):
-            _as_timedelta(bad)
+            as_timedelta(bad)
     for bad in (None, "1s", True):
         with pytest.raises(TypeError):
-            _as_timedelta(bad)
+            as_timedelta(bad)
     with pytest.raises(TypeError):
         make_group([0, 2], label="x")  # no default timeout, on purpose
 

@@ -121,19 +121,40 @@ def make_group(
     different times. ``store`` defaults to the default group's store. The timeout is required:
     c10d would otherwise give subgroups a 30-minute default.
     """
-    members = _normalise_ranks(ranks)
-    timeout = _as_timedelta(timeout)
+    members = normalise_ranks(ranks)
+    require_member(members, "build a group")
+    name = claim_name(label, generation)
+    pg, prefix = connect(members, name=name, prefix=store_prefix(label, generation, members), timeout=timeout,
+                         store=store, backend=backend)
+    _c10d.register_group(pg, name=name, ranks=members, store=prefix, backend=backend)
+    return pg
+
+
+def require_member(members: Sequence[int], what: str) -> None:
     me = dist.get_rank()
     if me not in members:
-        raise MembershipError(f"rank {me} is not a member of {members}: only members build a group")
+        raise MembershipError(f"rank {me} is not a member of {list(members)}: only members {what}")
+
+
+def claim_name(label: str, generation: int) -> str:
+    """The registered name of ``label`` at ``generation``, refused if this process has it already."""
     name = group_name(label, generation)
     if _c10d.name_is_taken(name):
         raise ValueError(f"a process group named {name!r} already exists in this process; "
                          "use a new generation for every replacement")
-    prefix = PrefixStore(store_prefix(label, generation, members), store or _c10d.default_store())
-    pg = connections.recorded(lambda: _build(members, members.index(me), name, prefix, timeout, backend), backend)
-    _c10d.register_group(pg, name=name, ranks=members, store=prefix, backend=backend)
-    return pg
+    return name
+
+
+def connect(members: list[int], *, name: str, prefix: str, timeout: datetime.timedelta | float,
+            store: Store | None, backend: str) -> tuple[ProcessGroup, PrefixStore]:
+    """Build ``name`` over ``members`` (the caller is one) on the store prefix ``prefix``, its
+    connections recorded, not registered: `make_group` registers at once, a standby
+    (`comm.standby`) when it is adopted."""
+    prefixed = PrefixStore(prefix, store or _c10d.default_store())
+    timeout = as_timedelta(timeout)
+    group_rank = members.index(dist.get_rank())
+    pg = connections.recorded(lambda: _build(members, group_rank, name, prefixed, timeout, backend), backend)
+    return pg, prefixed
 
 
 def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
@@ -208,7 +229,7 @@ def replace_group(
     checked before ``old`` is retired. A build that times out leaves the store keys of its
     generation behind: retry with the next generation.
     """
-    members = _normalise_ranks(ranks)
+    members = normalise_ranks(ranks)
     known = _c10d.registered_ranks(old)
     if known is not None and known != members:
         raise MembershipError(f"replacement membership {members} differs from the failed group's {known}")
@@ -216,7 +237,7 @@ def replace_group(
         raise MembershipError(f"failed group has {old.size()} members, replacement would have {len(members)}")
     if dist.get_rank() not in members:
         raise MembershipError(f"rank {dist.get_rank()} is not a member of {members}: only members replace")
-    timeout = _as_timedelta(timeout)
+    timeout = as_timedelta(timeout)
     name = group_name(label, generation)
     if _c10d.name_is_taken(name):  # refuse before retiring anything
         raise ValueError(f"replacement name {name!r} is taken: every replacement needs a new generation")
@@ -239,14 +260,14 @@ def replace_group(
 # --------------------------------------------------------------------------------------------
 
 
-def _normalise_ranks(ranks: Sequence[int]) -> list[int]:
+def normalise_ranks(ranks: Sequence[int]) -> list[int]:
     members = [int(r) for r in ranks]
     if not members or len(set(members)) != len(members):
         raise MembershipError(f"a group needs distinct ranks, got {list(ranks)}")
     return members
 
 
-def _as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:
+def as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:
     if isinstance(timeout, datetime.timedelta):
         value = timeout
     elif isinstance(timeout, int | float) and not isinstance(timeout, bool):

@@ -14,8 +14,9 @@ the same registered name, the same c10d tables, the data-plane timeout.
 Every member must adopt the same standby or none: members that adopt and members that build
 afresh would wait for each other's connections until the timeout. Which groups come from a
 standby is therefore agreed (`fsm.decisions.agreed_standbys`, on the token each member reports),
-not decided here. A standby whose connections died while it waited is caught by the validation
-all-reduce that follows every replacement, like a replacement that failed to build.
+not decided here. A standby whose connections a peer closed while it waited is dropped before it
+is reported (`connections.intact`); what that cannot see is caught by the validation all-reduce
+that follows every replacement, like a replacement that failed to build.
 """
 
 from __future__ import annotations
@@ -24,11 +25,17 @@ import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
 
 from accelpact.comm import _c10d, connections
-from accelpact.comm.lifecycle import MembershipError, _as_timedelta, _build, _normalise_ranks, group_name
+from accelpact.comm.lifecycle import (
+    MembershipError,
+    as_timedelta,
+    claim_name,
+    connect,
+    normalise_ranks,
+    require_member,
+)
 
 __all__ = ["Standby", "build_standby", "standby_name", "standby_prefix"]
 
@@ -58,19 +65,16 @@ class Standby:
               timeout: datetime.timedelta | float) -> ProcessGroup:
         """Become the group ``label`` at ``generation``: renamed and registered with c10d as
         `make_group` registers a group it built, with the data-plane ``timeout``."""
-        members = _normalise_ranks(ranks)
+        members = normalise_ranks(ranks)
         if list(self.ranks) != members:
             raise MembershipError(f"standby {standby_name(self.label, self.token)} connects {list(self.ranks)}, "
                                   f"the group to replace has {members}")
-        name = group_name(label, generation)
-        if _c10d.name_is_taken(name):
-            raise ValueError(f"a process group named {name!r} already exists in this process; "
-                             "use a new generation for every replacement")
+        name = claim_name(label, generation)
         self.pg._set_group_name(name)
         self.pg._set_group_desc(name)
         connections.renamed(self.pg, name)
         _c10d.register_group(self.pg, name=name, ranks=members, store=self.store, backend=self.backend)
-        _c10d.set_group_timeout(self.pg, _as_timedelta(timeout))
+        _c10d.set_group_timeout(self.pg, as_timedelta(timeout))
         return self.pg
 
     def discard(self) -> None:
@@ -90,12 +94,8 @@ def build_standby(
     """Connect a standby for the group ``label`` over ``ranks``; called by every member, with the
     same ``token`` (two standbys of one label never share store keys). Blocks until every member
     has arrived, for at most ``timeout``; raises what the backend raises when one does not."""
-    members = _normalise_ranks(ranks)
-    me = dist.get_rank()
-    if me not in members:
-        raise MembershipError(f"rank {me} is not a member of {members}: only members build a standby")
-    timeout = _as_timedelta(timeout)
-    name = standby_name(label, token)
-    prefix = PrefixStore(standby_prefix(label, token, members), store or _c10d.default_store())
-    pg = connections.recorded(lambda: _build(members, members.index(me), name, prefix, timeout, backend), backend)
+    members = normalise_ranks(ranks)
+    require_member(members, "build a standby")
+    pg, prefix = connect(members, name=standby_name(label, token), prefix=standby_prefix(label, token, members),
+                         timeout=timeout, store=store, backend=backend)
     return Standby(pg, label, token, tuple(members), backend, prefix)
