@@ -325,8 +325,13 @@ def test_every_unfit_variable_and_an_old_nccl_are_named_with_the_required_value(
 
 
 def test_init_process_group_sets_the_nccl_environment_before_init_and_leaves_gloo_alone(monkeypatch):
+    from torch.distributed import distributed_c10d as c10d
+
     import accelpact.launch as launch
 
+    # init_process_group wraps c10d's group helper for the whole process (connections.track):
+    # restored afterwards, so that tests after this one see c10d's own (test_comm_torch_pins)
+    monkeypatch.setattr(c10d, "_new_process_group_helper", c10d._new_process_group_helper)
     seen: list[dict] = []
     monkeypatch.setattr(launch.dist, "init_process_group", lambda *a, **k: seen.append(
         {var: launch.os.environ.get(var) for var in FIT}))
