@@ -151,6 +151,11 @@ class Config:
     #: groups without NCCL; "all": NCCL groups too (each standby is one more communicator, with
     #: its device buffers); "off": every replacement is built during the repair.
     standby_groups: str = "gloo"
+    #: A rank that saw a failure probes its control-plane peers' hosts with fresh TCP connections
+    #: this often (seconds) and sends its boundary check once each answered: a check sent into a
+    #: cut link waits for TCP's next retransmission after the link returns (up to 1 s), a fresh
+    #: connection gets through at once (`runtime.link_wait`). 0: send at once, as before.
+    link_probe_s: float = 0.01
 
     def __post_init__(self) -> None:
         self.validate()
@@ -172,6 +177,10 @@ class Config:
                 f"control_timeout_s ({self.control_timeout_s}) must exceed data_timeout_s "
                 f"({self.data_timeout_s}): the control plane waits out data-plane timeouts"
             )
+        if not (isinstance(self.link_probe_s, (int, float)) and not isinstance(self.link_probe_s, bool)
+                and 0 <= self.link_probe_s <= 1):
+            raise ConfigError(f"link_probe_s must be a number of seconds in [0, 1] (0: no probing), "
+                              f"got {self.link_probe_s!r}")
         if self.boundary not in BOUNDARY_MODES:
             raise ConfigError(f"boundary must be one of {', '.join(BOUNDARY_MODES)}, got {self.boundary!r}")
         if self.on_reject not in ("exit", "raise"):

@@ -15,6 +15,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -142,7 +143,8 @@ def train(args, layout, *, protected: bool, generation: int, progress: bool):
         history_extra["neighbours"] = rt.neighbours.stats()
     if rt is not None and rt.shrinks:  # the experiment changed: the reference must change with it
         history_extra["shrinks"] = list(rt.shrinks)
-    if rt is not None:
+    if rt is not None:  # a world left behind takes no more link probes: one listener is live
+        history_extra["probe_listeners"] = sum(t.name == "accelpact-reach" for t in threading.enumerate())
         rt.close()  # <- user line 3
     return snapshot, history, elapsed, history_extra
 

@@ -9,6 +9,9 @@ every 10 ms (50 ms connect timeout). The cut (`accelpact.chaos.nemesis`: port-bl
 ...) lasts `--cut` seconds; the figures are seconds from the restore to the first echo on the
 stalled connection, and to the start of the first fresh connection that got through.
 
+AccelPact acts on the answer: a rank that saw a failure probes this way before it sends its
+boundary check (`control/reach.py`, `runtime/link_wait.py`, `Config.link_probe_s`).
+
 Where the restore falls in the stalled connection's back-off schedule decides its wait, so
 several cut lengths are run. Needs root and iproute2, like `make chaos`.
 

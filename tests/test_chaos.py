@@ -181,6 +181,29 @@ def test_analysis_classifies_preserve_absorbed_and_restart():
     assert "synthetic" in analysis.format_table([rep])
 
 
+def test_a_wait_for_links_is_reported_and_not_counted_as_detection():
+    """A rank that saw the failure probed its links before its check (`runtime.link_wait`): the
+    check's mark is posted after the wait, so detection is taken from where the wait began, and
+    the longest wait is its own column."""
+    nemesis = _nemesis([{"method": "bridge-drop", "length_s": 2.9, "update": 5, "aligned": True}], (100.0,))
+    traces, marks = {}, {}
+    for r in range(4):
+        pair = "replicate[0,2]" if r % 2 == 0 else "replicate[1,3]"
+        traces[r] = [{"kind": "attach", "attempt": 0, "t": 1.0, "rank": r},
+                     {"kind": "link_wait", "t": 102.95, "waited_s": 0.6 - 0.01 * r, "rank": r},
+                     _recovery("preserve", "committed", 103.0, 0.02, [pair]), _edge(r, 103.2, 6)]
+        marks[r] = [{"kind": "start", "node": str(r // 2)},
+                    {"kind": "boundary", "flag": 1, "t_in": 102.95, "t_out": 102.97, "failed": [pair]}]
+    rec = analysis.RunRecords(nemesis=nemesis, traces=traces, marks=marks, attempts=[],
+                              result={"verdicts": [{"rank": r, "mismatches": []} for r in range(4)]},
+                              returncodes=[0, 0])
+    (cut,) = analysis.analyse(rec, "synthetic").cuts
+    assert cut.detect_s == pytest.approx(102.35 - 100.01)  # the first wait began at 102.35, not the post
+    assert cut.probe_s == pytest.approx(0.6)
+    assert cut.link_wait_s == pytest.approx(102.97 - 102.9)
+    assert "probe" in analysis.format_table([analysis.analyse(rec, "synthetic")])
+
+
 def test_a_cut_that_a_checkpoint_save_stalled_through_is_absorbed_and_says_where_it_landed():
     """A save runs on the control plane with the data and control timeouts together as its bound
     (`runtime.after_commit`): a medium cut inside it stalls the save, nothing fails. The table
@@ -472,3 +495,16 @@ def test_preflight_refuses_clearly_without_ip(monkeypatch):
     else:
         with pytest.raises(ChaosUnavailable, match="iproute2"):
             preflight()
+
+
+def test_campaign_settings_reach_every_worker_and_a_misspelt_one_is_refused_by_name():
+    from accelpact.chaos import campaign
+
+    settings = campaign.parse_settings(["ACCELPACT_LINK_PROBE_S=0"])
+    assert settings == (("ACCELPACT_LINK_PROBE_S", "0"),)
+    scenarios = campaign.with_settings(campaign.default_campaign(7, quick=True, envelope="builtin"), settings)
+    assert scenarios and all(("ACCELPACT_LINK_PROBE_S", "0") in sc.job.extra_env for sc in scenarios)
+    with pytest.raises(ValueError, match="did you mean ACCELPACT_LINK_PROBE_S"):
+        campaign.parse_settings(["ACCELPACT_LINK_PROB_S=0"])
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        campaign.parse_settings(["ACCELPACT_LINK_PROBE_S"])

@@ -242,3 +242,4 @@ def test_the_new_world_connects_standbys_and_a_later_repair_adopts_them():
         preserves = [h for h in verdict["history"] if h["action"] == "preserve"]
         assert preserves and all(h["adopted"] == h["failed_groups"] for h in preserves), verdict["history"]
         assert all(h["timings_s"].get("standby", 0) > 0 for h in verdict["history"] if h["action"] == "replace")
+        assert verdict["probe_listeners"] == 1  # the old world's listener was closed with it

@@ -74,6 +74,7 @@ class CutResult:
     restore_to_progress_s: float | None = None
     resume_s: float | None = None  # restore → every rank released by the protocol (TCP backoff + repair)
     link_wait_s: float | None = None  # restore → the stalled control-plane check returned on every rank
+    probe_s: float | None = None  # the longest wait for links before a check (`runtime.link_wait`), any rank
     failed_groups: list[str] = field(default_factory=list)
     #: a Preserve repaired a group whose ranks all sit on one node: a cut between nodes cannot
     #: break it, so the diagnosis was wrong (a Rewind rebuilds every group by design: not counted)
@@ -267,6 +268,7 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
     placement = _placement(rec.marks)
     starts = sorted(c["t_start"] for c in cuts_log.values())
     all_recoveries = [r for recs in rec.traces.values() for r in recs if r.get("kind") == "recovery"]
+    all_waits = [r for recs in rec.traces.values() for r in recs if r.get("kind") == "link_wait"]
     attaches = [r for recs in rec.traces.values() for r in recs if r.get("kind") == "attach"]
     boundaries = [r for recs in rec.marks.values() for r in recs if r.get("kind") == "boundary"]
     restored = [a for a in rec.attempts if a.get("event") == "restored"]
@@ -292,6 +294,9 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
         new_attempts = sorted({a["attempt"] for a in attaches if a.get("attempt", 0) > 0 and _in(a["t"], lo, hi)})
         flagged = [b for b in boundaries if b.get("flag") == 1 and _in(b["t_in"], lo, hi)]
         errored = [b for b in boundaries if "error" in b and _in(b["t_in"], lo, hi)]
+        waits = [w for w in all_waits if _in(w["t"], lo, hi)]
+        # a rank that waited for its links saw the failure when its wait began, before its check
+        noticed = [w["t"] - w["waited_s"] for w in waits]
 
         actions = [r["action"] for r in sorted(recs, key=lambda r: r["t"])]
         in_memory = None if new_attempts else in_memory_outcome(actions)
@@ -326,15 +331,16 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
 
         detect = None
         if flagged:
-            detect = min(b["t_in"] for b in flagged) - cut["t"]
+            detect = min([b["t_in"] for b in flagged] + noticed) - cut["t"]
         elif errored:
-            detect = min(b["t_out"] for b in errored) - cut["t"]
+            detect = min([b["t_out"] for b in errored] + noticed) - cut["t"]
         elif recs:  # failed inside an update (a Rewind): the first rank admitted to the recovery
-            detect = min(r["t"] - r.get("repair_s", 0.0) for r in recs) - cut["t"]
+            detect = min([r["t"] - r.get("repair_s", 0.0) for r in recs] + noticed) - cut["t"]
 
         failed = sorted({g for r in recs for g in r.get("failed_groups", [])})
         report = CutResult(**base, length_s=round(length, 3), outcome=outcome, landed=landed,
-                           detect_s=detect, failed_groups=failed,
+                           detect_s=detect, probe_s=max((w["waited_s"] for w in waits), default=None),
+                           failed_groups=failed,
                            same_node_replaced="preserve" in outcome and "rewind" not in outcome
                            and any(_same_node(g, placement) for g in failed))
         if in_memory is not None:
@@ -392,7 +398,7 @@ def _fmt(x: float | None, unit: str = "s") -> str:
     return "-" if x is None else f"{x:.2f}{unit}"
 
 
-TABLE_HEADERS = ["run", "#", "method", "length", "anchor", "landed", "outcome", "detect", "repair",
+TABLE_HEADERS = ["run", "#", "method", "length", "anchor", "landed", "outcome", "detect", "probe", "repair",
                  "restore→progress", "replayed", "bitwise"]
 
 
@@ -402,7 +408,7 @@ def table_rows(reports: Iterable[ScenarioResult]) -> list[list[str]]:
         for c in run.cuts:
             anchor = f"{'@' if c.aligned else '~'}{c.update}"
             rows.append([run.name, str(c.index), c.method, f"{c.length_s:.2f}s" if c.length_s else f"({c.planned_s:g}s)",
-                         anchor, c.landed, c.outcome, _fmt(c.detect_s), _fmt(c.repair_s),
+                         anchor, c.landed, c.outcome, _fmt(c.detect_s), _fmt(c.probe_s), _fmt(c.repair_s),
                          _fmt(c.restore_to_progress_s),
                          str(c.replayed) if c.replayed is not None else (f"lost {c.lost}" if c.lost is not None else "-"),
                          c.bitwise.split(" ")[0]])

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..config import known_variables, unknown_variables
 from .analysis import (
     NodeLossResult,
     ScenarioResult,
@@ -302,6 +303,28 @@ def print_summary(reports: Sequence[ScenarioResult], out: Path, log=print, *, en
     return ok
 
 
+def parse_settings(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
+    """`--set` values as (name, value) pairs; ValueError naming an item that is not NAME=VALUE or
+    whose name no worker reads (the job drops every other ACCELPACT_* variable)."""
+    known = known_variables()
+    out = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"--set {item!r}: expected ACCELPACT_NAME=VALUE")
+        if name not in known:
+            close = dict(unknown_variables({name: value})).get(name)
+            hint = f"; did you mean {close}?" if close else " (Config's fields, upper-cased, after ACCELPACT_)"
+            raise ValueError(f"--set {item!r}: {name} is no AccelPact setting{hint}")
+        out.append((name, value))
+    return tuple(out)
+
+
+def with_settings(scenarios: Sequence[Scenario], settings: tuple[tuple[str, str], ...]) -> list[Scenario]:
+    """`scenarios` with `settings` in every worker's environment."""
+    return [replace(sc, job=replace(sc.job, extra_env=sc.job.extra_env + settings)) for sc in scenarios]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m accelpact.chaos", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -313,6 +336,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     c.add_argument("--budget-s", type=float, default=300.0)
     c.add_argument("--out", default="runs/chaos")
     c.add_argument("--envelope", default=AUTO, help=envelope_help)
+    c.add_argument("--set", action="append", default=[], metavar="ACCELPACT_NAME=VALUE",
+                   help="a setting for every worker (repeatable), e.g. ACCELPACT_LINK_PROBE_S=0 to run the "
+                        "campaign without link probing beside one with it")
     r = sub.add_parser("run", help="one job under a schedule of your own")
     r.add_argument("--schedule", required=True, help="e.g. 'port-block:1.6@6,switch-down:9@12' (see nemesis)")
     r.add_argument("--updates", type=int, default=20)
@@ -338,12 +364,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out).resolve()
     if args.cmd == "nodeloss":
         return _node_loss_main(args, out)
+    if args.cmd == "campaign":
+        try:
+            parse_settings(args.set)
+        except ValueError as exc:
+            p.error(str(exc))
     try:
         preflight()  # before a qualification that would be wasted on a machine without namespaces
         envelope = resolve_envelope(args.envelope, out)
         print(f"chaos: envelope {envelope.source}", flush=True)
         if args.cmd == "campaign":
-            scenarios = default_campaign(args.seed, quick=args.quick, envelope=envelope.envelope)
+            scenarios = with_settings(default_campaign(args.seed, quick=args.quick, envelope=envelope.envelope),
+                                      parse_settings(args.set))
             reports = run_campaign(scenarios, out, budget_s=args.budget_s)
         else:
             cuts = tuple(parse_schedule(args.schedule))
@@ -362,7 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("\nchaos: interrupted; fabric torn down", file=sys.stderr)
         return 130
-    (out / "summary.json").write_text(json.dumps(campaign_summary(reports, envelope), indent=2, default=str))
+    summary = campaign_summary(reports, envelope)
+    if args.cmd == "campaign" and args.set:
+        summary["settings"] = dict(parse_settings(args.set))
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     ok = print_summary(reports, out, envelope=envelope.source)
     return 0 if ok and reports else 1
 

@@ -186,6 +186,20 @@ def intact(pg) -> bool:
     return True
 
 
+def local_addresses(pg) -> set[str]:
+    """The local IP addresses of `pg`'s recorded connections: the address this rank's peers reach
+    it at over that group (`control.reach` listens there). Empty when nothing was recorded."""
+    out: set[str] = set()
+    for fd, target in connections_of(pg):
+        with _connection(fd, target) as sock:
+            if sock is not None:
+                try:
+                    out.add(str(sock.getsockname()[0]))
+                except OSError:  # closed meanwhile: it says nothing
+                    continue
+    return out
+
+
 def _closed(sock: socket.socket) -> bool:
     poller = select.poll()
     poller.register(sock.fileno(), select.POLLRDHUP)  # POLLERR and POLLHUP are always reported

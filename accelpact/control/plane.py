@@ -41,7 +41,7 @@ from ..comm import _c10d
 from ..comm.backends import wait_unless
 from ..errors import ControlPlaneError
 from ..fsm.decisions import ReleaseVote
-from . import exchange
+from . import exchange, reach
 from .auth import SECRET_BYTES, ForgedValue, Sealer
 from .clock import VectorClock
 
@@ -62,6 +62,9 @@ ENV_SECRET = "ACCELPACT_SECRET"
 class ControlPlane:
     #: this rank's vector clock (None only for a plane built without a group, in unit tests)
     clock: VectorClock | None = None
+    #: every remote host's probe address (empty for a plane built without a group, in unit tests)
+    links: reach.LinkTable = reach.LinkTable("")
+    _reach_listener: reach.ReachListener | None = None
 
     def __init__(self, *, timeout_s: float, attempt: int, store: dist.Store | None = None):
         if not dist.is_initialized():
@@ -102,6 +105,9 @@ class ControlPlane:
         self._max.reduceOp = dist.ReduceOp.MAX
         #: every rank's update time (s) carried by the last boundary check; None where not reported
         self.update_times: tuple[float | None, ...] = (None,) * self.world_size
+        # where each peer host takes fresh-connection probes (`reach`; `runtime.link_wait` uses it)
+        self._reach_listener, self.links = reach.publish(self.store, self.group, self.rank, self.world_size,
+                                                         self.timeout)
 
     def _from_rank0(self, n: int) -> bytes:
         """`n` random bytes drawn by rank 0, received by every rank over the control group."""
@@ -301,6 +307,12 @@ class ControlPlane:
                 out.append(f"rank {d['rank']}'s report: {d[FORGED]}")
         return out
 
+    def probe_links(self, budget_s: float, interval_s: float) -> reach.Probed:
+        """Fresh connections to every remote host of this plane until all answered or `budget_s`
+        has passed (`reach.probe`): whether the links the next collective needs are up. A world
+        being abandoned for a membership change (`cut_short`) ends the wait."""
+        return reach.probe(self.links.targets, budget_s=budget_s, interval_s=interval_s, stop=self.cut_short)
+
     # -- the outcome register -----------------------------------------------------------------------
     def _outcome_key(self, epoch: str) -> str:
         return f"{epoch}/outcome"
@@ -420,7 +432,14 @@ class ControlPlane:
             return False
         return True
 
+    def stop_listening(self) -> None:
+        """Take no more link probes (a world left behind: its peers probe the next one's listeners)."""
+        if self._reach_listener is not None:
+            self._reach_listener.close()
+            self._reach_listener = None
+
     def close(self) -> None:
+        self.stop_listening()
         try:
             dist.destroy_process_group(self.group)
         except (RuntimeError, ValueError) as exc:  # pragma: no cover - best effort at shutdown

@@ -48,6 +48,7 @@ class RecoveryExecutor(Executor):
         self.reports: list[dict] = []  # what every rank reported to agreement (the evidence)
         self.update = 0  # the update whose failure started this recovery (listeners are told)
         self.listeners: Sequence[Any] = ()
+        self.link_wait_s = 0.0  # this rank's wait for its links before the check that started it
 
     @classmethod
     def for_runtime(cls, rt: Any, epoch: str) -> RecoveryExecutor:
@@ -56,6 +57,8 @@ class RecoveryExecutor(Executor):
                        plane=rt.data_plane, control=rt.control, rewind=rt.rewind, rebind=rt.config.rebind,
                        on_step_undone=rt._step_undone)
         executor.update, executor.listeners = rt.update_index, tuple(rt.listeners)
+        if rt.link_wait is not None:  # consumed: a later recovery without a wait must not show this one
+            executor.link_wait_s, rt.link_wait = rt.link_wait.waited_s, None
         return executor
 
     def before_effect(self, phase: str) -> None:

@@ -27,6 +27,7 @@ class RecoveryRecord:
     adopted: list[str] = field(default_factory=list)  # failed groups whose successor was a standby (the rest: built)
     reasons: list[str] = field(default_factory=list)
     detect_s: float = 0.0  # failure detection: data-plane health check + boundary check wait
+    link_wait_s: float = 0.0  # of detect_s: the wait for this rank's links before its check (runtime.link_wait)
     timings_s: dict[str, float] = field(default_factory=dict)  # per effect phase (Effect.phase)
     repair_s: float = 0.0  # control-plane admission → release
     standby_s: float = 0.0  # after the release: the replaced groups' standbys built again (runtime.standby)
@@ -53,7 +54,8 @@ class RecoveryRecord:
             saw_failure=obs.saw_failure, cause=obs.cause, frontier=outcome.frontier, generation=outcome.generation,
             failed_groups=[g.key for g in (outcome.decision.failed_groups if outcome.decision else ())],
             adopted=[key for key, _ in (outcome.decision.standby if outcome.decision else ())],
-            reasons=list(outcome.reasons), detect_s=detect_s, timings_s=driven.timings_s, repair_s=driven.repair_s,
+            reasons=list(outcome.reasons), detect_s=detect_s, link_wait_s=getattr(executor, "link_wait_s", 0.0),
+            timings_s=driven.timings_s, repair_s=driven.repair_s,
             admitted_at=driven.admitted_at,
             rebound=dict(executor.rebound), edges=list(outcome.edges), discarded=executor.discarded,
             reports=list(getattr(executor, "reports", [])),
@@ -84,5 +86,5 @@ class RecoveryRecord:
         return (
             f"recovery #{self.index} at update {self.update} ({self.failure_phase}): {self.action} "
             f"F={self.frontier} g={self.generation} groups={','.join(self.failed_groups) or '-'} "
-            f"detect={self.detect_s:.2f}s repair={self.repair_s * 1e3:.1f}ms [{phases}]"
+            f"detect={self.detect_s:.2f}s{f' (links {self.link_wait_s:.2f}s)' if self.link_wait_s else ''} repair={self.repair_s * 1e3:.1f}ms [{phases}]"
         )

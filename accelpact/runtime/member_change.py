@@ -343,6 +343,7 @@ def rebuild_checkpointer(rt: Runtime) -> None:
 def rebuild_control_plane(rt: Runtime) -> ControlPlane:
     """The same construction as attach's, so that the spare's attach meets it collective for
     collective."""
+    rt.control.stop_listening()
     control = ControlPlane(timeout_s=join_timeout_s(rt), attempt=rt.attempt)  # the spare may still build
     control.set_timeout(rt.config.control_timeout_s)
     control.cut_short = rt.data_plane.cut_short

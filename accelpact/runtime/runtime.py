@@ -37,7 +37,8 @@ from .fail_stop import fail_stop
 from .history import RecoveryRecord
 from .hooks import PhaseTracker
 from .late_discovery import discover_late
-from .listeners import Observers, UpdateListener, checked
+from .link_wait import checked_after_links
+from .listeners import Observers, UpdateListener
 from .member_change import member_lost, on_lost_member, record_train, release_spares, stop_workers
 from .recovery import drive, observe
 from .rewind import RewindState
@@ -74,7 +75,7 @@ class Runtime:
         self.listeners: list[UpdateListener] = []
         self.observers = Observers()  # exporters of commits, recoveries, rejects (accelpact.observe)
         self.stragglers = StragglerWatch(control, config, rank=rank, world_size=world_size)  # .report(): p50/p90
-        self.timeouts = self.hang_watch = None  # set by attach: DerivedTimeouts ("auto"), HangWatch (stacks in a hang)
+        self.timeouts = self.hang_watch = self.link_wait = None  # attach: DerivedTimeouts, HangWatch; runtime.link_wait
         self._recoveries, self._rewound, self._plans_deferred = 0, False, False
         self.deferral = DeferralCounts()  # a boundary agreed one step late (Config.boundary)
         self.membership = self.heartbeat = self.replicator = self.neighbours = None  # set by attach under ACCELPACT_SPARES
@@ -218,8 +219,7 @@ class Runtime:
         try:
             if self.membership is not None and saw and member_lost(self, cause):
                 raise ControlPlaneError("a member is lost")  # its peers left, or will leave, the control plane
-            flag = checked(self.listeners, self.update_index,  # the check carries this rank's update time
-                           lambda: self.stragglers.check(1 if saw else 0, t_detect))
+            flag = checked_after_links(self, saw, t_detect)  # after a failure: once the links answer
         except ControlPlaneError as exc:
             if self.membership is not None:  # a member may be lost: a spare can take its place
                 return on_lost_member(self, error or exc, phase, time.perf_counter() - t_detect, at_check=not saw)

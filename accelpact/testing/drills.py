@@ -68,6 +68,10 @@ class Drill:
     #: connections shut ("sever": held, but dead)
     standby_groups: str = "gloo"
     spoil_standby: tuple[int, int, str] | None = None
+    #: test-only: (update, seconds) before whose start every rank's control plane is given one
+    #: remote host to probe, a `MutedHost` that answers no fresh connection until `seconds` after
+    #: the first probe (a link that returns then; the real links stay up)
+    mute_links: tuple[int, float] | None = None
 
 
 _seed = seed_everything
@@ -144,6 +148,8 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
                 rt.frontier += drill.tamper_frontier.get(dist.get_rank(), 0)
             if drill.spoil_standby and drill.spoil_standby[:2] == (i + 1, dist.get_rank()):
                 _spoil_standby(rt, drill.spoil_standby[2])
+            if drill.mute_links and drill.mute_links[0] == i + 1:
+                _mute_links(rt, drill.mute_links[1])
             t0 = time.perf_counter()
             if drill.rewind:
                 rt.step(lambda: _update(model, optimizer, data, sched))
@@ -171,6 +177,26 @@ def _spoil_standby(rt, how: str) -> None:
         connections.sever(rt.data_plane.standby.groups().values())
     else:
         raise ValueError(f"spoil_standby: unknown way {how!r} (forget | sever)")
+
+
+#: stand-ins for hosts behind a cut link, kept until the process ends (`mute_links`)
+MUTED: list = []
+
+
+def _mute_links(rt, seconds: float) -> None:
+    from ..control.reach import LinkTable
+    from .muted_host import MutedHost
+
+    host = MutedHost()
+    MUTED.append(host)
+    rt.control.links = LinkTable(rt.control.links.own, {"muted-host": host.address})
+    probe = rt.control.probe_links
+
+    def probe_muted(budget_s: float, interval_s: float):
+        host.unmute_after(seconds)
+        return probe(budget_s, interval_s)
+
+    rt.control.probe_links = probe_muted
 
 
 def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:

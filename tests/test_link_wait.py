@@ -1,0 +1,218 @@
+"""Probing a returning link with fresh connections (`control.reach`, `fsm.link_wait`,
+`runtime.link_wait`): a rank that saw a failure sends its boundary check once every peer host
+answers a new connection, within a budget that leaves the check's deadline where it was."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as st
+
+from accelpact.config import Config
+from accelpact.control import reach
+from accelpact.errors import ConfigError
+from accelpact.fsm.link_wait import LinkWaitPlan, check_timeout_after, plan_link_wait
+from accelpact.testing.drills import Drill, run_drill
+from accelpact.testing.muted_host import MutedHost
+from accelpact.testing.spawn import run_world
+from model_checking.trace_validation import assert_valid_run
+
+# ---------------------------------------------------------------------------- decision (pure) --
+
+
+def plan(**kw) -> LinkWaitPlan:
+    args = dict(saw_failure=True, probe_interval_s=0.01, remote_hosts=3, data_timeout_s=2.0, control_timeout_s=6.5)
+    return plan_link_wait(**{**args, **kw})
+
+
+def test_only_a_rank_that_saw_a_failure_waits_and_never_past_what_the_timeouts_leave():
+    assert plan().budget_s == pytest.approx(2.5)  # C - 2D: the last post stays in the first poster's window
+    assert plan(saw_failure=False).budget_s == 0  # a clean boundary never gets slower
+    assert plan(probe_interval_s=0).budget_s == 0  # off
+    assert plan(remote_hosts=0).budget_s == 0  # one host: no link a cut could take
+    no_room = plan(control_timeout_s=4.0)
+    assert no_room.budget_s == 0 and "leaves no time" in no_room.why
+
+
+def test_the_check_gets_what_is_left_of_the_control_timeout():
+    p = plan()
+    assert check_timeout_after(waited_s=0.4, plan=p, control_timeout_s=6.5) == pytest.approx(6.1)
+    # the last round may end after the budget: the check still gets C - budget (two data timeouts)
+    assert check_timeout_after(waited_s=2.6, plan=p, control_timeout_s=6.5) == pytest.approx(4.0)
+    assert check_timeout_after(waited_s=0.0, plan=plan(saw_failure=False), control_timeout_s=6.5) == 6.5
+
+
+@given(data=st.floats(0.01, 100), margin=st.floats(0.001, 600), spent=st.floats(0, 1.5))
+def test_the_wait_moves_no_deadline(data, margin, spent):
+    """For every pair of timeouts a Config accepts (C > D): the check still fails when it would have
+    without the wait (up to one probe round past the budget), the last rank's post stays inside the
+    earliest poster's window, and the check keeps at least two data timeouts."""
+    control = data + margin
+    p = plan(data_timeout_s=data, control_timeout_s=control)
+    waited = spent * p.budget_s
+    timeout = check_timeout_after(waited_s=waited, plan=p, control_timeout_s=control)
+    assert waited + timeout <= control + max(0.0, waited - p.budget_s) + 1e-9
+    assert p.budget_s == 0 or 2 * data + p.budget_s <= control + 1e-9
+    assert timeout >= min(control, 2 * data) - 1e-9
+
+
+def test_the_table_keeps_one_listener_per_remote_host():
+    table = reach.parse_addresses(["10.0.0.1:5000", "10.0.0.1:5001", "10.0.0.2:6000", "", "10.0.0.2:6001",
+                                   "[fd00::3]:7000", "garbage"], rank=1)
+    assert table.own == "10.0.0.1"  # its own host's peers share no link with it that a cut could take
+    assert table.targets == {"10.0.0.2": ("10.0.0.2", 6000), "fd00::3": ("fd00::3", 7000)}
+    assert reach.parse_addresses(["", "10.0.0.2:6000"], rank=0).targets == {"10.0.0.2": ("10.0.0.2", 6000)}
+
+
+def test_a_bad_setting_is_refused_by_name():
+    for bad in (-0.1, 2, "fast", True):
+        with pytest.raises(ConfigError, match="link_probe_s"):
+            Config(link_probe_s=bad)
+    assert Config().with_env({"ACCELPACT_LINK_PROBE_S": "0"}).link_probe_s == 0
+
+
+# ------------------------------------------------------------------------- probes (sockets) --
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_host_answers_by_accepting_or_by_refusing():
+    listener = reach.ReachListener("127.0.0.1")
+    try:
+        got = reach.probe({"up": listener.address, "no-listener": ("127.0.0.1", free_port())},
+                          budget_s=1.0, interval_s=0.01)
+        assert got.reached == ("no-listener", "up") and got.unreached == () and got.rounds == 1
+    finally:
+        listener.close()
+
+
+def test_a_silent_host_is_tried_afresh_every_round_until_the_budget_ends():
+    host = MutedHost()
+    try:
+        got = reach.probe({"cut": host.address}, budget_s=0.3, interval_s=0.02)
+        assert got.reached == () and got.unreached == ("cut",)
+        assert 0.3 <= got.waited_s < 0.6 and got.rounds >= 10
+    finally:
+        host.close()
+
+
+def test_a_wait_ends_when_its_world_is_being_abandoned():
+    host = MutedHost()
+    try:
+        calls = []
+        got = reach.probe({"cut": host.address}, budget_s=5.0, interval_s=0.01,
+                          stop=lambda: calls.append(1) or len(calls) >= 3)
+        assert got.unreached == ("cut",) and got.rounds == 3 and got.waited_s < 1.0
+    finally:
+        host.close()
+
+
+def test_a_returning_host_is_heard_within_a_round_of_its_return():
+    host = MutedHost()
+    try:
+        host.unmute_after(0.3)
+        got = reach.probe({"cut": host.address}, budget_s=5.0, interval_s=0.01)
+        assert got.reached == ("cut",)
+        assert 0.3 <= got.waited_s < 0.6  # a stalled connection would wait for its retransmission (up to 1 s)
+    finally:
+        host.close()
+
+
+def test_the_listener_never_fills_its_backlog():
+    listener = reach.ReachListener("127.0.0.1")
+    try:
+        for _ in range(2 * reach.LISTEN_BACKLOG):
+            assert reach.probe({"up": listener.address}, budget_s=0, interval_s=0.5).reached == ("up",)
+    finally:
+        listener.close()
+    assert reach.probe({"gone": listener.address}, budget_s=0, interval_s=0.5).reached == ("gone",)  # refused
+
+
+def test_a_host_that_does_not_answer_at_attach_is_never_probed(caplog):
+    up, muted = reach.ReachListener("127.0.0.1"), MutedHost()
+    try:
+        table = reach.LinkTable("10.9.9.9", {"up": up.address, "firewalled": muted.address})
+        with caplog.at_level(logging.WARNING, logger="accelpact.control"):
+            kept = reach.answering(table, budget_s=0.2)
+        assert kept.targets == {"up": up.address}
+        assert "firewalled" in caplog.text and "will not probe" in caplog.text
+    finally:
+        up.close()
+        muted.close()
+
+
+def test_every_rank_publishes_its_listener_and_reads_the_others(monkeypatch):
+    store = dist.HashStore()
+    monkeypatch.setattr(reach, "listen_address", lambda group: "127.0.0.1")
+    remote = reach.ReachListener("127.0.0.1")
+    try:
+        store.set("reach/1", f"127.0.0.2:{remote.address[1]}")  # rank 1, as if on another host
+        monkeypatch.setattr(reach, "answering", lambda table: table)  # 127.0.0.2 is this host too
+        import datetime
+
+        listener, table = reach.publish(store, None, 0, 2, datetime.timedelta(seconds=5))
+        try:
+            assert store.get("reach/0").decode() == f"127.0.0.1:{listener.address[1]}"
+            assert table.own == "127.0.0.1" and table.targets == {"127.0.0.2": ("127.0.0.2", remote.address[1])}
+        finally:
+            listener.close()
+    finally:
+        remote.close()
+
+
+# ---------------------------------------------------------------------- runtime (4 gloo ranks) --
+
+def link_waits(trace: Path) -> list[dict]:
+    out = []
+    for path in sorted(trace.glob("trace-rank*.jsonl")):
+        out += [r for r in map(json.loads, path.read_text().splitlines()) if r.get("kind") == "link_wait"]
+    return out
+
+
+def drill(tmp_path, **kw) -> tuple[list[dict], list[dict]]:
+    d = Drill(trace_dir=str(tmp_path / "trace"), framework="fsdp2", updates=5, faults="skip@3:committed:2",
+              data_timeout_s=1.0, **kw)
+    results = run_world(run_drill, 4, d, timeout_s=150, pg_timeout_s=30)
+    assert_valid_run(tmp_path / "trace")
+    for r in results:
+        assert r["rejected"] is None, r["rejected"]
+        assert r["mismatches"] == [], f"rank {r['rank']}: {r['mismatches']}"
+        assert [h["action"] for h in r["history"]] == ["preserve"]
+    return results, link_waits(tmp_path / "trace")
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_the_check_waits_for_a_returning_link_and_goes_when_it_answers(tmp_path):
+    """Every rank is given a host that answers 0.6 s after its first probe: a rank that saw the
+    failure sends its check then, with the rest of the control timeout, and the repair is bitwise."""
+    results, waits = drill(tmp_path, control_timeout_s=6.0, mute_links=(3, 0.6))
+    assert waits, "no rank waited for its links"
+    for w in waits:
+        assert w["update"] == 3 and w["reached"] == ["muted-host"] and w["unreached"] == []
+        assert 0.6 <= w["waited_s"] < 1.5 and w["budget_s"] == pytest.approx(4.0)
+        assert w["check_timeout_s"] == pytest.approx(6.0 - w["waited_s"])
+    waited = {r["rank"]: r["history"][0]["link_wait_s"] for r in results}
+    assert sorted(w["waited_s"] for w in waits) == sorted(v for v in waited.values() if v)  # the record has it
+    assert len(waits) < 4 or all(r["history"][0]["saw_failure"] for r in results)  # only those that saw it
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(180)
+def test_a_link_that_never_answers_costs_the_budget_and_keeps_the_deadline(tmp_path):
+    """C - 2D = 1 s: the check is sent after 1 s with a 2 s timeout (the deadline it had), and the
+    recovery goes on (the real links are up)."""
+    _, waits = drill(tmp_path, control_timeout_s=3.0, mute_links=(3, 60.0))
+    assert waits
+    for w in waits:
+        assert w["reached"] == [] and w["unreached"] == ["muted-host"]
+        assert 1.0 <= w["waited_s"] < 1.5 and w["check_timeout_s"] == pytest.approx(2.0)
