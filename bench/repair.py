@@ -19,7 +19,8 @@ every replacement built during the repair, as before `runtime.standby`.
 restores the boundary snapshot and rebuilds every group (results in repair-rewind.json).
 
 Also the first update after each repair against the clean updates (the issue's ≤ 1.2 goal):
-faults are spaced so that every repair is followed by a clean update.
+faults are spaced so that every repair is followed by a clean update, and the run ends with `--clean`
+updates no recovery touched (8 by default; their median is the normal update).
 """
 
 from __future__ import annotations
@@ -65,13 +66,14 @@ ABLATIONS = {"in_place": drill_freeing_in_place, "ring": drill_ring_exchange, "b
 
 
 def measure(world: int, local: int, faults: int, data_timeout: float, framework: str, phase: str = "committed",
-            ablation: str = "") -> dict:
+            ablation: str = "", clean: int = 8) -> dict:
     ranks = list(range(world))
     faulted = [2 + 2 * i for i in range(faults)]  # a clean update between faults: the first one after repair
     plan = ",".join(f"skip@{u}:{phase}:{ranks[(u * 3) % world]}" for u in faulted)
     action = "preserve" if phase == "committed" else "rewind"  # inside an update: every group rebuilt
     rewind = {} if action == "preserve" else {"rewind": True, "envelope": "permissive", "max_rewinds": faults + 1}
-    drill = Drill(framework=framework, updates=faulted[-1] + 3, faults=plan, local=local, layers=2, **rewind,
+    # after the last fault's first update, `clean` updates that no recovery touched: the normal pace
+    drill = Drill(framework=framework, updates=faulted[-1] + 1 + clean, faults=plan, local=local, layers=2, **rewind,
                   data_timeout_s=data_timeout, control_timeout_s=data_timeout * 6 + 2, reference=False)
     results = run_world(ABLATIONS.get(ablation, run_drill), world, drill, timeout_s=60 + faults * 10, pg_timeout_s=30)
     recs = []
@@ -206,7 +208,12 @@ def main(argv=None) -> int:
     ap.add_argument("--ablate-standby", action="store_true",
                     help="also run every world with every replacement built during the repair (standby_groups=off)")
     ap.add_argument("--worlds", default="2,4", help="world sizes, comma-separated (even: 2 ranks per node)")
+    ap.add_argument("--clean", type=int, default=8,
+                    help="clean updates after the last recovery: the normal update the first one after a repair is "
+                         "compared with (their median)")
     args = ap.parse_args(argv)
+    if args.clean < 2:
+        ap.error(f"--clean must be at least 2 (a median of clean updates), got {args.clean}")
     worlds = [int(w) for w in args.worlds.split(",")]
     load_before = [round(x, 2) for x in os.getloadavg()]
     ablations = [name for name, on in (("in_place", args.ablate_reaper), ("ring", args.ablate_exchange),
@@ -215,7 +222,8 @@ def main(argv=None) -> int:
     for w in worlds:  # each world's ablations right after it: the same load for all
         for ablation in ("", *ablations):
             (ablated[ablation] if ablation else runs).append(
-                measure(w, 1 if w == 2 else 2, args.faults, args.data_timeout, args.framework, args.phase, ablation))
+                measure(w, 1 if w == 2 else 2, args.faults, args.data_timeout, args.framework, args.phase, ablation,
+                        args.clean))
     for run in runs:
         run["floor_s"] = floor(run["world"])
     freeing = max(run_world(free_cost, 2, 4, timeout_s=120, pg_timeout_s=30), key=lambda r: r["in_place"])
