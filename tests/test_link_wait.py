@@ -4,6 +4,7 @@ answers a new connection, within a budget that leaves the check's deadline where
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -167,6 +168,51 @@ def test_every_rank_publishes_its_listener_and_reads_the_others(monkeypatch):
             listener.close()
     finally:
         remote.close()
+
+
+def fake_runtime(probe, *, saw_timeout: float = 5.0):
+    """What `checked_after_links` reads of a Runtime, with a check that records its timeout."""
+    from types import SimpleNamespace
+
+    seen = {}
+    control = SimpleNamespace(links=reach.LinkTable("10.0.0.1", {"10.0.0.2": ("10.0.0.2", 1)}), timeout_s=saw_timeout,
+                              probe_links=probe)
+
+    @contextlib.contextmanager
+    def timeout_for(t):
+        seen["timeout"] = t
+        yield
+
+    control.timeout_for = timeout_for
+    stragglers = SimpleNamespace(check=lambda flag, t: seen.setdefault("flag", flag))
+    records = []
+    rt = SimpleNamespace(control=control, config=Config(data_timeout_s=1.0, control_timeout_s=saw_timeout),
+                         listeners=[], update_index=7, stragglers=stragglers, link_wait="stale",
+                         trace=SimpleNamespace(write=records.append))
+    return rt, seen, records
+
+
+def test_the_check_goes_with_the_rest_of_the_control_timeout_and_the_wait_is_recorded():
+    from accelpact.runtime.link_wait import checked_after_links
+
+    rt, seen, records = fake_runtime(lambda budget, interval: reach.Probed(("10.0.0.2",), (), 0.5, 50))
+    assert checked_after_links(rt, True, 0.0) == 1
+    assert seen == {"timeout": pytest.approx(4.5), "flag": 1}
+    assert rt.link_wait.waited_s == 0.5 and records[0]["kind"] == "link_wait" and records[0]["rounds"] == 50
+    rt, seen, records = fake_runtime(lambda budget, interval: pytest.fail("a clean boundary probed"))
+    assert checked_after_links(rt, False, 0.0) == 0 and rt.link_wait is None and records == []
+
+
+def test_a_probe_that_cannot_open_a_socket_sends_the_check_at_once(caplog):
+    from accelpact.runtime.link_wait import checked_after_links
+
+    def no_sockets(budget, interval):
+        raise OSError(24, "Too many open files")
+
+    rt, seen, records = fake_runtime(no_sockets)
+    with caplog.at_level(logging.WARNING, logger="accelpact.runtime"):
+        assert checked_after_links(rt, True, 0.0) == 1
+    assert "timeout" not in seen and records == [] and "Too many open files" in caplog.text
 
 
 # ---------------------------------------------------------------------- runtime (4 gloo ranks) --

@@ -45,7 +45,12 @@ def checked_after_links(rt: Any, saw: bool, t_detect: float) -> int:
     rt.link_wait = None
     if plan.budget_s <= 0:
         return check()
-    probed = control.probe_links(plan.budget_s, rt.config.link_probe_s)
+    try:
+        probed = control.probe_links(plan.budget_s, rt.config.link_probe_s)
+    except OSError as exc:  # no socket to probe with (descriptors exhausted...): a shortcut lost, no more
+        log.warning("accelpact could not probe its links (%s: %s); sending the boundary check now",
+                    type(exc).__name__, exc, extra={"update": rt.update_index})
+        return check()
     waited = LinkWaited(plan.budget_s, probed.waited_s, probed.rounds, probed.reached, probed.unreached,
                         check_timeout_after(waited_s=probed.waited_s, plan=plan, control_timeout_s=control.timeout_s))
     rt.link_wait = waited
