@@ -51,6 +51,17 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+def accept_and_close(listener: socket.socket) -> None:
+    """Accept every connection to `listener` and close it at once, until the listener is shut down:
+    a probe needs only the handshake."""
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:  # shut down (`ReachListener.close`)
+            return
+        conn.close()
+
+
 class ReachListener:
     """A listening socket that accepts and closes every connection: what peers' probes reach."""
 
@@ -63,21 +74,14 @@ class ReachListener:
             self._sock.close()
             raise
         self.address: tuple[str, int] = (host, int(self._sock.getsockname()[1]))
-        self._thread = threading.Thread(target=self._serve, name="accelpact-reach", daemon=True)
+        self._thread = threading.Thread(target=accept_and_close, args=(self._sock,), name="accelpact-reach",
+                                        daemon=True)
         self._thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._sock.accept()
-            except OSError:  # the listener was shut down (`close`)
-                return
-            conn.close()
 
     def close(self) -> None:
         try:
             self._sock.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
-        except OSError:
+        except OSError:  # not listening any more: nothing to wake
             pass
         self._sock.close()
         self._thread.join(timeout=1.0)

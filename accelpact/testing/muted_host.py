@@ -11,6 +11,8 @@ from __future__ import annotations
 import socket
 import threading
 
+from ..control.reach import accept_and_close
+
 
 class MutedHost:
     def __init__(self, host: str = "127.0.0.1"):
@@ -18,7 +20,7 @@ class MutedHost:
         self._listener.bind((host, 0))
         self._listener.listen(0)
         self.address: tuple[str, int] = (host, int(self._listener.getsockname()[1]))
-        self._fillers = [socket.create_connection(self.address, timeout=2.0)]  # the queue is full now
+        self._filler = socket.create_connection(self.address, timeout=2.0)  # the queue is full now
         self._timer: threading.Timer | None = None
         self.unmuted = threading.Event()
 
@@ -27,7 +29,7 @@ class MutedHost:
         if self.unmuted.is_set():
             return
         self.unmuted.set()
-        threading.Thread(target=self._serve, name="muted-host", daemon=True).start()
+        threading.Thread(target=accept_and_close, args=(self._listener,), name="muted-host", daemon=True).start()
 
     def unmute_after(self, seconds: float) -> None:
         """`unmute` in `seconds` (once: later calls keep the first timer)."""
@@ -36,19 +38,10 @@ class MutedHost:
             self._timer.daemon = True
             self._timer.start()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self._listener.accept()
-            except OSError:
-                return
-            conn.close()
-
     def close(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-        for sock in self._fillers:
-            sock.close()
+        self._filler.close()
         try:
             self._listener.shutdown(socket.SHUT_RDWR)
         except OSError:
