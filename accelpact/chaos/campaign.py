@@ -364,9 +364,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out).resolve()
     if args.cmd == "nodeloss":
         return _node_loss_main(args, out)
+    settings: tuple[tuple[str, str], ...] = ()
     if args.cmd == "campaign":
         try:
-            parse_settings(args.set)
+            settings = parse_settings(args.set)
         except ValueError as exc:
             p.error(str(exc))
     try:
@@ -375,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"chaos: envelope {envelope.source}", flush=True)
         if args.cmd == "campaign":
             scenarios = with_settings(default_campaign(args.seed, quick=args.quick, envelope=envelope.envelope),
-                                      parse_settings(args.set))
+                                      settings)
             reports = run_campaign(scenarios, out, budget_s=args.budget_s)
         else:
             cuts = tuple(parse_schedule(args.schedule))
@@ -395,8 +396,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nchaos: interrupted; fabric torn down", file=sys.stderr)
         return 130
     summary = campaign_summary(reports, envelope)
-    if args.cmd == "campaign" and args.set:
-        summary["settings"] = dict(parse_settings(args.set))
+    if settings:
+        summary["settings"] = dict(settings)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
     ok = print_summary(reports, out, envelope=envelope.source)
     return 0 if ok and reports else 1

@@ -151,19 +151,20 @@ def _round(targets: Mapping[str, tuple[str, int]], round_end: float) -> set[str]
     answered: set[str] = set()
     pending: dict[int, tuple[str, socket.socket]] = {}
     poller = select.poll()
-    for host, address in targets.items():
-        sock = socket.socket(_family(address[0]), socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
-        sock.setblocking(False)
-        outcome = sock.connect_ex(address)
-        if outcome in _IN_PROGRESS:
+    try:  # every socket opened here is closed here, also when opening the next one fails
+        for host, address in targets.items():
+            sock = socket.socket(_family(address[0]), socket.SOCK_STREAM)
             pending[sock.fileno()] = (host, sock)
-            poller.register(sock.fileno(), select.POLLOUT)
-            continue
-        if outcome in _ANSWERED:
-            answered.add(host)
-        sock.close()  # ENETUNREACH, EHOSTUNREACH...: not this round
-    try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+            sock.setblocking(False)
+            outcome = sock.connect_ex(address)
+            if outcome in _IN_PROGRESS:
+                poller.register(sock.fileno(), select.POLLOUT)
+                continue
+            del pending[sock.fileno()]
+            if outcome in _ANSWERED:
+                answered.add(host)
+            sock.close()  # ENETUNREACH, EHOSTUNREACH...: not this round
         while pending:
             left_ms = int((round_end - time.monotonic()) * 1000)
             if left_ms <= 0:
