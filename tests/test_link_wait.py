@@ -5,9 +5,11 @@ answers a new connection, within a budget that leaves the check's deadline where
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -112,9 +114,99 @@ def test_a_wait_ends_when_its_world_is_being_abandoned():
         calls = []
         got = reach.probe({"cut": host.address}, budget_s=5.0, interval_s=0.01,
                           stop=lambda: calls.append(1) or len(calls) >= 3)
-        assert got.unreached == ("cut",) and got.rounds == 3 and got.waited_s < 1.0
+        assert got.unreached == ("cut",) and len(calls) == 3 and got.waited_s < 1.0
+        # asked every STOP_POLL_S, not every 10 ms round: `stop` is a store round trip under spares
+        assert got.rounds > len(calls) and got.waited_s >= 3 * reach.STOP_POLL_S * 0.9
     finally:
         host.close()
+
+
+def test_no_round_waits_past_the_budget_but_the_first_gets_its_whole_interval():
+    host = MutedHost()
+    try:
+        got = reach.probe({"cut": host.address}, budget_s=0.1, interval_s=0.25)
+        assert got.rounds == 1 and 0.25 <= got.waited_s < 0.45  # the first round: a full interval
+        got = reach.probe({"cut": host.address}, budget_s=0.3, interval_s=0.25)
+        assert got.rounds == 2 and 0.3 <= got.waited_s < 0.45  # the second is cut at the budget
+    finally:
+        host.close()
+
+
+def test_a_round_to_many_hosts_hears_them_even_when_sending_outlasts_the_interval(monkeypatch):
+    """Sending to 600 hosts takes longer than a 1 ms interval: every slice's window starts once it
+    was sent, so all of them are heard in the first round (a window counted from the round's start
+    had closed before the first poll: nobody ever answered). At most MAX_IN_FLIGHT are open."""
+    listener = reach.ReachListener("127.0.0.1")
+    monkeypatch.setattr(reach, "MAX_IN_FLIGHT", 50)
+    opened, most = [0], [0]
+    real_socket = socket.socket
+
+    prober = threading.current_thread()
+
+    class Counted(real_socket):  # counts the prober's sockets (the listener's thread accepts through it too)
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self.counted = threading.current_thread() is prober
+            if self.counted:
+                opened[0] += 1
+                most[0] = max(most[0], opened[0])
+
+        def close(self):
+            if self.counted and self.fileno() >= 0:
+                opened[0] -= 1
+            super().close()
+
+    monkeypatch.setattr(reach.socket, "socket", Counted)
+    try:
+        targets = {f"host{i}": listener.address for i in range(600)}
+        got = reach.probe(targets, budget_s=0, interval_s=0.001)
+        assert got.rounds == 1 and len(got.reached) == 600 and got.unreached == ()
+        assert most[0] <= 50 and opened[0] == 0
+    finally:
+        listener.close()
+
+
+def test_a_connect_that_sent_nothing_is_no_answer(monkeypatch):
+    """connect() failing with EAGAIN (no local port free) sent no SYN; poll() then calls the bare
+    socket writable with no error, which must not read as an answer."""
+    listener = reach.ReachListener("127.0.0.1")
+    monkeypatch.setattr(socket.socket, "connect_ex", lambda self, address: errno.EAGAIN)
+    try:
+        got = reach.probe({"up": listener.address}, budget_s=0, interval_s=0.05)
+        assert got.reached == () and got.unreached == ("up",)
+    finally:
+        listener.close()
+
+
+class ShortOfDescriptors:
+    """A listening socket whose accept() first runs out of descriptors, then sees one probe give up,
+    then hands over a connection, then is shut down."""
+
+    def __init__(self):
+        self.outcomes = [OSError(errno.EMFILE, "Too many open files"), OSError(errno.EMFILE, "Too many open files"),
+                         OSError(errno.ECONNABORTED, "Software caused connection abort"), "conn",
+                         OSError(errno.EINVAL, "Invalid argument")]
+        self.closed_conns = 0
+
+    def fileno(self) -> int:
+        return 3
+
+    def accept(self):
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, OSError):
+            raise outcome
+        conn = type("Conn", (), {"close": lambda _: setattr(self, "closed_conns", self.closed_conns + 1)})()
+        return conn, ("127.0.0.1", 1)
+
+
+def test_the_listener_outlives_a_shortage_of_descriptors(caplog):
+    """A loop that ended at the first EMFILE would leave the socket listening, its backlog filling
+    with handshakes nobody accepts: from the backlog's end on, every probe of the host unanswered."""
+    listener = ShortOfDescriptors()
+    with caplog.at_level(logging.WARNING, logger="accelpact.control"):
+        reach.accept_and_close(listener)  # returns only at EINVAL: shut down
+    assert listener.outcomes == [] and listener.closed_conns == 1
+    assert caplog.text.count("cannot accept") == 1  # said once, not at every retry
 
 
 def test_a_returning_host_is_heard_within_a_round_of_its_return():
@@ -212,7 +304,43 @@ def test_a_probe_that_cannot_open_a_socket_sends_the_check_at_once(caplog):
     rt, seen, records = fake_runtime(no_sockets)
     with caplog.at_level(logging.WARNING, logger="accelpact.runtime"):
         assert checked_after_links(rt, True, 0.0) == 1
-    assert "timeout" not in seen and records == [] and "Too many open files" in caplog.text
+    assert records == [] and "Too many open files" in caplog.text
+    assert seen["timeout"] == pytest.approx(5.0, abs=0.05)
+
+
+def test_what_a_failed_probe_waited_comes_off_the_check_timeout():
+    """A probe that failed after waiting must not hand the check the whole control timeout: this
+    rank's deadline would move past its peers'."""
+    import time
+
+    from accelpact.runtime.link_wait import checked_after_links
+
+    def fails_late(budget, interval):
+        time.sleep(0.3)
+        raise OSError(24, "Too many open files")
+
+    rt, seen, _ = fake_runtime(fails_late)
+    assert checked_after_links(rt, True, 0.0) == 1
+    assert 4.5 < seen["timeout"] <= 4.7  # C - the 0.3 s already spent
+
+
+def test_attach_goes_on_without_probing_when_the_first_probe_cannot_open_a_socket(monkeypatch, caplog):
+    import datetime
+
+    def no_sockets(table):
+        raise OSError(24, "Too many open files")
+
+    store = dist.HashStore()
+    store.set("reach/1", "127.0.0.2:9")
+    monkeypatch.setattr(reach, "listen_address", lambda group: "127.0.0.1")
+    monkeypatch.setattr(reach, "answering", no_sockets)
+    with caplog.at_level(logging.WARNING, logger="accelpact.control"):
+        listener, table = reach.publish(store, None, 0, 2, datetime.timedelta(seconds=5))
+    try:
+        assert listener is not None and table.targets == {} and table.own == "127.0.0.1"
+        assert "no link will be probed" in caplog.text and "Too many open files" in caplog.text
+    finally:
+        listener.close()
 
 
 # ---------------------------------------------------------------------- runtime (4 gloo ranks) --

@@ -40,8 +40,16 @@ log = logging.getLogger("accelpact.control")
 #: Pending connections a listener holds before it accepts them (probes from every peer at once).
 LISTEN_BACKLOG = 1024
 #: connect() outcomes that prove the host answered: connected, or refused by its kernel.
-_ANSWERED = (0, errno.ECONNREFUSED)
-_IN_PROGRESS = (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK)
+#: A reset or abort is the host's kernel speaking too (a listener that closed with the probe queued).
+_ANSWERED = (0, errno.ECONNREFUSED, errno.ECONNRESET, errno.ECONNABORTED)
+#: Only EINPROGRESS means "sent, not yet answered": EAGAIN from connect() (no local port free) sent
+#: nothing, and poll() would then report the unconnected socket writable with no error.
+_IN_PROGRESS = (errno.EINPROGRESS,)
+#: Connections one round has in flight at most (the rest of the round's hosts wait for the next
+#: slice): a table of one host per rank at 1,000 ranks must not open 999 descriptors at once.
+MAX_IN_FLIGHT = 256
+#: How often a probe asks `stop()` (which may be a store round trip) whether to give up.
+STOP_POLL_S = 0.05
 #: How long a host gets at attach to answer its first probe (`answering`).
 ATTACH_PROBE_S = 1.0
 _RESET_ON_CLOSE = struct.pack("ii", 1, 0)  # SO_LINGER 0: a probe leaves no TIME_WAIT behind
@@ -51,14 +59,34 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+#: accept() errors that say the listener is gone (shut down by `ReachListener.close`, or closed):
+#: every other error is a moment's shortage (descriptors, buffers) or one aborted handshake.
+_LISTENER_GONE = (errno.EINVAL, errno.EBADF, errno.ENOTSOCK)
+#: How long the accept loop rests after a shortage before it accepts again.
+_SHORTAGE_PAUSE_S = 0.01
+
+
 def accept_and_close(listener: socket.socket) -> None:
     """Accept every connection to `listener` and close it at once, until the listener is shut down:
-    a probe needs only the handshake."""
+    a probe needs only the handshake. A shortage (no descriptor for the accepted connection, no
+    buffer) pauses the loop, never ends it: a listener whose loop ended keeps completing handshakes
+    into its backlog until it is full, and from then on every probe of this host would go
+    unanswered for the life of the plane."""
+    warned = False
     while True:
         try:
             conn, _ = listener.accept()
-        except OSError:  # shut down (`ReachListener.close`)
-            return
+        except OSError as exc:
+            if exc.errno in _LISTENER_GONE or listener.fileno() < 0:
+                return
+            if exc.errno in (errno.ECONNABORTED, errno.EPROTO):  # one probe gave up before we took it
+                continue
+            if not warned:
+                log.warning("accelpact's link-probe listener cannot accept (%s); retrying every %.0f ms",
+                            exc, _SHORTAGE_PAUSE_S * 1e3)
+                warned = True
+            time.sleep(_SHORTAGE_PAUSE_S)
+            continue
         conn.close()
 
 
@@ -129,30 +157,51 @@ def probe(targets: Mapping[str, tuple[str, int]], *, budget_s: float, interval_s
     """Probe every target with a fresh connection each round (`interval_s` apart; a connection that
     has not answered by the round's end is dropped, because a SYN lost to a cut is retried by the
     kernel only 1 s later) until all answered, `budget_s` has passed or `stop()` says this wait is
-    pointless (its world is being abandoned); at least one round."""
+    pointless (its world is being abandoned; asked every `STOP_POLL_S`, since it may be a store
+    round trip); at least one round. No round waits past the budget, except the first, which
+    always gets its connections a full interval: the wait ends within one interval of the budget."""
     start = time.monotonic()
     deadline = start + max(0.0, budget_s)
     todo, reached, rounds = dict(targets), [], 0
+    next_stop_poll = start + STOP_POLL_S
     while todo:
         rounds += 1
-        round_end = time.monotonic() + interval_s  # the last round may end up to one interval late
-        answered = _round(todo, round_end)
+        round_start = time.monotonic()
+        answered = _round(todo, interval_s, None if rounds == 1 else deadline)
         reached += sorted(answered)
         for host in answered:
             del todo[host]
-        if not todo or time.monotonic() >= deadline or (stop is not None and stop()):
+        now = time.monotonic()
+        if not todo or now >= deadline:
             break
-        time.sleep(max(0.0, round_end - time.monotonic()))
+        if stop is not None and now >= next_stop_poll:
+            next_stop_poll = now + STOP_POLL_S
+            if stop():
+                break
+        time.sleep(max(0.0, min(round_start + interval_s, deadline) - time.monotonic()))
     return Probed(tuple(reached), tuple(sorted(todo)), time.monotonic() - start, rounds)
 
 
-def _round(targets: Mapping[str, tuple[str, int]], round_end: float) -> set[str]:
-    """One fresh connection to each target, waited for until `round_end`: the hosts that answered."""
+def _round(targets: Mapping[str, tuple[str, int]], window_s: float, deadline: float | None) -> set[str]:
+    """One fresh connection to each target, `MAX_IN_FLIGHT` at a time; each slice's connections
+    get `window_s` from the moment the slice was sent (not from the round's start: sending a slice
+    to many hosts on a busy machine can take longer than the window), cut at `deadline` when one is
+    given, and are always looked at once. Returns the hosts that answered."""
+    answered: set[str] = set()
+    items = list(targets.items())
+    for first in range(0, len(items), MAX_IN_FLIGHT):
+        answered |= _slice(items[first:first + MAX_IN_FLIGHT], window_s, deadline)
+        if deadline is not None and time.monotonic() >= deadline:
+            break
+    return answered
+
+
+def _slice(targets: Sequence[tuple[str, tuple[str, int]]], window_s: float, deadline: float | None) -> set[str]:
     answered: set[str] = set()
     pending: dict[int, tuple[str, socket.socket]] = {}
     poller = select.poll()
     try:  # every socket opened here is closed here, also when opening the next one fails
-        for host, address in targets.items():
+        for host, address in targets:
             sock = socket.socket(_family(address[0]), socket.SOCK_STREAM)
             pending[sock.fileno()] = (host, sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
@@ -165,16 +214,19 @@ def _round(targets: Mapping[str, tuple[str, int]], round_end: float) -> set[str]
             if outcome in _ANSWERED:
                 answered.add(host)
             sock.close()  # ENETUNREACH, EHOSTUNREACH...: not this round
+        end = time.monotonic() + window_s
+        if deadline is not None:
+            end = min(end, deadline)
         while pending:
-            left_ms = int((round_end - time.monotonic()) * 1000)
-            if left_ms <= 0:
-                break
-            for fd, _ in poller.poll(left_ms):
+            events = poller.poll(max(0, int((end - time.monotonic()) * 1000)))  # poll(0) at least once
+            for fd, _ in events:
                 host, sock = pending.pop(fd)
                 poller.unregister(fd)
                 if sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) in _ANSWERED:
                     answered.add(host)
                 sock.close()
+            if time.monotonic() >= end:
+                break
     finally:
         for _, sock in pending.values():
             sock.close()
@@ -214,7 +266,13 @@ def publish(store, group, rank: int, world_size: int,
         log.warning("accelpact link-probe table unreadable, no link will be probed: %s: %s",
                     type(exc).__name__, exc)
         return listener, LinkTable(host or "")
-    return listener, answering(parse_addresses(addresses, rank))
+    table = parse_addresses(addresses, rank)
+    try:
+        return listener, answering(table)
+    except OSError as exc:  # no socket to probe with (descriptors exhausted...): then no probing at all
+        log.warning("accelpact could not probe its peer hosts at attach, no link will be probed: %s: %s",
+                    type(exc).__name__, exc)
+        return listener, LinkTable(table.own)
 
 
 def answering(table: LinkTable, budget_s: float = ATTACH_PROBE_S) -> LinkTable:

@@ -10,10 +10,14 @@ Why this budget: a peer that posted its check early waits at most the control ti
 post. The timeouts are derived (`accelpact.timeouts`) for a last rank that posts two data
 timeouts D after the earliest (its update's collective timed out, then a clean peer's
 health-check probe that waited for it timed out too). A wait of at most C - 2D keeps every post
-inside the earliest poster's window, as without the wait.
+inside the earliest poster's window, as without the wait. In that worst case the wait leaves the
+check itself no slack, but only when a link stayed silent until the budget's end: a check sent
+into that link instead would not have finished sooner, since a stalled connection resumes only
+at its next retransmission after the link returns.
 
 Why the check's timeout shrinks: it gets what is left of C after the wait, so a link that never
-answers fails the check when it would have failed without the wait. No failure is noticed later.
+answers fails the check when it would have failed without the wait. A wait ends at most one probe
+interval after its budget (`control.reach.probe`), so no failure is noticed more than that later.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ fresh connection to every peer host gets through. The wait and what it found go 
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,12 +46,16 @@ def checked_after_links(rt: Any, saw: bool, t_detect: float) -> int:
     rt.link_wait = None
     if plan.budget_s <= 0:
         return check()
+    started = time.monotonic()
     try:
         probed = control.probe_links(plan.budget_s, rt.config.link_probe_s)
     except OSError as exc:  # no socket to probe with (descriptors exhausted...): a shortcut lost, no more
         log.warning("accelpact could not probe its links (%s: %s); sending the boundary check now",
                     type(exc).__name__, exc, extra={"update": rt.update_index})
-        return check()
+        # what the failed probe already waited comes off the check's timeout, as a finished one's does
+        with control.timeout_for(check_timeout_after(waited_s=time.monotonic() - started, plan=plan,
+                                                     control_timeout_s=control.timeout_s)):
+            return check()
     waited = LinkWaited(plan.budget_s, probed.waited_s, probed.rounds, probed.reached, probed.unreached,
                         check_timeout_after(waited_s=probed.waited_s, plan=plan, control_timeout_s=control.timeout_s))
     rt.link_wait = waited
