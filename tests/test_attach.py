@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 
@@ -40,7 +41,7 @@ def _attach_checks(rank: int, world_size: int) -> dict:
     from accelpact.comm.lifecycle import MembershipError, retire_group
     from accelpact.runtime import runtime as shell
 
-    out: dict = {}
+    out: dict = {"rank": rank}
     cfg = Config(data_timeout_s=2.0, control_timeout_s=8.0, envelope="builtin", on_reject="raise")
     # 1. the default group is refused, with the fix named; retire_group guards it too
     model, opt = _ddp()
@@ -86,18 +87,34 @@ def _attach_checks(rank: int, world_size: int) -> dict:
     rt.close()
     accelpact.attach(model, opt, data_state=Cursor(), config=cfg).close()
     out["reattached_after_close"] = True
+    # 5. settings every rank must share, given differently (one rank's own ACCELPACT_* environment):
+    #    refused on every rank before the first update, the differing rank names both values
+    odd = cfg if rank == 0 else dataclasses.replace(cfg, boundary="deferred", standby_groups="off")
+    try:
+        accelpact.attach(model, opt, data_state=Cursor(), config=odd)
+    except ConfigError as exc:
+        out["differ"] = str(exc)
+    accelpact.attach(model, opt, data_state=Cursor(), config=cfg).close()  # nothing left behind
+    out["reattached_after_refusal"] = True
     return out
 
 
 @pytest.mark.timeout(120)
 def test_attach_refuses_bad_input_and_leaves_nothing_behind_when_it_fails():
-    for out in run_world(_attach_checks, 2, timeout_s=90):
+    outs = run_world(_attach_checks, 2, timeout_s=90)
+    for out in outs:
         assert "process_group=dist.new_group" in out["default"] and "default process group" in out["default"]
         assert "refusing to retire the default process group" in out["retire_default"]
         assert "has no state_dict or load_state_dict" in out["data_state"]
         assert out["failed"] == "peer vanished during attach"
         assert out["timeout_restored"] and out["hooks_removed"] and out["timeout_set"]
         assert "already attached" in out["second"] and out["reattached_after_close"]
+        assert out["reattached_after_refusal"]
+    differing, other = (out["differ"] for out in sorted(outs, key=lambda o: -o["rank"]))
+    assert "rank 1 was given settings that differ from rank 0's" in differing
+    assert "boundary: 'deferred' here, 'sync' on rank 0" in differing
+    assert "standby_groups: 'off' here, 'gloo' on rank 0" in differing
+    assert "another rank was given settings that differ" in other
 
 
 @pytest.mark.parametrize("value", [1e-9, 0.0, -1.0, float("inf"), float("nan"), 1e9])
@@ -114,3 +131,28 @@ def test_a_misspelled_variable_is_named_with_the_closest_valid_one(caplog):
     text = caplog.text
     assert "ACCELPACT_DATA_TIMEOUT is not an AccelPact setting" in text and "did you mean ACCELPACT_DATA_TIMEOUT_S" in text
     assert "did you mean ACCELPACT_FAULTS?" in text and "CHAOS" not in text and cfg.step_copy
+
+
+def test_what_differs_is_named_with_both_values_and_a_setting_only_one_side_has():
+    from accelpact.runtime.same_settings import differences
+
+    assert differences({"a": 1, "b": "x"}, {"a": 1, "b": "x"}) == []
+    assert differences({"a": 2, "c": True}, {"a": 1, "b": "x"}) == [
+        "a: 2 here, 1 on rank 0", "b: (none) here, 'x' on rank 0", "c: True here, (none) on rank 0"]
+
+
+def test_the_shared_settings_cover_what_changes_collectives_and_decisions_and_read_back_alike():
+    import json
+
+    from accelpact.fsm.decisions import EnvelopeFacts
+    from accelpact.fsm.phases import FailurePhase
+    from accelpact.runtime.same_settings import SETTINGS_BYTES, shared_settings
+
+    envelope = EnvelopeFacts(preserve=True, rewind_phases=(FailurePhase.FORWARD,))
+    got = shared_settings(Config(data_timeout_s=2.0, control_timeout_s=8.0), envelope, profile="fsdp2",
+                          platform="cpu-gloo", has_data_cursor=True)
+    for name in ("boundary", "standby_groups", "step_copy", "health_check", "data_timeout_s", "checkpoint_every",
+                 "on_loss", "envelope", "data_state given"):
+        assert name in got
+    assert json.loads(json.dumps(got)) == got and len(json.dumps(got)) < SETTINGS_BYTES
+    assert "trace_dir" not in got and "metrics_port" not in got  # a rank's own: may differ

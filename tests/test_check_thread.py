@@ -67,6 +67,21 @@ def test_a_check_that_never_ends_is_an_error_not_a_hang(monkeypatch):
         checks.close()
 
 
+def test_close_marks_a_thread_still_inside_its_check_as_stuck(monkeypatch):
+    """What `detach` reads to leave the control plane open under a wait that is still in it."""
+    monkeypatch.setattr(check_thread, "JOIN_S", 0.1)
+    release = threading.Event()
+    checks = CheckThread(lambda flag, arrived: release.wait(5))
+    checks.start(0, 0.0)
+    checks.close()
+    assert checks.stuck
+    release.set()
+    done = CheckThread(lambda flag, arrived: flag)
+    done.result(done.start(0, 0.0), 1.0)
+    done.close()
+    assert not done.stuck
+
+
 class _Rejected(Exception):
     pass
 

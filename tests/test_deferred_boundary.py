@@ -7,6 +7,7 @@ commits that boundary, the next update is thrown away, and the outcome is the sy
 from __future__ import annotations
 
 import pytest
+import torch
 
 from accelpact.config import Config
 from accelpact.errors import ConfigError
@@ -21,7 +22,7 @@ from model_checking.trace_validation import assert_valid_run
 
 QUALIFIED = frozenset({FailurePhase.FORWARD, FailurePhase.BACKWARD})
 ELIGIBLE = DeferralFacts(mode="deferred", in_step=True, rewind_phases=QUALIFIED, step_copy=False,
-                         checkpoint_due=False, digest_due=False)
+                         has_cursor=True, checkpoint_due=False, digest_due=False)
 
 
 def facts(**kw) -> DeferralFacts:
@@ -37,7 +38,9 @@ def test_a_boundary_is_deferred_only_when_every_condition_holds():
     assert "step_copy" in why_synchronous(facts(step_copy=True))
     why = why_synchronous(facts(rewind_phases=frozenset({FailurePhase.FORWARD})))
     assert "backward" in why and "forward" not in why.split("Rewind in")[1].split(":")[0]
-    assert why_never_deferred(frozenset(), step_copy=False).count("forward, backward") == 1
+    assert why_never_deferred(frozenset(), step_copy=False, has_cursor=True).count("forward, backward") == 1
+    # no cursor: the re-run of the thrown-away update would read the next batch
+    assert "data_state" in why_synchronous(facts(has_cursor=False))
 
 
 def test_config_refuses_an_unknown_boundary_mode_by_name():
@@ -150,3 +153,79 @@ def test_a_run_that_ended_before_any_edge_has_nothing_for_the_spec_to_check(tmp_
         (tmp_path / f"trace-rank{r}.jsonl").write_text(json.dumps({"kind": "attach", "rank": r, "attempt": 0}) + "\n")
     report = check_run(tmp_path, workers=1)
     assert report.ok and "no edge records" in report.describe()
+
+
+class InterruptedOnce:
+    """A check whose first wait is interrupted (Ctrl-C at `rt.update()` entry), then ends clean."""
+
+    def __init__(self):
+        self.waits = 0
+        self.stuck = False
+
+    def result(self, ticket, control_timeout_s):
+        self.waits += 1
+        if self.waits == 1:
+            raise KeyboardInterrupt
+        return 0
+
+    def close(self):
+        pass
+
+
+def test_an_interrupted_settle_keeps_its_boundary_for_the_next_one():
+    """The boundary stays pending until its flag is known: dropped before the wait, an interrupt
+    there left it neither committed nor joined, and peers that needed its recovery waited for this
+    rank's report until they rejected."""
+    from types import SimpleNamespace
+
+    from accelpact.runtime.deferred import DeferralCounts, PendingBoundary, settle
+
+    commits = []
+    pending = PendingBoundary(update=4, ticket=1, posted=0.0)
+    rt = SimpleNamespace(deferral=DeferralCounts(pending=pending, checks=InterruptedOnce()),
+                         config=SimpleNamespace(control_timeout_s=1.0), _commit=lambda: commits.append(4))
+    with pytest.raises(KeyboardInterrupt):
+        settle(rt)
+    assert rt.deferral.pending is pending and commits == []
+    assert settle(rt) is False and rt.deferral.pending is None and commits == [4]  # close() settles it
+
+
+def test_close_releases_everything_also_when_its_settle_raises():
+    """A close whose settle raised (a Reject under on_reject="raise") still removes the hooks and the
+    attached mark and closes the planes, and leaves a control plane open only under a check thread
+    that is still waiting in it."""
+    from types import SimpleNamespace
+
+    from accelpact.runtime import runtime as shell
+    from accelpact.runtime.deferred import DeferralCounts
+
+    closed = []
+
+    def part(name):
+        return SimpleNamespace(close=lambda: closed.append(name), remove=lambda: closed.append(name),
+                               clear=lambda: closed.append(name))
+
+    def fake(stuck: bool):
+        model = torch.nn.Linear(1, 1)
+        model.__dict__[shell.ATTACHED] = True
+        checks = InterruptedOnce()
+        checks.stuck = stuck
+        rt = SimpleNamespace(model=model, rank=0, observers=part("observers"), _tracker=part("hooks"),
+                             trace=part("trace"), control=part("control"),
+                             data_plane=SimpleNamespace(standby=part("standby")),
+                             deferral=DeferralCounts(checks=checks), heartbeat=None, replicator=None,
+                             neighbours=None)
+
+        def settle():
+            raise RuntimeError("the Reject, re-raised")
+
+        rt.settle = settle
+        return rt
+
+    for stuck, want in ((False, ["observers", "hooks", "trace", "control", "standby"]),
+                        (True, ["observers", "hooks", "trace", "standby"])):
+        closed.clear()
+        rt = fake(stuck)
+        with pytest.raises(RuntimeError, match="re-raised"):
+            shell.Runtime.close(rt)
+        assert closed == want and shell.ATTACHED not in rt.model.__dict__

@@ -373,6 +373,47 @@ def test_the_boundary_snapshot_puts_schedulers_scalers_and_the_lr_back():
     assert (sched.state_dict(), scaler.state_dict(), opt.param_groups[0]["lr"]) == before
 
 
+def test_an_update_abandoned_after_the_scaler_unscaled_reruns_bitwise_equal():
+    """`scaler.step` unscales the gradients, then the optimizer's pre-hook abandons the update (a
+    deferred boundary's flag > 0). The re-run must unscale its own gradients again: a scaler still
+    marked "unscaled" would step with them 1024 times too large (pins torch's GradScaler internals
+    that `snapshot._forget_this_steps_unscale` resets)."""
+    import torch
+
+    from accelpact.runtime.snapshot import BoundarySnapshot
+
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(1))
+
+    def job():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+        scaler.scale(torch.ones(()))  # the scaler's state exists once it has scaled a loss
+        return model, opt, scaler
+
+    def backward(model, opt, scaler):
+        opt.zero_grad()
+        scaler.scale(model(x).pow(2).mean()).backward()
+
+    def update(model, opt, scaler):
+        backward(model, opt, scaler)
+        scaler.step(opt)
+        scaler.update()
+
+    reference = job()
+    update(*reference)
+    model, opt, scaler = job()
+    snap = BoundarySnapshot.capture(None, 0, model, optimizer=opt, stateful=(scaler,))
+    backward(model, opt, scaler)
+    scaler.unscale_(opt)  # what scaler.step does before the optimizer's pre-hook abandons the update
+    snap.restore(None)
+    update(model, opt, scaler)
+    for got, want in zip(model.parameters(), reference[0].parameters(), strict=True):
+        assert torch.equal(got, want)
+    assert scaler.state_dict() == reference[2].state_dict()
+
+
 def test_a_cursor_is_copied_so_the_loader_cannot_reach_into_the_snapshot():
     """A flat cursor is copied shallowly (enough: its values cannot change in place), any other
     deeply: either way advancing the live one leaves the snapshot's as it was."""

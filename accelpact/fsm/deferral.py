@@ -18,6 +18,9 @@ probe collective meet a peer's training collective), decided here from facts alo
   throw-away uses the same discard the envelope qualified;
 - no pre-step copy (``step_copy``, and spares, which force it): with one, agreement could
   decide to rewind the deferred update itself, which the rank has already left;
+- a data cursor (``data_state``): the thrown-away update is run again, and without its cursor
+  put back it would read the next batch and the thrown-away one would be lost (a synchronous
+  Rewind is refused for the same reason);
 - no checkpoint due at this frontier: the save needs the commit first;
 - no replica digest check due at this frontier (`Config.digest_every`): the check runs after the
   commit, with collectives and a possible Reject, which must not land inside the user's
@@ -40,6 +43,7 @@ class DeferralFacts:
     in_step: bool  # the update runs inside rt.step(fn)
     rewind_phases: Collection[FailurePhase]  # the envelope's qualified Rewind phases
     step_copy: bool  # Config.step_copy (spares force it)
+    has_cursor: bool  # attach was given a data_state: a re-run reads the batch it read before
     checkpoint_due: bool  # a checkpoint is saved at the frontier this boundary commits
     digest_due: bool  # the replicas compare digests at the frontier this boundary commits
 
@@ -48,7 +52,7 @@ def why_synchronous(facts: DeferralFacts) -> str | None:
     """None: this boundary may be deferred; otherwise why it is agreed synchronously."""
     if facts.mode != "deferred":
         return "Config.boundary is sync"
-    static = why_never_deferred(facts.rewind_phases, step_copy=facts.step_copy)
+    static = why_never_deferred(facts.rewind_phases, step_copy=facts.step_copy, has_cursor=facts.has_cursor)
     if static is not None:
         return static
     if not facts.in_step:
@@ -60,7 +64,7 @@ def why_synchronous(facts: DeferralFacts) -> str | None:
     return None
 
 
-def why_never_deferred(rewind_phases: Collection[FailurePhase], *, step_copy: bool) -> str | None:
+def why_never_deferred(rewind_phases: Collection[FailurePhase], *, step_copy: bool, has_cursor: bool) -> str | None:
     """The part of the rule that holds for the whole run (attach says it once)."""
     missing = [p.value for p in (FailurePhase.FORWARD, FailurePhase.BACKWARD) if p not in rewind_phases]
     if missing:
@@ -68,4 +72,7 @@ def why_never_deferred(rewind_phases: Collection[FailurePhase], *, step_copy: bo
                 "broken link is met there (run `accelpact qualify`)")
     if step_copy:
         return "step_copy is on (or spares, which force it): agreement could rewind the deferred update itself"
+    if not has_cursor:
+        return ("no data cursor (pass data_state= to attach): the thrown-away update would read the next batch "
+                "when it runs again")
     return None

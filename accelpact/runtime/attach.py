@@ -23,7 +23,8 @@ from ..control import ControlPlane
 from ..envelope import Envelope, choose_envelope
 from ..errors import ConfigError, RestartBudgetExceeded, UnsupportedModelError
 from ..faults import FaultInjector, FaultPlan
-from ..fsm.decisions import envelope_facts, envelope_warning
+from ..fsm.decisions import EnvelopeFacts, envelope_facts, envelope_warning
+from ..fsm.deferral import why_never_deferred
 from ..fsm.phases import FailurePhase
 from ..launch import current_attempt, membership
 from ..observe import observers_for
@@ -37,6 +38,7 @@ from .digests import ReplicaDigests
 from .fail_stop import fail_stop
 from .rewind import RewindState, schedulers_of
 from .runtime import ATTACHED, Runtime
+from .same_settings import check_same_settings, shared_settings
 from .standby import StandbyPool
 
 log = logging.getLogger("accelpact.runtime")
@@ -272,6 +274,13 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
                  world_size=world_size, attempt=attempt, profile=profile, platform=platform, envelope=facts,
                  envelope_source=source, data_plane=plane, control=control, trace=trace, rewind=rewind)
     rt.timeouts = timeouts
+    joining = membership()
+    if joining is None or joining.activation is None:  # a joining spare: the survivors compared theirs
+        try:
+            _same_settings_everywhere(rt, facts, profile, platform, data_state is not None)
+        except BaseException:
+            rt.close()  # hooks, trace and control plane: attach leaves nothing behind
+            raise
     rt.digests = ReplicaDigests(config.digest_every) if config.digest_every else None
     _membership_workers(rt, plane, control, config)
     trace.write({
@@ -288,6 +297,18 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
         rt.observers.add(observer)
     _watch_for_hangs(rt, config)
     return rt
+
+
+def _same_settings_everywhere(rt: Runtime, facts: EnvelopeFacts, profile: str, platform: str,
+                              has_data_cursor: bool) -> None:
+    """Refuse settings that differ between ranks (`same_settings`); say once why a deferred
+    boundary will never be deferred."""
+    config = rt.config
+    check_same_settings(rt.control.group, rt.rank, shared_settings(config, facts, profile=profile, platform=platform,
+                                                                   has_data_cursor=has_data_cursor))
+    never = why_never_deferred(facts.rewind_phases, step_copy=config.step_copy, has_cursor=has_data_cursor)
+    if config.boundary == "deferred" and never and rt.rank == 0:
+        log.warning("Config.boundary is deferred, but every boundary will be agreed synchronously: %s", never)
 
 
 def _settle(config: Config, plane: DataPlane, control: ControlPlane, model: nn.Module, rank: int,

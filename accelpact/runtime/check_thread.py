@@ -30,6 +30,8 @@ from ..errors import ControlPlaneError
 THREAD_NAME = "accelpact-boundary-check"
 #: Seconds `result` waits beyond the control timeout, which bounds the check's own wait.
 MARGIN_S = 30.0
+#: Seconds `close` waits for the thread to end.
+JOIN_S = 5.0
 
 
 class CheckThread:
@@ -44,6 +46,7 @@ class CheckThread:
         self._thread: threading.Thread | None = None
         self._issued = 0  # tickets handed out (the training thread's count)
         self.ran = 0  # checks that ended on the thread (its count)
+        self.stuck = False  # close() left the thread behind, still inside its check
 
     def start(self, flag: int, arrived: float) -> int:
         """Start the check on the thread; the ticket to collect it with."""
@@ -75,11 +78,14 @@ class CheckThread:
         return self._thread is not None and self._thread.is_alive()
 
     def close(self) -> None:
-        """Stop the thread (idempotent); a check still queued runs first."""
+        """Stop the thread (idempotent); a check still queued runs first. A thread still inside
+        its check after the join's bound is left behind and marked `stuck`: it still waits in the
+        control plane's group, which must then not be closed under it (`detach`)."""
         thread, self._thread = self._thread, None
         if thread is not None:
             self._jobs.put(None)
-            thread.join(timeout=5.0)
+            thread.join(timeout=JOIN_S)
+            self.stuck = thread.is_alive()
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:

@@ -71,6 +71,7 @@ def defer(rt, arrived: float) -> bool:
     checkpoint, digests = rt.checkpointer, rt.digests
     facts = DeferralFacts(mode=rt.config.boundary, in_step=rt.rewind.in_step,
                           rewind_phases=rt.envelope.rewind_phases, step_copy=rt.config.step_copy,
+                          has_cursor=rt.data_state is not None,
                           checkpoint_due=bool(checkpoint is not None and checkpoint.every
                                               and (rt.frontier + 1) % checkpoint.every == 0),
                           digest_due=digests is not None and digests.due(rt.frontier + 1))
@@ -89,10 +90,12 @@ def settle(rt, error: BaseException | None = None, *, rerun: bool = True) -> boo
     """Settle the boundary in flight: commit it (False), or join its recovery (True; with
     `rerun`, the thrown-away update runs again afterwards: `rt.step`'s loop). Never called
     inside the user's update body: a Reject raised there would be taken for the body's error."""
-    pending, rt.deferral.pending = rt.deferral.pending, None
+    pending = rt.deferral.pending
     if pending is None:
         return False
-    if _agreed_flag(rt, pending) is None:
+    flag = _agreed_flag(rt, pending)  # an interrupt in this wait leaves the boundary pending: close() settles it
+    rt.deferral.pending = None
+    if flag is None:
         rt._reject_without_protocol(f"control plane failed at the deferred boundary of update {pending.update}: "
                                     f"{pending.failure}", error or pending.failure)
     if pending.flag == 0:

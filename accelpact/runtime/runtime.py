@@ -28,9 +28,9 @@ from ..rebind import NotReadyError
 from ..trace import TraceWriter
 from .after_commit import after_commit
 from .data_plane import DataPlane
-from .ddp_buckets import release_buckets as release_ddp_buckets
 from .deferred import DeferralCounts, defer, settle_before_step
 from .deferred import settle as settle_deferred
+from .detach import detach
 from .evidence import evidence_of, write_reject_evidence
 from .executor import RecoveryExecutor
 from .fail_stop import fail_stop
@@ -39,7 +39,7 @@ from .hooks import PhaseTracker
 from .late_discovery import discover_late
 from .link_wait import checked_after_links
 from .listeners import Observers, UpdateListener
-from .member_change import member_lost, on_lost_member, record_train, release_spares, stop_workers
+from .member_change import member_lost, on_lost_member, record_train, release_spares
 from .recovery import drive, observe
 from .rewind import RewindState
 from .stragglers import StragglerWatch
@@ -172,16 +172,12 @@ class Runtime:
         return self.checkpointer.restore()
 
     def close(self) -> None:
-        """Agree a deferred boundary; remove every hook, close trace and control plane (attach may follow)."""
-        self.settle()
-        self.observers.close()
-        stop_workers(self)
-        self._tracker.remove()
-        release_ddp_buckets(self.model)
-        self.model.__dict__.pop(ATTACHED, None)  # the mark attach set
-        self.trace.close()
-        self.control.close()
-        self.data_plane.standby.clear()
+        """Agree a deferred boundary; then, also if that failed, remove every hook, close trace
+        and control plane (attach may follow)."""
+        try:
+            self.settle()
+        finally:
+            detach(self, ATTACHED)
 
     # ---------------------------------------------------------------- hooks -------------------
     def _notify(self, phase: FailurePhase) -> None:
