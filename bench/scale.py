@@ -123,7 +123,8 @@ def _(W):
 
 @case("why_synchronous (deferral)")
 def _(W):
-    f = DeferralFacts("deferred", True, (FailurePhase.FORWARD, FailurePhase.BACKWARD), False, False, False)
+    f = DeferralFacts(mode="deferred", in_step=True, rewind_phases=(FailurePhase.FORWARD, FailurePhase.BACKWARD),
+                      step_copy=False, has_cursor=True, checkpoint_due=False, digest_due=False)
     return lambda: why_synchronous(f)
 
 

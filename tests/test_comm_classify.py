@@ -98,6 +98,17 @@ def test_retired_group_named_in_a_message():
     assert result.cause is FailureCause.RETIRED_COMMUNICATOR
 
 
+def test_a_retired_name_is_not_read_into_a_live_group_whose_name_extends_it():
+    """After ten recoveries generation 1 is retired and generation 12 live: a timeout on g12 is a
+    timeout, not a use of the retired g1."""
+    exc = RuntimeError("[../gloo/transport/tcp/pair.cc:534] Timed out waiting 800ms for recv operation to "
+                       "complete in group accelpact:dp@ab12:g12")
+    assert classify_failure(exc, retired_names=["accelpact:dp@ab12:g1"]).cause is FailureCause.TIMEOUT
+    named = RuntimeError("process group accelpact:dp@ab12:g1, was destroyed")
+    assert classify_failure(named, retired_names=["accelpact:dp@ab12:g1"]).cause is \
+        FailureCause.RETIRED_COMMUNICATOR
+
+
 def test_groups_used_by_the_failed_step_attribute_a_bare_error():
     """DDP's C++ reducer raises the bare gloo text: only the caller knows which group it used."""
     exc = RuntimeError(GLOO_PAIR_CLOSED_BY_TIMEOUT)

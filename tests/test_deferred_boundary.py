@@ -229,3 +229,16 @@ def test_close_releases_everything_also_when_its_settle_raises():
         with pytest.raises(RuntimeError, match="re-raised"):
             shell.Runtime.close(rt)
         assert closed == want and shell.ATTACHED not in rt.model.__dict__
+
+
+def test_settle_is_refused_inside_an_update():
+    """Inside the update body a Reject raised by the settle would be taken for the body's own error,
+    and a peer's recovery would throw away the update the caller is still running."""
+    from types import SimpleNamespace
+
+    from accelpact.fsm.phases import FailurePhase
+    from accelpact.runtime.runtime import Runtime
+
+    rt = SimpleNamespace(_tracker=SimpleNamespace(phase=FailurePhase.BACKWARD))
+    with pytest.raises(ConfigError, match="inside an update"):
+        Runtime.settle(rt)

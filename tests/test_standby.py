@@ -115,6 +115,52 @@ def test_a_failed_build_costs_only_that_standby_and_is_logged_with_its_cause(mon
     assert any(getattr(r, "cause", "").startswith("RuntimeError: Socket Timeout") for r in caplog.records)
 
 
+def test_after_a_failed_build_the_rest_of_the_fill_is_skipped_not_waited_out(monkeypatch):
+    """Each failed build waits out the data timeout; building on after one would hold this rank up
+    one timeout per group while its peers train on (and time out on it)."""
+    import accelpact.runtime.standby as standby_module
+
+    class Plane(_Plane):
+        gids = {"a": R02, "b": S01, "c": R02}
+        backend_specs = {"a": "gloo", "b": "gloo", "c": "gloo"}
+
+    asked = []
+
+    def first_fails(ranks, **kw):
+        asked.append(kw["label"])
+        raise RuntimeError("Socket Timeout: peer never came")
+
+    monkeypatch.setattr(standby_module, "build_standby", first_fails)
+    pool = StandbyPool("gloo")
+    pool.fill(Plane(), ["c", "b", "a"], token=4)
+    assert asked == ["a@scope"]  # in label order; b and c never waited for
+    assert pool.failures["b"] == pool.failures["c"] == "not built: the standby of a failed before it"
+    assert pool.tokens() == ()
+
+
+class _FakeGroup:
+    def __init__(self):
+        self.calls = []
+
+    def abort(self):
+        self.calls.append("abort")
+
+    def shutdown(self):
+        self.calls.append("shutdown")
+
+
+@pytest.mark.parametrize("backend, closed_by", [("gloo", "shutdown"), ("cpu:gloo,cuda:nccl", "abort"),
+                                                ("nccl", "abort")])
+def test_a_discarded_nccl_standby_is_aborted_never_shut_down(backend, closed_by):
+    """A graceful NCCL shutdown finalises the communicator with its peers: a membership change
+    discards standbys that span a dead one."""
+    from accelpact.comm.standby import Standby
+
+    pg = _FakeGroup()
+    Standby(pg, "replicate", 3, (0, 2), backend, store=None).discard()
+    assert pg.calls == [closed_by]
+
+
 def test_a_bad_setting_is_refused_by_name():
     with pytest.raises(ConfigError, match="standby_groups must be one of off, gloo, all"):
         Config(standby_groups="nccl")

@@ -155,9 +155,15 @@ def _retired_evidence(
         return False
     if any(name in retired for name in used_group_names):
         return True
-    if any(name in text for text in texts for name in retired):
+    if any(_names(text, name) for text in texts for name in retired):
         return True
     return any(name in retired for link in chain for name in _group_names_in_traceback(link))
+
+
+def _names(text: str, name: str) -> bool:
+    """Whether `text` names the group `name` itself: "accelpact:dp:g1" is not named by a text about
+    the live "accelpact:dp:g12" (after ten recoveries every failure read as a retired one)."""
+    return re.search(re.escape(name) + r"(?![\w.@-])", text) is not None
 
 
 def _group_names_in_traceback(exc: BaseException) -> Iterable[str]:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
 
 from accelpact.comm import _c10d, connections
+from accelpact.comm.backends import parse_backends, uses_nccl
 from accelpact.comm.lifecycle import (
     MembershipError,
     as_timedelta,
@@ -78,8 +79,14 @@ class Standby:
         return self.pg
 
     def discard(self) -> None:
-        """Close a standby that will not be adopted (never registered: nothing else holds it)."""
-        self.pg.shutdown()
+        """Close a standby that will not be adopted (never registered: nothing else holds it). An
+        NCCL one is aborted, never shut down: a graceful shutdown finalises the communicator with
+        its peers, and a membership change discards standbys that span a dead one (`lifecycle`'s
+        rule: abort, never destroy)."""
+        if uses_nccl(parse_backends(self.backend)):
+            self.pg.abort()
+        else:
+            self.pg.shutdown()
 
 
 def build_standby(

@@ -162,7 +162,9 @@ class Runtime:
                 return result
 
     def settle(self) -> None:
-        """Agree now a deferred boundary still in flight (`Config.boundary`); `close` does too."""
+        """Agree now a deferred boundary still in flight (`Config.boundary`; `close` does too), between updates."""
+        if self._tracker.phase is not None:  # a Reject raised here would be taken for the update's own error
+            raise ConfigError("rt.settle() inside an update: call it between updates (rt.step settles for you)")
         self._fail_stop_on_reject(settle_deferred, self, rerun=False)
 
     def restore(self):

@@ -11,8 +11,12 @@ Order: each rank builds its groups' standbys in label order. Every rank uses tha
 ranks that share several groups never wait on each other in a cycle (each build waits for all of
 its members).
 
-A failed build costs only that standby: it is logged with its cause and the group's next
-replacement is built afresh (the members' tokens then differ, and `agreed_standbys` sees it).
+A failed build costs that standby and the ones this rank would have built after it in the same
+fill: they are logged with their cause, and those groups' next replacements are built afresh (the
+members' tokens then differ, and `agreed_standbys` sees it). Why the rest too: a build that failed
+waited out the data timeout, so this rank comes late to every later build and each would wait out
+its own (one timeout per group while its peers train on and time out on it); skipping them, every
+rank is held up by at most one timeout, and its peers in the skipped groups fail theirs alike.
 """
 
 from __future__ import annotations
@@ -87,18 +91,24 @@ class StandbyPool:
         label is closed first); returns the seconds spent. Collective over each group's members."""
         t0 = time.perf_counter()
         timeout = datetime.timedelta(seconds=plane.timeout_s)
+        failed: str | None = None
         for label in sorted(set(labels)):
             if not covers(self.mode, plane.backend_specs[label]):
                 continue
             self.drop(label)
             gid = plane.gids[label]
+            if failed is not None:  # see `skipped`
+                self.failures[label] = f"not built: the standby of {failed} failed before it"
+                continue
             try:
                 self._held[label] = build_standby(gid.ranks, label=plane.replacement_label(label), token=token,
                                                   timeout=timeout, backend=plane.backend_specs[label])
             except RuntimeError as exc:  # c10d's DistError family and gloo's connect errors
                 self.failures[label] = f"{type(exc).__name__}: {exc}"
-                log.warning("accelpact could not build a standby; the next replacement of this group is built "
-                            "afresh", extra={"group": gid.key, "token": token, "cause": self.failures[label]})
+                failed = label
+                log.warning("accelpact could not build a standby; the next replacement of this group and of the "
+                            "groups after it in this fill is built afresh",
+                            extra={"group": gid.key, "token": token, "cause": self.failures[label]})
                 continue
             self.failures.pop(label, None)
         return time.perf_counter() - t0
