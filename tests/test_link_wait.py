@@ -236,7 +236,7 @@ def test_a_host_that_does_not_answer_at_attach_is_never_probed(caplog):
         table = reach.LinkTable("10.9.9.9", {"up": up.address, "firewalled": muted.address})
         with caplog.at_level(logging.WARNING, logger="accelpact.control"):
             kept = reach.answering(table, budget_s=0.2)
-        assert kept.targets == {"up": up.address}
+        assert kept.targets == {"up": up.address} and kept.silent == {"firewalled"}
         assert "firewalled" in caplog.text and "will not probe" in caplog.text
     finally:
         up.close()
@@ -260,6 +260,28 @@ def test_every_rank_publishes_its_listener_and_reads_the_others(monkeypatch):
             listener.close()
     finally:
         remote.close()
+
+
+def test_a_rebuilt_plane_does_not_ask_a_host_found_silent_again(monkeypatch):
+    """A membership change builds a new plane: asking the firewalled host again would hold the
+    change up for the whole attach budget (1 s) every time."""
+    import datetime
+
+    asked = []
+
+    def answering(table):
+        asked.append(set(table.targets))
+        return table
+
+    store = dist.HashStore()
+    store.set("reach/1", "127.0.0.2:9")
+    store.set("reach/2", "127.0.0.3:9")
+    monkeypatch.setattr(reach, "listen_address", lambda group: "127.0.0.1")
+    monkeypatch.setattr(reach, "answering", answering)
+    listener, table = reach.publish(store, None, 0, 3, datetime.timedelta(seconds=5), silent=frozenset({"127.0.0.3"}))
+    listener.close()
+    assert asked == [{"127.0.0.2"}]
+    assert set(table.targets) == {"127.0.0.2"} and table.silent == {"127.0.0.3"}
 
 
 def fake_runtime(probe, *, saw_timeout: float = 5.0):

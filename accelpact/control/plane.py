@@ -66,7 +66,8 @@ class ControlPlane:
     links: reach.LinkTable = reach.LinkTable("")
     _reach_listener: reach.ReachListener | None = None
 
-    def __init__(self, *, timeout_s: float, attempt: int, store: dist.Store | None = None):
+    def __init__(self, *, timeout_s: float, attempt: int, store: dist.Store | None = None,
+                 silent_hosts: frozenset[str] = frozenset()):
         if not dist.is_initialized():
             raise ControlPlaneError("accelpact needs torch.distributed initialised (init_process_group) before attach")
         self.rank = dist.get_rank()
@@ -107,7 +108,7 @@ class ControlPlane:
         self.update_times: tuple[float | None, ...] = (None,) * self.world_size
         # where each peer host takes fresh-connection probes (`reach`; `runtime.link_wait` uses it)
         self._reach_listener, self.links = reach.publish(self.store, self.group, self.rank, self.world_size,
-                                                         self.timeout)
+                                                         self.timeout, silent_hosts)
 
     def _from_rank0(self, n: int) -> bytes:
         """`n` random bytes drawn by rank 0, received by every rank over the control group."""

@@ -122,6 +122,9 @@ class LinkTable:
 
     own: str
     targets: Mapping[str, tuple[str, int]] = field(default_factory=dict)
+    #: hosts left out because they did not answer at attach (`answering`); a rebuilt plane keeps
+    #: them out without asking again (each ask waits out its whole budget)
+    silent: frozenset[str] = frozenset()
 
 
 def parse_addresses(addresses: Sequence[str], rank: int) -> LinkTable:
@@ -243,12 +246,13 @@ def listen_address(group) -> str | None:
     return sorted(addresses, key=lambda a: (a.startswith("127.") or a == "::1", a))[0]
 
 
-def publish(store, group, rank: int, world_size: int,
-            timeout: datetime.timedelta) -> tuple[ReachListener | None, LinkTable]:
+def publish(store, group, rank: int, world_size: int, timeout: datetime.timedelta,
+            silent: frozenset[str] = frozenset()) -> tuple[ReachListener | None, LinkTable]:
     """Start this rank's listener, publish its address in `store`, read every rank's (waiting for
     them up to `timeout`). A rank that cannot listen publishes "" and is not probed; a table that
     cannot be read is empty (nobody is probed), and both are logged: probing is a shortcut, never
-    a condition of recovery."""
+    a condition of recovery. `silent`: hosts an earlier plane of this job found silent, left out
+    without being asked again (a membership change would otherwise wait a second for them)."""
     listener: ReachListener | None = None
     host = listen_address(group)
     if host is not None:
@@ -267,12 +271,13 @@ def publish(store, group, rank: int, world_size: int,
                     type(exc).__name__, exc)
         return listener, LinkTable(host or "")
     table = parse_addresses(addresses, rank)
+    table = LinkTable(table.own, {h: a for h, a in table.targets.items() if h not in silent}, silent)
     try:
         return listener, answering(table)
     except OSError as exc:  # no socket to probe with (descriptors exhausted...): then no probing at all
         log.warning("accelpact could not probe its peer hosts at attach, no link will be probed: %s: %s",
                     type(exc).__name__, exc)
-        return listener, LinkTable(table.own)
+        return listener, LinkTable(table.own, silent=silent)
 
 
 def answering(table: LinkTable, budget_s: float = ATTACH_PROBE_S) -> LinkTable:
@@ -286,4 +291,5 @@ def answering(table: LinkTable, budget_s: float = ATTACH_PROBE_S) -> LinkTable:
         log.warning("accelpact will not probe hosts %s before a boundary check: they did not answer a fresh "
                     "connection at attach within %.1fs (a firewall on the probe port?)",
                     ",".join(probed.unreached), budget_s)
-    return LinkTable(table.own, {h: a for h, a in table.targets.items() if h in probed.reached})
+    return LinkTable(table.own, {h: a for h, a in table.targets.items() if h in probed.reached},
+                     table.silent | frozenset(probed.unreached))

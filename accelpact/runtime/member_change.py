@@ -344,7 +344,8 @@ def rebuild_control_plane(rt: Runtime) -> ControlPlane:
     """The same construction as attach's, so that the spare's attach meets it collective for
     collective."""
     rt.control.stop_listening()
-    control = ControlPlane(timeout_s=join_timeout_s(rt), attempt=rt.attempt)  # the spare may still build
+    control = ControlPlane(timeout_s=join_timeout_s(rt), attempt=rt.attempt,  # the spare may still build
+                           silent_hosts=rt.control.links.silent)
     control.set_timeout(rt.config.control_timeout_s)
     control.cut_short = rt.data_plane.cut_short
     rt.data_plane.scope = control.namespace.rsplit("/", 1)[-1][:8]
