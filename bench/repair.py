@@ -120,11 +120,11 @@ def protocol_floor(rank: int, world: int, repeats: int) -> dict:
     import torch.distributed as dist
 
     from accelpact.control.exchange import direct_exchange
-    from accelpact.control.plane import GATHER_BYTES
+    from accelpact.control.plane import slot_bytes
 
     store = dist.distributed_c10d._get_default_store()
     group = dist.distributed_c10d._get_default_group()
-    buf = torch.zeros(GATHER_BYTES, dtype=torch.uint8)
+    buf = torch.zeros(slot_bytes(world), dtype=torch.uint8)
     out = [torch.empty_like(buf) for _ in range(world)]
     steps: dict[str, list[float]] = {"agree": [], "agree_ring": [], "release": []}
     for i in range(repeats):

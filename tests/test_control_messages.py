@@ -27,6 +27,24 @@ def test_a_report_of_a_thousand_rank_job_fits_one_slot():
         GroupId.parse("replicate[0..8:0]")
 
 
+def test_a_thousand_rank_report_fits_its_slot_with_the_clock_and_seal_it_travels_with():
+    """What a gather really sends: the report stamped with a vector clock of one entry per rank
+    (a traced run advances them every update) and sealed. A fixed 8 KiB slot overflowed at 1,000
+    ranks once the clocks passed ~150,000: every recovery would have rejected."""
+    from accelpact.control.auth import Sealer
+    from accelpact.control.plane import slot_bytes
+
+    world = tuple(range(1000))
+    groups = (GroupId("replicate", world[::8]), GroupId("shard", world[:8]), GroupId("data", world))
+    report = RankReport(rank=999, frontier=12345, generation=7, opt_step=12345, failure_phase=FailurePhase.BACKWARD,
+                        failed_groups=groups, guard_reason="x" * 400, rerun_reason="y" * 400, held_groups=groups)
+    for clock in (0, 10**6, 2**63 - 1):  # the largest int64 any clock entry can hold
+        stamped = {"m": report.to_dict(), "vc": [clock] * len(world)}
+        payload = Sealer(b"k" * 32, "attempt0/ns").seal(stamped, "report", 10**9, 999).encode()
+        assert len(payload) <= slot_bytes(len(world)) - 4, (clock, len(payload))
+    assert slot_bytes(2) < 8300  # small worlds keep their 8 KiB slot
+
+
 def _oversize(rank: int, world_size: int) -> dict:
     import datetime
 

@@ -8,6 +8,7 @@ reach, stop without claiming an outcome (no Reject edge, no "reject" answer)."""
 
 from __future__ import annotations
 
+import datetime
 import time
 
 from accelpact.control.auth import Sealer
@@ -67,7 +68,7 @@ def test_an_unreachable_register_is_no_reject():
     assert "unreachable" in got.reason
     assert 0.3 <= time.monotonic() - t0 < 2.0, "it retries for the control timeout, then gives up"
     assert plane.store.calls > 1
-    assert plane.seq == 8, "the retries are one protocol step"
+    assert plane.seq == 7, "forcing the register is no protocol step, however many tries"
 
 
 def test_a_register_back_within_the_timeout_is_obeyed_even_if_it_says_resume():
@@ -75,6 +76,9 @@ def test_a_register_back_within_the_timeout_is_obeyed_even_if_it_says_resume():
     store = FlakyStore(down=2, register=sealer.seal("resume", "r1", "outcome"))
     plane = _plane(store, timeout_s=5.0)
     assert release.force_reject(plane, "r1", ForceReject("slow store")) == "resume"
+    # it goes on beside peers that never forced the register: its next gather must be sealed at
+    # their step, or every peer would read it as forged
+    assert plane.seq == 7
 
 
 class _Exec:
@@ -132,3 +136,25 @@ def test_a_rank_that_cannot_read_the_outcome_while_agreeing_does_not_abort():
     outcome, machine = _run(_Exec(gather_fails=True))
     assert outcome.halted and machine.phase is Phase.AGREE
     assert "abort" not in [t for t, _, _ in machine.taken]
+
+
+def test_rank_0_that_cannot_publish_the_outcome_forces_the_register_like_any_rank():
+    """A store error while publishing must become the control-plane failure the driver handles
+    (force the register, then follow it), not a raw RuntimeError out of rt.step with no exit 75."""
+    from accelpact.fsm.effects import ControlPlaneFailure, VoteRelease
+
+    class VotesThenDown(FlakyStore):
+        def wait(self, keys, timeout=None):
+            pass
+
+        def multi_get(self, keys):
+            return [Sealer(b"k" * 32, "ns").seal({"ok": True, "reason": ""}, "r1", "vote", r) for r in range(1)]
+
+        def compare_set(self, key, expected, desired):
+            raise RuntimeError("DistNetworkError: Connection reset by peer")
+
+    plane = _plane(VotesThenDown(down=0, register=None), timeout_s=0.5)
+    plane.rank, plane.world_size = 0, 1
+    plane.clock, plane.timeout = None, datetime.timedelta(seconds=0.5)
+    got = release.vote_release(plane, "r1", VoteRelease(True, ""))
+    assert isinstance(got, ControlPlaneFailure) and "publishing the outcome failed" in got.reason

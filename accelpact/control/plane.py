@@ -47,8 +47,18 @@ from .clock import VectorClock
 
 log = logging.getLogger("accelpact.control")
 
-#: Fixed size of one rank's control-plane message (a report is well under 2 KiB).
+#: Fixed part of one rank's control-plane message slot (a report is well under 2 KiB, also at
+#: 1,000 ranks: groups are named by rank ranges).
 GATHER_BYTES = 8192
+#: What every rank of the world adds to each slot: its entry in the vector clock each message
+#: carries (an int64 in JSON, up to 20 characters, and a separator). A fixed 8 KiB overflowed at
+#: ~1,000 ranks once the clocks reached a million (traced runs advance them every update).
+PER_RANK_BYTES = 21
+
+
+def slot_bytes(world_size: int) -> int:
+    """One rank's control-plane message slot in a world of `world_size` ranks."""
+    return GATHER_BYTES + PER_RANK_BYTES * world_size
 #: Key of the placeholder a rank sends instead of a message too large for its slot.
 OVERSIZE = "accelpact_oversize_bytes"
 #: Key of the placeholder a gather puts where a report failed authentication.
@@ -261,13 +271,15 @@ class ControlPlane:
         gloo's ring): `all_gather_object` would cost two collectives plus pickling, and the
         agreement phase sits on the repair path."""
         self.seq += 1
+        slot = slot_bytes(self.world_size)
         payload = self.sealer.seal(self._stamped(obj), "report", self.seq, self.rank).encode()
-        if len(payload) > GATHER_BYTES - 4:
+        if len(payload) > slot - 4:
             # never raise before the collective (the peers would wait out the timeout): send a
             # placeholder every rank sees, so that all of them reject together, with the reason
-            log.error("control-plane message of %d bytes exceeds the %d-byte slot", len(payload), GATHER_BYTES - 4)
-            payload = self.sealer.seal({OVERSIZE: len(payload), "rank": self.rank}, "report", self.seq, self.rank).encode()
-        buf = torch.zeros(GATHER_BYTES, dtype=torch.uint8)
+            log.error("control-plane message of %d bytes exceeds the %d-byte slot", len(payload), slot - 4)
+            payload = self.sealer.seal({OVERSIZE: len(payload), "slot": slot - 4, "rank": self.rank}, "report",
+                                       self.seq, self.rank).encode()
+        buf = torch.zeros(slot, dtype=torch.uint8)
         buf[:4] = torch.tensor(list(len(payload).to_bytes(4, "little")), dtype=torch.uint8)
         buf[4 : 4 + len(payload)] = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
         try:
@@ -303,7 +315,7 @@ class ControlPlane:
         for d in got:
             if isinstance(d, dict) and OVERSIZE in d:
                 out.append(f"rank {d['rank']}'s control-plane message of {d[OVERSIZE]} bytes exceeds the "
-                           f"{GATHER_BYTES - 4}-byte slot")
+                           f"{d.get('slot', GATHER_BYTES - 4)}-byte slot")
             elif isinstance(d, dict) and FORGED in d:
                 out.append(f"rank {d['rank']}'s report: {d[FORGED]}")
         return out
@@ -320,8 +332,10 @@ class ControlPlane:
 
     def force_reject(self, epoch: str, reason: str) -> str:
         """Set the register to "reject" unless already decided; return its value.
-        ControlPlaneError when the store cannot be reached."""
-        self.seq += 1
+        ControlPlaneError when the store cannot be reached. Not a step of `seq`: only a rank whose
+        control plane failed takes it, and one that reads "resume" goes on beside peers that never
+        took it (counted, its next gather would be sealed one step ahead, and every peer would read
+        it as forged)."""
         try:
             self.store.set(f"{epoch}/reject-reason/{self.rank}", reason)
             value = self.store.compare_set(self._outcome_key(epoch), "",
@@ -335,9 +349,7 @@ class ControlPlane:
         that cannot read the register must not take that for "reject" (a peer may read "resume").
         ControlPlaneError if it stays unreachable."""
         deadline = time.monotonic() + timeout_s
-        seq = self.seq  # one protocol step, however many tries
         while True:
-            self.seq = seq
             try:
                 return self.force_reject(epoch, reason)
             except ControlPlaneError:
@@ -388,11 +400,17 @@ class ControlPlane:
         return votes
 
     def publish_outcome(self, epoch: str, value: str, reasons: tuple[str, ...] = ()) -> str:
-        """Rank 0: write the decided outcome unless the register is already set; returns its value."""
-        if reasons:
-            self.store.set(f"{epoch}/release-reasons", json.dumps(list(reasons)))
-        return self._obey(epoch, self.store.compare_set(self._outcome_key(epoch), "",
-                                                        self.sealer.seal(self._stamped(value), epoch, "outcome")))
+        """Rank 0: write the decided outcome unless the register is already set; returns its value.
+        ControlPlaneError when the store cannot be reached (then rank 0 forces the register, as
+        any rank whose control plane failed)."""
+        try:
+            if reasons:
+                self.store.set(f"{epoch}/release-reasons", json.dumps(list(reasons)))
+            value = self.store.compare_set(self._outcome_key(epoch), "",
+                                           self.sealer.seal(self._stamped(value), epoch, "outcome"))
+        except Exception as exc:  # torch raises RuntimeError/DistStoreError/DistNetworkError
+            raise ControlPlaneError(f"publishing the outcome failed: {type(exc).__name__}: {exc}") from exc
+        return self._obey(epoch, value)
 
     def await_outcome(self, epoch: str, timeout_s: float) -> str:
         """Wait for the register to be written; ControlPlaneError if it is not within `timeout_s`."""
