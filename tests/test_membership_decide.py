@@ -17,6 +17,14 @@ def test_a_lost_rank_is_taken_over_by_a_spare_with_state_from_its_replica_peer()
     assert MembershipDecision.from_json(d.to_json()) == d
 
 
+def test_a_rank_named_lost_by_a_rejected_change_is_not_fenced():
+    """No spare free: the change rejects. A lost rank that was only late must follow that reject
+    (exit 75, restarted with the job), not end as a fenced one whose agent reports success."""
+    d = decide_membership(world=0, world_size=4, reports=[_hsdp(0), _hsdp(1), _hsdp(2)], free_spares=[],
+                          small_state_at={3: {4}})
+    assert not d.replace and not d.shrink and d.lost == (3,) and not d.fenced(3)
+
+
 def test_two_lost_ranks_of_one_shard_are_served_round_robin_by_its_holders():
     reports = [Presence(p, 2, 0, True, "", (0, 1, 2, 3, 4, 5)) for p in (0, 1, 2, 3)]  # DDP: all replicas
     d = decide_membership(world=1, world_size=6, reports=reports, free_spares=[6, 7], small_state_at={4: {2}, 5: {2}})

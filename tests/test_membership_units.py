@@ -196,6 +196,34 @@ def test_a_member_whose_heartbeat_stops_is_seen_within_three_beats():
         worker.join()
 
 
+def test_the_heartbeat_beats_while_the_training_thread_waits_on_the_store():
+    """A TCPStore client serves one call at a time: sharing the training thread's, the heartbeat
+    stopped for as long as a vote or an outcome was waited for (2.8 s seen), longer than peers wait
+    before they count a position gone."""
+    import threading
+
+    from accelpact.membership import register
+
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=datetime.timedelta(seconds=5))
+    shared = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=5))
+    heartbeat = register.Heartbeat(shared, position=0, interval_s=0.02)
+    waiting = threading.Thread(target=lambda: pytest.raises(Exception, shared.wait, ["never"],
+                                                            datetime.timedelta(seconds=1.0)), daemon=True)
+    try:
+        time.sleep(0.1)
+        waiting.start()  # the training thread's long wait on its client
+        time.sleep(0.05)
+        seen = set()
+        for _ in range(8):
+            seen.add(server.get(keys.heartbeat(0)))
+            time.sleep(0.08)
+        assert len(seen) >= 4, "the heartbeat stood still while another thread waited on the store"
+    finally:
+        heartbeat.stop()
+        waiting.join()
+
+
 def test_a_dead_holder_on_this_host_is_certified_at_once_and_only_from_its_own_worlds_beat():
     """Its heartbeat carries its process: a pid that is gone (or a zombie, or reused) is a loss
     now, not after 2.5 beats; a beat of another world, or of another host, certifies nothing."""

@@ -131,8 +131,11 @@ class MembershipDecision:
 
     def fenced(self, position: int) -> bool:
         """`position`'s old holder was replaced (or its rank declared lost before a shrink): it
-        must never train again."""
-        return position in self.lost
+        must never train again. Not after a reject, which names the lost too: a rank that was only
+        late then follows the reject like every rank (exit 75, restarted with the job), where a
+        fenced one would end as done and its agent report success (the spec's Obey checks the
+        reject first)."""
+        return (self.replace or self.shrink) and position in self.lost
 
     def leaves(self, position: int) -> bool:
         """`position` is alive but its replica group lost a member: a shrink goes on without it."""

@@ -26,11 +26,13 @@ log = logging.getLogger("accelpact.membership")
 
 
 class Heartbeat:
-    """This position's pulse in the store, from a thread of its own (a store client of its own,
-    so it never queues behind the training thread's store calls)."""
+    """This position's pulse in the store, from a thread of its own and a store client of its own
+    (`Store.clone`): a TCPStore client serves one call at a time, and a `wait` of the training
+    thread (a vote, an outcome, a group's rendezvous) holds it for seconds, longer than a peer
+    waits before it counts this position gone."""
 
     def __init__(self, store: dist.Store, position: int, interval_s: float, world_of=lambda: 0):
-        self.store, self.position, self.interval_s, self.world_of = store, position, interval_s, world_of
+        self.store, self.position, self.interval_s, self.world_of = own_client(store), position, interval_s, world_of
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="accelpact-heartbeat", daemon=True)
         self._thread.start()
@@ -49,6 +51,16 @@ class Heartbeat:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+def own_client(store: dist.Store) -> dist.Store:
+    """A client of `store` no other thread uses; `store` itself where it cannot be cloned (logged)."""
+    try:
+        return store.clone()
+    except (RuntimeError, AttributeError, NotImplementedError) as exc:
+        log.warning("the heartbeat shares the store client (%s cannot be cloned: %s): a long store wait of "
+                    "another thread delays its beats", type(store).__name__, exc)
+        return store
 
 
 def beat_of(store: dist.Store, position: int) -> bytes | None:
