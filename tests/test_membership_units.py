@@ -380,3 +380,30 @@ def test_a_forked_child_beats_with_its_own_identity_not_its_parents():
     os.waitpid(pid, 0)
     assert child != parent and child.rsplit("/", 2)[1] == str(pid)
     assert liveness.is_dead(f"1|0|{child}", 0) is True  # and once reaped it is certified gone
+
+
+def test_a_fenced_process_is_never_counted_among_the_positions_that_finished():
+    """With on_reject="raise" a fenced process may exit normally: its atexit hook must not count
+    its position as done, since the spare that took it over will (twice, and the job ends for the
+    waiting spares one finisher early)."""
+    from types import SimpleNamespace
+
+    from accelpact import launch
+    from accelpact.errors import RankFenced
+    from accelpact.runtime.member_change import fenced_out
+
+    store = dist.HashStore()
+    records = []
+    m = launch.Membership.__new__(launch.Membership)
+    m.store, m.launch_rank, m.finished, m.position, m.world_size = store, 7, False, 3, 4
+    rt = SimpleNamespace(rank=3, trace=SimpleNamespace(write=records.append))
+    exc = fenced_out(rt, m, failed_world=2)
+    assert isinstance(exc, RankFenced) and m.finished
+    assert records[0]["event"] == "fenced" and store.get(keys.fenced_holders()) == b"7,"
+    previous = launch._membership
+    launch._membership = m
+    try:
+        launch._position_done()  # what atexit runs
+    finally:
+        launch._membership = previous
+    assert not store.check([keys.positions_done()])  # the hook did not count this position

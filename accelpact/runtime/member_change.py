@@ -156,11 +156,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase, at_check: bool = Fa
     change = MemberChange(world=failed_world, decision=decision, timings_s=timings)
     trace_event(rt, "decided", **decision.to_json())
     if decision.fenced(rt.rank):
-        trace_event(rt, "fenced", world=failed_world, position=rt.rank)
-        m.store.add(keys.fenced_total(), 1)  # its agent will finish normally: no check-in for it
-        m.store.append(keys.fenced_holders(), f"{m.launch_rank},")
-        raise RankFenced(f"rank {rt.rank} was declared lost in world {failed_world} and a spare took its place",
-                         rank=rt.rank, world=failed_world)
+        raise fenced_out(rt, m, failed_world)
     if decision.shrink:
         return shrink.go_on_smaller(rt, m, change, undo, clock)
     if not decision.replace:
@@ -375,6 +371,18 @@ def validate_and_release(rt: Runtime, m: Membership, control: ControlPlane, chan
     if outcome == "resume":  # every member of the new world here alike (survivors, a spare, a shrink)
         rt.data_plane.standby.fill(rt.data_plane, rt.data_plane.groups, token=rt.generation)
         clock.lap("standby")
+
+
+def fenced_out(rt: Runtime, m: Membership, failed_world: int) -> RankFenced:
+    """This process was declared lost and its position given away: record it, and never count it
+    among the positions that finished (its successor will; counted twice, the job would end for
+    the waiting spares one finisher early, also when `on_reject="raise"` lets it exit normally)."""
+    trace_event(rt, "fenced", world=failed_world, position=rt.rank)
+    m.store.add(keys.fenced_total(), 1)  # its agent will finish normally: no check-in for it
+    m.store.append(keys.fenced_holders(), f"{m.launch_rank},")
+    m.finished = True  # `launch._position_done` skips it at exit
+    return RankFenced(f"rank {rt.rank} was declared lost in world {failed_world} and a spare took its place",
+                      rank=rt.rank, world=failed_world)
 
 
 def describe(change: MemberChange, rank: int) -> dict[str, Any]:
