@@ -407,3 +407,23 @@ def test_a_fenced_process_is_never_counted_among_the_positions_that_finished():
     finally:
         launch._membership = previous
     assert not store.check([keys.positions_done()])  # the hook did not count this position
+
+
+def test_the_rebuilt_groups_are_probed_as_long_as_the_spare_may_take_to_join(monkeypatch):
+    """A survivor that sent no state probes at once, while the spare is still taking in its shard:
+    one data timeout (2 s) rejected every Replace of a shard beyond a few hundred MB."""
+    from types import SimpleNamespace
+
+    from accelpact.runtime import member_change
+
+    waited = []
+    monkeypatch.setattr(member_change, "validate_groups", lambda groups, timeout: waited.append(timeout))
+    monkeypatch.setattr(member_change.register, "post_vote", lambda *a: None)
+    monkeypatch.setattr(member_change.register, "release", lambda *a: ("reject", ["test"]))
+    rt = SimpleNamespace(rank=0, config=SimpleNamespace(control_timeout_s=6.0), trace=SimpleNamespace(write=list),
+                         data_plane=SimpleNamespace(groups={"shard": object()}, gids={"shard": SimpleNamespace(ranks=(0, 1))},
+                                                    probe_timeout=lambda: 2.0))
+    change = SimpleNamespace(reasons=[], decision=SimpleNamespace(generation=1), outcome=None)
+    m = SimpleNamespace(store=None, world=1, world_size=2)
+    member_change.validate_and_release(rt, m, None, change, SimpleNamespace(lap=lambda name: None))
+    assert waited == [member_change.join_timeout_s(rt)] and waited[0] >= 18.0

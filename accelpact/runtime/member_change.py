@@ -307,7 +307,7 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     trace_event(rt, "activated", world=activation.world, position=activation.position, spare=activation.spare)
     lost = activation.position
     got = transfer.receive(m.store, m.world, lost, decision.source[lost], decision.holders[lost], model=rt.model,
-                           optimizer=rt.optimizer, group=rt.control.group, timeout_s=rt.config.control_timeout_s)
+                           optimizer=rt.optimizer, group=rt.control.group, timeout_s=join_timeout_s(rt))
     change.transfers.append({"lost": lost, "from": decision.source[lost], "via": decision.via.get(lost, "replica"),
                              **got.to_dict()})
     trace_event(rt, "transfer_verified", world=m.world, position=lost, digest=got.digest, ok=True,
@@ -352,12 +352,16 @@ def rebuild_control_plane(rt: Runtime) -> ControlPlane:
 
 def validate_and_release(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange,
                          clock: PhaseClock) -> None:
-    """Probe every data-plane group, vote, follow the release register."""
+    """Probe every data-plane group, vote, follow the release register. The probes wait as long
+    as the survivors wait for the spare to build its groups (`join_timeout_s`), not one data
+    timeout: a survivor that sent no state probes at once, while the spare is still taking in its
+    shard (its holders pack and hash it, the bytes travel, the spare hashes and unpacks them), which
+    takes longer than a data timeout beyond a few hundred MB."""
     ok, reasons = not change.reasons, list(change.reasons)
     if ok:
         try:
             validate_groups([(rt.data_plane.groups[label], rt.data_plane.gids[label].ranks)
-                             for label in sorted(rt.data_plane.groups)], timeout=rt.data_plane.probe_timeout())
+                             for label in sorted(rt.data_plane.groups)], timeout=join_timeout_s(rt))
         except Exception as exc:  # a failed probe is the vote's reason, kept whole
             ok, reasons = False, [f"rank {rt.rank}: validating the rebuilt groups: {type(exc).__name__}: {exc}"]
     clock.lap("validate")
