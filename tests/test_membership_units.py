@@ -208,8 +208,11 @@ def test_the_heartbeat_beats_while_the_training_thread_waits_on_the_store():
                            timeout=datetime.timedelta(seconds=5))
     shared = dist.TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=5))
     heartbeat = register.Heartbeat(shared, position=0, interval_s=0.02)
-    waiting = threading.Thread(target=lambda: pytest.raises(Exception, shared.wait, ["never"],
-                                                            datetime.timedelta(seconds=1.0)), daemon=True)
+    def long_wait():
+        with pytest.raises(dist.DistStoreError):  # "never" is never set: the wait times out
+            shared.wait(["never"], datetime.timedelta(seconds=1.0))
+
+    waiting = threading.Thread(target=long_wait, daemon=True)
     try:
         time.sleep(0.1)
         waiting.start()  # the training thread's long wait on its client
