@@ -430,3 +430,30 @@ def test_the_rebuilt_groups_are_probed_as_long_as_the_spare_may_take_to_join(mon
     m = SimpleNamespace(store=None, world=1, world_size=2)
     member_change.validate_and_release(rt, m, None, change, SimpleNamespace(lap=lambda name: None))
     assert waited == [member_change.join_timeout_s(rt)] and waited[0] >= 18.0
+
+
+def test_a_spare_that_cannot_take_in_the_state_votes_against_with_the_cause(monkeypatch):
+    """Raised out of attach instead, the spare exited 1 (not 75), posted no vote, and the survivors
+    waited out their probes and the release for it before they rejected."""
+    from types import SimpleNamespace
+
+    from accelpact.membership.decide import MembershipDecision
+    from accelpact.membership.pool import Activation
+    from accelpact.runtime import member_change
+
+    decision = MembershipDecision(outcome="replace", assign={3: 4}, source={3: 1}, holders={3: (1,)}, frontier=4,
+                                  lost=(3,), world=0)
+
+    def refused(*a, **kw):
+        raise member_change.transfer.TransferError("state of rank 3 from rank 1 does not verify")
+
+    voted = []
+    monkeypatch.setattr(member_change.register, "read_decision", lambda store, world: decision)
+    monkeypatch.setattr(member_change.transfer, "receive", refused)
+    monkeypatch.setattr(member_change, "validate_and_release",
+                        lambda rt, m, control, change, clock: voted.append(list(change.reasons)))
+    rt = SimpleNamespace(rank=3, config=SimpleNamespace(control_timeout_s=6.0), trace=SimpleNamespace(write=list),
+                         control=SimpleNamespace(group=None), model=None, optimizer=None)
+    m = SimpleNamespace(store=None, world=1, world_size=4)
+    member_change.join(rt, m, Activation(spare=4, position=3, world=1, world_size=4))
+    assert voted == [["spare 4 taking over rank 3: TransferError: state of rank 3 from rank 1 does not verify"]]

@@ -305,6 +305,23 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     rt._recoveries = decision.recoveries  # the next recovery's epoch is the survivors' next one
     trace_event(rt, "world_built", world=activation.world)
     trace_event(rt, "activated", world=activation.world, position=activation.position, spare=activation.spare)
+    try:
+        _take_in_state(rt, m, activation, decision, change, clock)
+    except (transfer.TransferError, ControlPlaneError, RuntimeError, ValueError) as exc:  # store timeouts: RuntimeError
+        # this spare's vote against, with the cause: the survivors learn it at the release, not by
+        # waiting out their probes for a spare that left, and every member rejects alike (exit 75)
+        log.error("spare %d could not take over rank %d: %s: %s", activation.spare, activation.position,
+                  type(exc).__name__, exc)
+        change.reasons.append(f"spare {activation.spare} taking over rank {activation.position}: "
+                              f"{type(exc).__name__}: {exc}")
+    validate_and_release(rt, m, rt.control, change, clock)
+    return change
+
+
+def _take_in_state(rt: Runtime, m: Membership, activation: Activation, decision: MembershipDecision,
+                   change: MemberChange, clock: PhaseClock) -> None:
+    """The spare: the lost rank's shard from its source (verified against every holder's digest),
+    then its small state (RNG, data cursor) at F."""
     lost = activation.position
     got = transfer.receive(m.store, m.world, lost, decision.source[lost], decision.holders[lost], model=rt.model,
                            optimizer=rt.optimizer, group=rt.control.group, timeout_s=join_timeout_s(rt))
@@ -320,8 +337,6 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     small_state.apply(state, data_state=rt.data_state, stateful=rt.rewind.stateful, optimizer=rt.optimizer)
     rt.frontier = rt.opt_step = rt.update_index = decision.frontier
     clock.lap("small_state")
-    validate_and_release(rt, m, rt.control, change, clock)
-    return change
 
 
 def rebuild_checkpointer(rt: Runtime) -> None:
@@ -356,14 +371,16 @@ def validate_and_release(rt: Runtime, m: Membership, control: ControlPlane, chan
     as the survivors wait for the spare to build its groups (`join_timeout_s`), not one data
     timeout: a survivor that sent no state probes at once, while the spare is still taking in its
     shard (its holders pack and hash it, the bytes travel, the spare hashes and unpacks them), which
-    takes longer than a data timeout beyond a few hundred MB."""
+    takes longer than a data timeout beyond a few hundred MB. A member that will vote against (its
+    restore or its transfer failed) probes too: its peers' probes would otherwise wait for it that
+    long before they could vote."""
     ok, reasons = not change.reasons, list(change.reasons)
-    if ok:
-        try:
-            validate_groups([(rt.data_plane.groups[label], rt.data_plane.gids[label].ranks)
-                             for label in sorted(rt.data_plane.groups)], timeout=join_timeout_s(rt))
-        except Exception as exc:  # a failed probe is the vote's reason, kept whole
-            ok, reasons = False, [f"rank {rt.rank}: validating the rebuilt groups: {type(exc).__name__}: {exc}"]
+    try:
+        validate_groups([(rt.data_plane.groups[label], rt.data_plane.gids[label].ranks)
+                         for label in sorted(rt.data_plane.groups)], timeout=join_timeout_s(rt))
+    except Exception as exc:  # a failed probe is the vote's reason, kept whole
+        ok = False
+        reasons.append(f"rank {rt.rank}: validating the rebuilt groups: {type(exc).__name__}: {exc}")
     clock.lap("validate")
     register.post_vote(m.store, m.world, rt.rank, ok, "; ".join(reasons))
     trace_event(rt, "vote", world=m.world, position=rt.rank, ok=ok)
