@@ -457,3 +457,31 @@ def test_a_spare_that_cannot_take_in_the_state_votes_against_with_the_cause(monk
     m = SimpleNamespace(store=None, world=1, world_size=4)
     member_change.join(rt, m, Activation(spare=4, position=3, world=1, world_size=4))
     assert voted == [["spare 4 taking over rank 3: TransferError: state of rank 3 from rank 1 does not verify"]]
+
+
+def _init_world_bounds(rank: int, world_size: int) -> dict:
+    from accelpact.comm import _c10d
+    from accelpact.membership import world
+
+    store, long = dist.HashStore(), datetime.timedelta(minutes=30)
+    world.init_world(store, 1, position=0, world_size=1, backend="gloo", timeout=long,
+                     connect_timeout=datetime.timedelta(seconds=5))
+    kept = _c10d.group_timeout(dist.distributed_c10d._get_default_group())
+    t = time.monotonic()
+    try:  # position 1 never comes (a claimed spare that died)
+        world.init_world(store, 2, position=0, world_size=2, backend="gloo", timeout=long,
+                         connect_timeout=datetime.timedelta(seconds=1))
+        failed = None
+    except RuntimeError as exc:  # DistStoreError / gloo's connect timeout
+        failed = type(exc).__name__
+    return {"kept": kept.total_seconds(), "failed": failed, "waited": time.monotonic() - t}
+
+
+@pytest.mark.timeout(90)
+def test_a_new_world_waits_for_its_members_the_connect_timeout_not_the_jobs():
+    """A survivor must not wait the job's 30 minutes for a claimed spare that died before it
+    connected; once connected the world keeps the job's timeout."""
+    from accelpact.testing.spawn import run_world
+
+    (out,) = run_world(_init_world_bounds, 1, timeout_s=60)
+    assert out["kept"] == 1800 and out["failed"] is not None and out["waited"] < 20, out

@@ -95,13 +95,18 @@ def groups_made_after_attach(recipe: WorldRecipe) -> str:
 
 
 def init_world(job_store: dist.Store, world: int, *, position: int, world_size: int, backend: str,
-               timeout: datetime.timedelta) -> None:
+               timeout: datetime.timedelta, connect_timeout: datetime.timedelta | None = None) -> None:
     """(Re-)initialise the default group of world `world` (destroying the old one and every group
-    with it when there is one)."""
+    with it when there is one). `connect_timeout` bounds the wait for every member to connect,
+    after which the group keeps `timeout` (the job's, 30 min by default under spares): a survivor
+    must not wait that long for a claimed spare that died before it connected."""
     if dist.is_initialized():
         dist.destroy_process_group()
     store = dist.PrefixStore(keys.world_prefix(world), job_store)
-    dist.init_process_group(backend, store=store, rank=position, world_size=world_size, timeout=timeout)
+    dist.init_process_group(backend, store=store, rank=position, world_size=world_size,
+                            timeout=connect_timeout or timeout)
+    if connect_timeout is not None:
+        _c10d.set_group_timeout(dist.distributed_c10d._get_default_group(), timeout)
 
 
 def replay(recipe: WorldRecipe, *, build_timeout_s: float) -> dict[str, dist.ProcessGroup]:

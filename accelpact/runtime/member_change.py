@@ -166,7 +166,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase, at_check: bool = Fa
     old_groups = dict(rt.data_plane.groups)
     m.world = failed_world + 1
     world.init_world(m.store, m.world, position=rt.rank, world_size=m.world_size, backend=m.backend,
-                     timeout=m.timeout)
+                     timeout=m.timeout, connect_timeout=datetime.timedelta(seconds=join_timeout_s(rt)))
     built = world.replay(rt.recipe, build_timeout_s=join_timeout_s(rt))
     _mirror_constructors(rt, built)
     trace_event(rt, "world_built", world=m.world)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 from typing import TYPE_CHECKING, Any
 
 from ..errors import RankLeft
@@ -60,7 +61,8 @@ def go_on_smaller(rt: Runtime, m: Membership, change: MemberChange, undo: bool, 
     old_rank, new_rank, new_size = rt.rank, d.renumber[rt.rank], len(d.renumber)
     old_groups, old_gids = dict(rt.data_plane.groups), dict(rt.data_plane.gids)
     m.world, m.world_size, m.position = change.world + 1, new_size, new_rank
-    world.init_world(m.store, m.world, position=new_rank, world_size=new_size, backend=m.backend, timeout=m.timeout)
+    world.init_world(m.store, m.world, position=new_rank, world_size=new_size, backend=m.backend, timeout=m.timeout,
+                     connect_timeout=datetime.timedelta(seconds=mc.join_timeout_s(rt)))
     m.store.set(keys.holder(new_rank), str(m.launch_rank))  # who holds the new position, for a later loss
     rt.recipe = world.translated(rt.recipe, d.renumber)
     built = world.replay(rt.recipe, build_timeout_s=rt.config.control_timeout_s)
