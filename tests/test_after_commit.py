@@ -376,3 +376,26 @@ def test_an_owed_save_found_published_is_that_save_and_a_due_one_is_a_failure():
     with pytest.raises(CheckpointExistsError):
         ck.after_commit(rt)
     assert records[0]["error"].startswith("CheckpointExistsError: step 6") and records[1] == records[0]["error"]
+
+
+def test_a_restore_waits_for_its_collectives_the_restore_bound_not_the_control_timeout():
+    """Each rank hashes its stripe of the chosen step and DCP reads it, at different speeds: the
+    control timeout (seconds) failed any checkpoint past a few GB."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from accelpact.runtime import checkpointing
+
+    bounds = []
+
+    @contextlib.contextmanager
+    def timeout_for(seconds):
+        bounds.append(seconds)
+        yield
+
+    rt = SimpleNamespace(control=SimpleNamespace(timeout_s=6.0, timeout_for=timeout_for), rank=1, attempt=0,
+                         frontier=0, opt_step=0, data_state=None, model=None, optimizer=None)
+    ckpt = SimpleNamespace(rt=rt, app_state=lambda: None,
+                           manager=SimpleNamespace(load_latest=lambda **kw: bounds.append("loaded")))
+    assert Checkpointer.restore(ckpt) is None
+    assert bounds == [checkpointing.RESTORE_TIMEOUT_S, "loaded"] and checkpointing.RESTORE_TIMEOUT_S >= 600

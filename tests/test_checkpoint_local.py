@@ -320,6 +320,31 @@ def test_retention_keeps_newest_k_verified(tmp_path: Path) -> None:
     assert save(mgr, t).deleted == (step_dir_name(5), step_dir_name(4))
 
 
+def test_retention_after_a_restart_reads_only_the_steps_it_judges(tmp_path: Path, monkeypatch) -> None:
+    """A new process hashed nothing yet: retention reads the steps it must judge (the newest K, a
+    stripe each in a real world), never those past them, which go whatever they hold. Rank 0
+    re-reading every old step alone held its peers in the save past their bound."""
+    import accelpact.checkpoint.manager as manager_module
+    import accelpact.checkpoint.verify as verify_module
+
+    t, first = Trainer(), manager(tmp_path, keep=2, keep_every=None)
+    for _ in range(2):
+        t.step()
+        save(first, t)
+    (tmp_path / step_dir_name(0)).mkdir()  # an older step, never judged (an empty dir: it would fail)
+    restarted = manager(tmp_path, keep=2)  # the next attempt: nothing hashed in this process
+    read: list[str] = []
+    real = manager_module.sha256_file
+    monkeypatch.setattr(manager_module, "sha256_file", lambda p: read.append(Path(p).parts[-3]) or real(p))
+    monkeypatch.setattr(verify_module, "sha256_file", lambda p: pytest.fail(f"rank 0 re-read {p} alone"))
+    t.step()
+    report = save(restarted, t)
+    assert sorted(set(read)) == [step_dir_name(2)]  # the newest old step: step 3 was just hashed by its save
+    assert report.deleted == (step_dir_name(1), step_dir_name(0))
+    monkeypatch.undo()
+    assert restarted.verified_steps() == [2, 3]
+
+
 def test_save_errors_are_clear_and_publish_nothing(tmp_path: Path) -> None:
     t = Trainer()
     t.step()
@@ -443,3 +468,21 @@ def test_a_manifest_carries_the_runtimes_notes_of_a_changed_experiment(tmp_path:
     manifest = json.loads((Path(report.path) / "manifest.json").read_text())
     assert manifest["extra"]["shrinks"] == [{"frontier": 1, "replicas_before": 2, "replicas_after": 1}]
     assert load(manager(tmp_path), Trainer(seed=1)).step == 1
+
+
+def test_a_save_that_failed_leaves_no_directory_holding_the_space(tmp_path: Path, monkeypatch) -> None:
+    """A full disk: the unpublished step's directory goes at once, not at the next save, which
+    needs that space."""
+    import errno
+
+    import accelpact.checkpoint.manager as manager_module
+
+    def full(path, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    t, mgr = Trainer(), manager(tmp_path)
+    t.step()
+    monkeypatch.setattr(manager_module, "write_durable", full)
+    with pytest.raises(CheckpointSaveError, match="No space left on device"):
+        save(mgr, t)
+    assert [p.name for p in tmp_path.iterdir()] == []

@@ -26,6 +26,7 @@ from accelpact.checkpoint import (
     CheckpointSaveError,
 )
 from accelpact.checkpoint.naming import step_dir_name
+from accelpact.checkpoint.verify import verify_step_dir
 from accelpact.testing.spawn import run_world
 
 RUN = "run-mp"
@@ -167,7 +168,20 @@ def fsdp2_hsdp_world(rank: int, world: int, root: str) -> dict[str, Any]:
         _flip_byte(shards[0])
     dist.barrier()
     model, opt, app = build("fsdp2", rank, seed=77)
-    loaded = mgr.load_latest(model=model, optimizer=opt, app_state=app)
+    import accelpact.checkpoint.manager as manager_module
+
+    hashed: list[str] = []
+    real_sha = manager_module.sha256_file
+
+    def counted(path):
+        hashed.append(str(path))
+        return real_sha(path)
+
+    manager_module.sha256_file = counted
+    try:
+        loaded = mgr.load_latest(model=model, optimizer=opt, app_state=app)
+    finally:
+        manager_module.sha256_file = real_sha
     assert loaded is not None and loaded.step == 2, loaded
     assert [r.candidate for r in loaded.refused] == [step_dir_name(4)]
     assert "sha256 mismatch" in loaded.refused[0].reason and "__1_" in loaded.refused[0].reason
@@ -184,8 +198,13 @@ def fsdp2_hsdp_world(rank: int, world: int, root: str) -> dict[str, Any]:
     assert_same(before, snapshot(model, opt, app), f"nothing loaded on layout mismatch, rank {rank}")
 
     hsdp = _round_trip(rank, world, Path(root) / "hsdp", "hsdp", "hsdp 2x2 fsdp2")
-    return {kind: {"bytes": [r.bytes for r in c["reports"]], "seconds": [r.seconds for r in c["reports"]]}
-            for kind, c in (("fsdp2", ctx), ("hsdp", hsdp))}
+    out = {kind: {"bytes": [r.bytes for r in c["reports"]], "seconds": [r.seconds for r in c["reports"]]}
+           for kind, c in (("fsdp2", ctx), ("hsdp", hsdp))}
+    out["hashed"] = sorted(hashed)
+    out["files"] = {name: sorted(str(base / name / f.path) for f in
+                                 verify_step_dir(base / name, hash_files=False).manifest.files)
+                    for name in (step_dir_name(2), step_dir_name(4))}
+    return out
 
 
 def ddp_fsdp1_world(rank: int, world: int, root: str) -> dict[str, Any]:
@@ -215,6 +234,12 @@ def ddp_fsdp1_world(rank: int, world: int, root: str) -> dict[str, Any]:
 def test_fsdp2_and_hsdp_2x2_round_trip_fallback_and_layout(tmp_path: Path) -> None:
     results = run_world(fsdp2_hsdp_world, 4, str(tmp_path), timeout_s=110)
     assert results[0]["fsdp2"]["bytes"][0] > 0 and results[0]["hsdp"]["bytes"][0] > 0
+    # The restore's digests are striped: every file of both steps it looked at (4 refused, then 2)
+    # hashed by exactly one rank, none by all (rank 0 alone once hashed every rank's shards).
+    every = sorted(f for files in results[0]["files"].values() for f in files)
+    hashed = sorted(f for r in results for f in r["hashed"])
+    assert hashed == every
+    assert all(0 < len(r["hashed"]) < len(every) for r in results)
     # Restarted with another world size (here one process): refused with both shapes named.
     model, opt, app = build("plain", 0, seed=5)
     train_step(model, opt, app)

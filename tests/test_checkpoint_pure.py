@@ -197,3 +197,26 @@ def test_retention_never_drops_below_keep_verified(raw: list[tuple[int, bool]], 
     assert set(plan.keep) | set(plan.delete) == {n for _, n, _ in steps}
     if len(verified) >= keep:
         assert all(s >= verified[keep - 1] for s in kept_steps)  # nothing older than the K-th survives
+
+
+def test_a_directory_fsync_that_fails_stops_the_publish_unless_the_fs_cannot_fsync_directories(tmp_path,
+                                                                                               monkeypatch):
+    """EIO on the step tree or the root means its entries may not be durable: the step must not be
+    published as if they were. A file system that cannot fsync a directory says EINVAL."""
+    import errno
+    import os
+
+    import pytest
+
+    from accelpact.checkpoint import fsio
+
+    def failing(code):
+        def fsync(fd):
+            raise OSError(code, os.strerror(code))
+        return fsync
+
+    monkeypatch.setattr(fsio.os, "fsync", failing(errno.EINVAL))
+    fsio.fsync_dir(tmp_path)  # not supported here: nothing to do
+    monkeypatch.setattr(fsio.os, "fsync", failing(errno.EIO))
+    with pytest.raises(OSError, match="Input/output error"):
+        fsio.fsync_dir(tmp_path)

@@ -485,3 +485,22 @@ def test_a_new_world_waits_for_its_members_the_connect_timeout_not_the_jobs():
 
     (out,) = run_world(_init_world_bounds, 1, timeout_s=60)
     assert out["kept"] == 1800 and out["failed"] is not None and out["waited"] < 20, out
+
+
+def test_a_membership_change_keeps_what_the_checkpointer_counted(monkeypatch):
+    """The failed saves in a row are bounded by checkpoint_failures_tolerated across a change too."""
+    from types import SimpleNamespace
+
+    from accelpact.runtime import checkpointing, member_change
+
+    class Fresh:
+        def __init__(self, rt):
+            self.saves, self.failed, self.in_a_row, self.restored = [], [], 0, None
+
+    monkeypatch.setattr(checkpointing, "Checkpointer", Fresh)
+    old = SimpleNamespace(saves=[{"step": 4}], failed=[{"step": 6}], in_a_row=1, restored="step 2")
+    rt = SimpleNamespace(checkpointer=old)
+    member_change.rebuild_checkpointer(rt)
+    assert isinstance(rt.checkpointer, Fresh)
+    assert (rt.checkpointer.saves, rt.checkpointer.failed, rt.checkpointer.in_a_row, rt.checkpointer.restored) == \
+        ([{"step": 4}], [{"step": 6}], 1, "step 2")

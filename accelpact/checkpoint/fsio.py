@@ -13,6 +13,7 @@ Where a platform cannot fsync a directory (no O_DIRECTORY), that one step is ski
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import shutil
@@ -48,8 +49,11 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError as exc:
+        # EINVAL/ENOTSUP/EBADF: this file system cannot fsync a directory (its entries are durable
+        # by its own rules); anything else (EIO) means they may not be, and the step must not publish
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EBADF):
+            raise
     finally:
         os.close(fd)
 

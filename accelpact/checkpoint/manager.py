@@ -37,7 +37,7 @@ from .errors import (
     agreed_failure,
 )
 from .events import log_event
-from .fsio import tree_fingerprint, write_durable
+from .fsio import sha256_file, tree_fingerprint, write_durable
 from .manifest import Layout, Manifest, describe_layout, normalize_layout
 from .naming import LATEST_NAME, SHARDS_DIR, classify_entries, rank_state_name, step_dir_name
 from .publish import (
@@ -171,11 +171,14 @@ class CheckpointManager:
     def step_dir(self, step: int) -> Path:
         return self.root / step_dir_name(step)
 
-    def _verify(self, name: str, *, reuse_hash: bool = False) -> Verdict:
+    def _verify(self, name: str, *, reuse_hash: bool = False, hash_files: bool = True) -> Verdict:
         """Full verification; with ``reuse_hash``, skip re-hashing a directory this process hashed
         before whose files all keep their size, mtime and inode (so retention does not re-read K
-        checkpoints on every save). Loads always hash."""
+        checkpoints on every save). ``hash_files=False``: every check but the content's digests
+        (a load hashes the chosen step on every rank, `_hashes_agreed`)."""
         path = self.root / name
+        if not hash_files:
+            return verify_step_dir(path, hash_files=False, key=self._key)
         try:
             fingerprint = tree_fingerprint(path) if path.is_dir() else None
         except OSError:
@@ -236,8 +239,7 @@ class CheckpointManager:
         try:
             referenced = save_shards(tmp / SHARDS_DIR, model, optimizer, comm)
         except Exception as exc:  # DCP gathers its failures and raises on every rank
-            if comm.is_coordinator:  # an unpublished step directory is never left behind
-                shutil.rmtree(tmp, ignore_errors=True)
+            self._drop_unpublished(comm, tmp)  # an unpublished step directory is never left behind
             raise CheckpointSaveError(f"DCP save of step {step} into {tmp} failed: {_err(exc)}",
                                       agreed=agreed_failure(exc)) from exc
         local = None
@@ -249,7 +251,11 @@ class CheckpointManager:
             write_durable(tmp / rank_state_name(comm.rank), buf.getvalue())
         except Exception as exc:  # noqa: BLE001 - gathered, raised on every rank
             local = _err(exc)
-        comm.agree(local, f"writing rank state for step {step}", CheckpointSaveError)
+        try:
+            comm.agree(local, f"writing rank state for step {step}", CheckpointSaveError)
+        except CheckpointSaveError:
+            self._drop_unpublished(comm, tmp)
+            raise
         t_written = time.perf_counter()
 
         local_entries, local = [], None
@@ -285,15 +291,19 @@ class CheckpointManager:
                 except OSError as exc:  # the step is published; the pointer is only a hint
                     log_event(WARNING, "checkpoint.latest_failed", "latest.json not updated",
                               root=str(self.root), step=step, error=_err(exc))
-                deleted = self._retain()
-                result = ("ok", (manifest.total_bytes, len(entries)), deleted)
+                result = ("ok", (manifest.total_bytes, len(entries)), ())
             except CheckpointExistsError as exc:
                 result = ("exists", str(exc), ())
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
                 result = ("error", _err(exc), ())
-        result = _agreed(comm, result, f"publishing step {step} failed on rank 0")
+        try:
+            result = _agreed(comm, result, f"publishing step {step} failed on rank 0")
+        except CheckpointSaveError:
+            self._drop_unpublished(comm, tmp)
+            raise
+        deleted = self._retain_collectively(comm)
         t_end = time.perf_counter()
-        (nbytes, nfiles), deleted = result[1], result[2]
+        (nbytes, nfiles) = result[1]
         report = SaveResult(
             step=step, path=str(self.step_dir(step)), bytes=nbytes, files=nfiles, seconds=t_end - t0,
             write_seconds=t_written - t0, hash_seconds=t_hashed - t_written, publish_seconds=t_end - t_hashed,
@@ -304,11 +314,60 @@ class CheckpointManager:
                       files=nfiles, seconds=round(report.seconds, 4), deleted=list(deleted))
         return report
 
-    def _retain(self) -> tuple[str, ...]:
-        """(rank 0) Apply retention; failures are logged, never fatal to an already published save."""
+    @staticmethod
+    def _drop_unpublished(comm: Comm, tmp: Path) -> None:
+        """(rank 0) Remove a save's directory that will not be published now, not at the next save:
+        after a full disk it held the space the next save needs."""
+        if comm.is_coordinator:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+    def _retain_collectively(self, comm: Comm) -> tuple[str, ...]:
+        """(every rank) Retention after a published save. The steps whose verdict it needs and that
+        rank 0 has not hashed in this process (after a restart: all but the restored one) are hashed
+        by every rank, a stripe each (`_hashes_agreed`), as a restore hashes its choice: rank 0
+        re-reading them alone held its peers in the save's last collective past their bound
+        (the data and control timeouts) for any checkpoint past a few GB."""
+        names: list[str] | None = None
+        if comm.is_coordinator:
+            try:
+                names = self._unhashed_retention_window()
+            except OSError as exc:  # retention is skipped below, the save stands
+                log_event(WARNING, "checkpoint.retention_failed", "retention skipped", root=str(self.root),
+                          error=_err(exc))
+                names = []
+        refused = {name: why for name in comm.broadcast(names) or ()
+                   if (why := self._hashes_agreed(comm, name)) is not None}
+        return self._retain(refused) if comm.is_coordinator else ()
+
+    def _unhashed_retention_window(self) -> list[str]:
+        """(rank 0) The steps retention judges (the newest `keep`, taking every one not hashed yet to
+        pass, and the milestones) that this process has not hashed since their files last changed."""
+        listing, out, counted = classify_entries(os.listdir(self.root)), [], 0
+        for step, name in listing.steps:  # newest first
+            milestone = self.keep_every is not None and step % self.keep_every == 0
+            if counted >= self.keep and not milestone:
+                continue
+            counted += 1
+            if not self._hashed_unchanged(name):
+                out.append(name)
+        return out
+
+    def _hashed_unchanged(self, name: str) -> bool:
+        try:
+            return self._hashed.get(name) == tree_fingerprint(self.root / name)
+        except OSError:
+            return False
+
+    def _retain(self, refused: dict[str, str] | None = None) -> tuple[str, ...]:
+        """(rank 0) Apply retention; failures are logged, never fatal to an already published save.
+        A step not hashed in this process counts as unverified without being read (it lies outside
+        what retention judges: `_unhashed_retention_window`); `refused`: what the ranks' digests
+        refused."""
+        refused = refused or {}
         try:
             listing = classify_entries(os.listdir(self.root))
-            verdicts = [(step, name, self._verify(name, reuse_hash=True).ok) for step, name in listing.steps]
+            verdicts = [(step, name, name not in refused and self._hashed_unchanged(name)
+                         and self._verify(name, hash_files=False).ok) for step, name in listing.steps]
             plan = retention_plan(verdicts, self.keep, self.keep_every)
             failures = delete_steps(self.root, plan.delete)
             for name in plan.delete:
@@ -324,8 +383,11 @@ class CheckpointManager:
 
     # -- load ----------------------------------------------------------------------------------
 
-    def _select(self) -> Selection:
-        """(rank 0) Decide which step to restore, logging every refusal."""
+    def _select(self, refused: dict[str, str] | None = None) -> Selection:
+        """(rank 0) Decide which step to restore, logging every refusal: every check but the
+        content's digests, which every rank then takes a stripe of (`_hashes_agreed`); `refused`:
+        candidates the ranks' digests refused already, with why."""
+        refused = refused or {}
         names = os.listdir(self.root) if self.root.is_dir() else []
         listing = classify_entries(names)
         if listing.tmps:
@@ -335,7 +397,9 @@ class CheckpointManager:
         latest_raw = latest_path.read_bytes() if latest_path.is_file() else None
 
         def verify(name: str) -> Verdict:
-            verdict = self._verify(name)
+            if name in refused:  # logged when the ranks refused it
+                return Verdict(False, refused[name])
+            verdict = self._verify(name, hash_files=False)
             if not verdict.ok:
                 log_event(WARNING, "checkpoint.refused", "checkpoint candidate refused",
                           root=str(self.root), candidate=name, reason=verdict.reason)
@@ -357,6 +421,32 @@ class CheckpointManager:
                       root=str(self.root), note=note, chosen=sel.name)
         return replace(sel, latest_note=note)
 
+    def _hashes_agreed(self, comm: Comm, name: str) -> str | None:
+        """(every rank) Hash this rank's stripe of `name`'s files against its manifest; None when
+        every rank's matched, else why (the same on every rank). Why striped: rank 0 hashing
+        every rank's shards alone took longer than its peers' wait for its choice (the control
+        timeout) for any checkpoint past a few GB; here each rank reads 1/W of it."""
+        path, local = self.root / name, None
+        try:
+            verdict = verify_step_dir(path, hash_files=False, key=self._key)  # this rank's view of the step
+            if not verdict.ok or verdict.manifest is None:
+                local = verdict.reason
+            else:
+                files = sorted(verdict.manifest.files, key=lambda f: f.path)[comm.rank::comm.world_size]
+                bad = [f.path for f in files if sha256_file(path / f.path) != f.sha256]
+                local = f"sha256 mismatch (content corrupted): {', '.join(bad)}" if bad else None
+        except Exception as exc:  # noqa: BLE001 - gathered below: every rank refuses alike
+            local = _err(exc)
+        failed = [(r, e) for r, e in enumerate(comm.all_gather(local)) if e]
+        if not failed:
+            if comm.is_coordinator:  # retention need not read it again (`_verify(reuse_hash=True)`)
+                try:
+                    self._hashed[name] = tree_fingerprint(path)
+                except OSError:
+                    pass
+            return None
+        return "; ".join(f"{e} (rank {r}'s stripe)" for r, e in failed)
+
     def load_latest(
         self,
         *,
@@ -373,13 +463,25 @@ class CheckpointManager:
         """
         t0 = time.perf_counter()
         comm = self._comm()
-        sel: Selection | tuple[str, str] | None = None
-        if comm.is_coordinator:
-            try:
-                sel = self._select()
-            except Exception as exc:  # noqa: BLE001 - reported to every rank below
-                sel = ("error", _err(exc))
-        sel = comm.broadcast(sel)
+        refused: dict[str, str] = {}  # candidates whose content the ranks' digests refused
+        while True:  # each round refuses one more candidate, or ends
+            sel: Selection | tuple[str, str] | None = None
+            if comm.is_coordinator:
+                try:
+                    sel = self._select(refused)
+                except Exception as exc:  # noqa: BLE001 - reported to every rank below
+                    sel = ("error", _err(exc))
+            sel = comm.broadcast(sel)
+            if isinstance(sel, tuple) or sel.outcome is not Outcome.SELECTED:
+                break
+            assert sel.name is not None
+            why = self._hashes_agreed(comm, sel.name)
+            if why is None:
+                break
+            refused[sel.name] = why
+            if comm.is_coordinator:
+                log_event(WARNING, "checkpoint.refused", "checkpoint candidate refused", root=str(self.root),
+                          candidate=sel.name, reason=why)
         t_verified = time.perf_counter()
         if isinstance(sel, tuple):
             raise CheckpointLoadError(f"rank 0 could not scan {self.root}: {sel[1]}")

@@ -34,6 +34,12 @@ log = logging.getLogger("accelpact.checkpointing")
 #: before they exit anyway (rank 0 may be the rank that is gone)
 FAIL_STOP_RECORDED = "fail-stop-recorded"
 FAIL_STOP_WAIT_S = 5.0
+#: How long each collective of a restore may wait: every rank hashes its stripe of the chosen step,
+#: then DCP reads it, and ranks finish those at different times; the control timeout (seconds)
+#: failed any checkpoint past a few GB. A restore runs at attach, before any training, where a
+#: rank that died is seen by torchrun's agent, which stops the whole group: a long bound costs
+#: nothing unless the file system itself hangs.
+RESTORE_TIMEOUT_S = 1800.0
 
 
 class Checkpointer:
@@ -77,7 +83,8 @@ class Checkpointer:
     def restore(self) -> RestoreResult | None:
         """Load the newest verified checkpoint into model, optimizer, RNG and data cursor."""
         state = self.app_state()
-        report = self.manager.load_latest(model=self.rt.model, optimizer=self.rt.optimizer, app_state=state)
+        with self.rt.control.timeout_for(max(RESTORE_TIMEOUT_S, self.rt.control.timeout_s)):
+            report = self.manager.load_latest(model=self.rt.model, optimizer=self.rt.optimizer, app_state=state)
         if report is None:
             if self.rt.rank == 0 and self.rt.attempt == 0:
                 self.attempts.record_fresh_start()

@@ -341,14 +341,16 @@ def _take_in_state(rt: Runtime, m: Membership, activation: Activation, decision:
 
 def rebuild_checkpointer(rt: Runtime) -> None:
     """The checkpointer saves over the control group: it gets the new one, by the same gather a
-    spare's attach runs (its saves so far are kept)."""
+    spare's attach runs. What it counted is kept: its saves, the saves that failed and how many
+    in a row (`checkpoint_failures_tolerated` bounds those across changes too), what it restored."""
     if rt.checkpointer is None:
         return
     from .checkpointing import Checkpointer
 
-    saves = rt.checkpointer.saves
+    old = rt.checkpointer
     rt.checkpointer = Checkpointer(rt)
-    rt.checkpointer.saves = saves
+    for kept in ("saves", "failed", "in_a_row", "restored"):
+        setattr(rt.checkpointer, kept, getattr(old, kept))
 
 
 def rebuild_control_plane(rt: Runtime) -> ControlPlane:
