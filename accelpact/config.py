@@ -82,7 +82,9 @@ class Config:
     checkpoint_failures_tolerated: int = 3
     #: Restore the newest verified checkpoint at attach (when checkpoint_dir is set).
     restore: bool = True
-    #: Run identity for checkpoints and attempt records (default: torchrun's TORCHELASTIC_RUN_ID).
+    #: Run identity for checkpoints and attempt records (default: the run that wrote the newest step
+    #: in checkpoint_dir, so that a job launched again goes on from it; else torchrun's
+    #: TORCHELASTIC_RUN_ID). Given, a step written by another run is refused.
     run_id: str | None = None
     #: Restart budget enforced at attach: past it the job stops with a clear message.
     max_restarts: int = 3

@@ -74,3 +74,28 @@ def test_restart_budget_stops_after_too_many_restarts(tmp_path: Path, monkeypatc
     assert any(getattr(r, "event", "") == "checkpoint.restart_budget_exceeded" for r in caplog.records)
     with pytest.raises(ValueError, match="max_restarts"):
         check_restart_budget(-1)
+
+
+def test_a_run_launched_again_is_the_run_that_wrote_its_checkpoints(tmp_path: Path, monkeypatch) -> None:
+    """`torchrun --standalone` draws a new TORCHELASTIC_RUN_ID at every launch: taken as the run
+    id, a requeued job refused every step it had written and could neither resume nor start."""
+    from accelpact.checkpoint.manifest import FileEntry, Manifest
+    from accelpact.checkpoint.naming import MANIFEST_NAME, step_dir_name
+    from accelpact.checkpoint.selection import recorded_run
+    from accelpact.runtime.checkpointing import run_identity
+
+    def publish(step: int, run: str, manifest: bytes | None = None) -> None:
+        d = tmp_path / step_dir_name(step)
+        d.mkdir()
+        m = Manifest(run_id=run, attempt="0", step=step, world_size=1, layout="x", torch_version="t",
+                     files=(FileEntry("shards/a", 1, "0" * 64),), created_at="now", frontier=step, opt_step=step)
+        (d / MANIFEST_NAME).write_bytes(manifest if manifest is not None else m.to_json().encode())
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "launch-2")
+    assert recorded_run(tmp_path) is None and run_identity(None, str(tmp_path)) == "launch-2"  # a fresh root
+    publish(3, "launch-1")
+    publish(5, "launch-1", manifest=b"{torn")  # the newest unreadable: the next one says whose they are
+    assert recorded_run(tmp_path) == "launch-1"
+    assert run_identity(None, str(tmp_path)) == "launch-1"
+    assert run_identity("given", str(tmp_path)) == "given"  # a given id still refuses another run's steps
+    assert recorded_run(tmp_path / "missing") is None

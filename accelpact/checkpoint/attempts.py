@@ -190,7 +190,8 @@ def check_restart_budget(
         run = f" of run {log.run_id!r}" if log is not None else ""
         msg = (f"restart budget exceeded{run}: {used} restarts used (attempt {current} from {RESTART_ENV}, "
                f"{recorded} fail-stops recorded) > max_restarts={max_restarts}; stopping instead of retrying "
-               "- inspect the failures before resubmitting")
+               "- inspect the failures, then resubmit with a larger max_restarts (ACCELPACT_MAX_RESTARTS): "
+               "a resubmitted run goes on from its checkpoints and counts the fail-stops it recorded")
         log_event(logging.ERROR, "checkpoint.restart_budget_exceeded", msg, used=used, max_restarts=max_restarts)
         raise RestartBudgetExceeded(msg, used=used, max_restarts=max_restarts, attempt=current, recorded=recorded)
     return used

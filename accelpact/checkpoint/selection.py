@@ -10,13 +10,15 @@ to fit, since that would mean the job was restarted into another shape.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 
 from .errors import Refusal
-from .manifest import Layout, describe_layout, layout_mismatch
-from .naming import parse_step_dir_name
+from .manifest import Layout, ManifestError, describe_layout, layout_mismatch, parse_manifest
+from .naming import MANIFEST_NAME, classify_entries, parse_step_dir_name
 from .verify import Verdict
 
 
@@ -105,3 +107,19 @@ def select_candidate(
             )
         return Selection(Outcome.SELECTED, tuple(refusals), manifest.step, name)
     return Selection(Outcome.NONE_VERIFIED, tuple(refusals))
+
+
+def recorded_run(root: str | os.PathLike[str]) -> str | None:
+    """The run id in the manifest of the newest step published under `root` (None: no step, or
+    its manifest unreadable: it will be refused at restore with its reason anyway). Reads one
+    small file; verifies nothing."""
+    try:
+        steps = classify_entries(os.listdir(root)).steps
+    except OSError:
+        return None
+    for _, name in steps:  # newest first: the first readable manifest
+        try:
+            return parse_manifest((Path(root) / name / MANIFEST_NAME).read_bytes()).run_id
+        except (OSError, ManifestError):
+            continue
+    return None

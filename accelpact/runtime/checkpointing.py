@@ -23,6 +23,7 @@ from ..checkpoint import (
     check_restart_budget,
 )
 from ..checkpoint.failed_saves import FailedSaveVerdict, judge_failed_save
+from ..checkpoint.selection import recorded_run
 from ..errors import ControlPlaneError
 
 if TYPE_CHECKING:
@@ -42,24 +43,35 @@ FAIL_STOP_WAIT_S = 5.0
 RESTORE_TIMEOUT_S = 1800.0
 
 
+def run_identity(given: str | None, root: str) -> str:
+    """Whose checkpoints these are: the id given (`Config.run_id`, ACCELPACT_RUN_ID), else the run
+    that wrote the newest step under `root`, else torchrun's TORCHELASTIC_RUN_ID, else "accelpact".
+    Why the root's before torchrun's: `torchrun --standalone` draws a new id at every launch, so a
+    job launched again (a requeue, a restart budget spent) refused every step it had written
+    ("written by run ...") and could neither resume nor start."""
+    return given or recorded_run(root) or os.environ.get("TORCHELASTIC_RUN_ID") or "accelpact"
+
+
 class Checkpointer:
     def __init__(self, rt: Runtime):
         cfg = rt.config
         assert cfg.checkpoint_dir is not None
         self.rt = rt
         self.every = cfg.checkpoint_every
-        self.run_id = cfg.run_id or os.environ.get("TORCHELASTIC_RUN_ID") or "accelpact"
         layout = {
             "profile": rt.profile,
             "groups": sorted(gid.key for gid in rt.data_plane.held()),
         }
         # Each rank knows only its own groups; the layout must name the whole job's shape, so
-        # gather every rank's groups (once, at attach) into one description.
-        gathered = rt.control.gather(layout["groups"])
+        # gather every rank's groups (once, at attach) into one description. Rank 0's run id rides
+        # along: every rank takes it.
+        mine = {"groups": layout["groups"], "run": run_identity(cfg.run_id, cfg.checkpoint_dir)}
+        gathered = rt.control.gather(mine)
         unusable = rt.control.unusable(gathered)
         if unusable:  # every rank sees it: all refuse the layout together
             raise ControlPlaneError("the checkpoint layout does not fit the control plane: " + "; ".join(unusable))
-        layout["groups"] = sorted({g for per_rank in gathered for g in per_rank})
+        layout["groups"] = sorted({g for per_rank in gathered for g in per_rank["groups"]})
+        self.run_id = str(gathered[0]["run"])
         self.manager = CheckpointManager(
             cfg.checkpoint_dir, run_id=self.run_id, world_size=rt.world_size, layout=layout,
             keep=cfg.checkpoint_keep, group=rt.control.group, attempt=rt.attempt, key=cfg.checkpoint_key,
