@@ -411,11 +411,13 @@ def test_ddp_comm_hook_state_object_is_rebound_and_a_bare_group_state_refused():
 
 
 
-def test_dtensor_caches_are_kept_after_a_rebind_unless_a_mesh_nobody_rebinds_names_the_old_group(monkeypatch):
+def test_dtensor_caches_are_kept_after_a_rebind_unless_a_mesh_nobody_rebinds_names_a_retired_group(monkeypatch):
     """Dropping DTensor's sharding caches made the first update after a recovery 14x slower. They
-    are kept when a heap scan finds no live mesh outside the plans still naming the replaced (or
-    a retired) group; a foreign mesh equal by layout that does (another model's, say) could be
-    handed out by a cached decision, so then they are dropped."""
+    are kept when no live mesh outside the plans still names the replaced (or a retired) group. A
+    mesh outside the plans naming the replaced one (a submesh sliced after discovery, the user's
+    own `dp_mesh`) is pointed at its successor: left as it was, its first `get_group()` after a
+    proven recovery failed. One naming an older retired group (another model's, equal by layout)
+    could be handed out by a cached decision, so then they are dropped."""
     import copy
 
     from accelpact.rebind import mesh as mesh_rule
@@ -430,12 +432,25 @@ def test_dtensor_caches_are_kept_after_a_rebind_unless_a_mesh_nobody_rebinds_nam
 
     model, optimizer, groups = wrapped("fsdp2", 2)
     root = model._get_fsdp_state()._fsdp_param_group.mesh_info.mesh
-    foreign = copy.copy(root)  # equal by layout, naming the old groups, reached by no plan
-    foreign.__dict__["_dim_group_names"] = list(root._dim_group_names)
     plan = discover(model, groups.replicate, extra={"optimizer": optimizer})
-    plan.rebind(dist.new_group([0, 2]))
+    users = copy.copy(root)  # made after discovery, naming the old groups, reached by no plan
+    users.__dict__["_dim_group_names"] = list(root._dim_group_names)
+    successor = dist.new_group([0, 2])
+    plan.rebind(successor)
+    plan.prove()
+    assert mesh_rule.FOLLOWED[-1] == 1 and successor.group_name in users._dim_group_names
+    assert groups.replicate.group_name not in users._dim_group_names
+    assert dist.distributed_c10d._resolve_process_group(users._dim_group_names[0]) is successor
+    assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("kept", 0) and dropped == []
+
+    retired = groups.replicate.group_name  # replaced above: a mesh still naming it is another model's
+    foreign = copy.copy(root)
+    foreign.__dict__["_dim_group_names"] = [retired, root._dim_group_names[1]]
+    monkeypatch.setattr(mesh_rule, "retired_group_names", lambda: [retired])
+    plan = discover(model, groups.shard, extra={"optimizer": optimizer})
+    plan.rebind(dist.new_group([0, 1]))
     assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("dropped", 1) and dropped == [True]
-    assert groups.replicate.group_name in foreign._dim_group_names
+    assert retired in foreign._dim_group_names  # no successor known for it: left, and the caches dropped
 
 
 def test_the_mesh_tracker_sees_every_mesh_a_heap_scan_sees():

@@ -36,6 +36,7 @@ from collections import deque
 
 from torch.distributed.device_mesh import DeviceMesh
 
+from accelpact.comm import _c10d
 from accelpact.comm.lifecycle import retired_group_names
 from accelpact.rebind.rule import RuleContext
 from accelpact.rebind.sites import Access, Site
@@ -68,24 +69,53 @@ class MeshRule:
                 live_meshes()  # start tracking meshes now, at discovery, not in the first recovery
                 ours = frozenset(id(m) for m, _ in ctx.watched("mesh"))  # rewritten and proven by the plans
                 ctx.add_action("dtensor.sharding_caches",
-                               lambda replaced, ours=ours: keep_or_drop_sharding_caches(replaced, ours))
+                               lambda replaced, successor, ours=ours: keep_or_drop_sharding_caches(
+                                   replaced, ours, successor=successor))
 
 
 #: What the last rebinds did with DTensor's caches: ("kept" | "dropped", stale meshes, scan ms).
 CACHE_DECISIONS: deque[tuple[str, int, float]] = deque(maxlen=64)
+#: How many meshes outside the plans each rebind pointed at the successor (`follow_successor`).
+FOLLOWED: deque[int] = deque(maxlen=64)
 
 
-def keep_or_drop_sharding_caches(replaced: str, ours: frozenset[int] = frozenset()) -> None:
+def keep_or_drop_sharding_caches(replaced: str, ours: frozenset[int] = frozenset(), *,
+                                 successor: str | None = None) -> None:
     """Keep DTensor's sharding caches unless a live mesh still names `replaced` or a retired group.
     `ours`: the meshes the plans reach (ids); their tables are rewritten by the plan of each
     replaced group and checked by its proof, so only a mesh outside them can be stale here (a
-    2-D mesh still names the other group until that group's plan has run)."""
+    2-D mesh still names the other group until that group's plan has run). A live mesh outside
+    them that names `replaced` is first pointed at `successor` (`follow_successor`)."""
     start = time.perf_counter()
+    if successor is not None:
+        FOLLOWED.append(follow_successor(replaced, successor, ours))
     stale = [m for m in meshes_naming({replaced, *retired_group_names()}) if id(m) not in ours]
     if stale:
         clear_dtensor_sharding_caches()
         log.info("dropped DTensor's sharding caches: %d live mesh(es) still name a retired group", len(stale))
     CACHE_DECISIONS.append(("dropped" if stale else "kept", len(stale), (time.perf_counter() - start) * 1e3))
+
+
+def follow_successor(replaced: str, successor: str, ours: frozenset[int]) -> int:
+    """Point every live mesh the plans do not reach (a submesh sliced after discovery, a mesh the
+    user's script keeps for its own collectives) from `replaced` to `successor`, the group that
+    replaced it over the same ranks: in its name table and, on a root, in its registry. Without
+    this such a mesh kept naming a group c10d no longer resolves, and its first `get_group()`
+    after a proven recovery failed. Returns how many meshes it rewrote."""
+    followed = 0
+    for mesh in meshes_naming({replaced}):
+        if id(mesh) in ours:
+            continue
+        names = mesh.__dict__["_dim_group_names"]
+        names[:] = [successor if name == replaced else name for name in names]
+        registry = mesh.__dict__.get("_pg_registry")
+        if isinstance(registry, dict) and replaced in registry:
+            del registry[replaced]
+            registry[successor] = _c10d.resolve_name(successor)
+        followed += 1
+    if followed:
+        log.info("pointed %d live mesh(es) outside the plan from %s to %s", followed, replaced, successor)
+    return followed
 
 
 def meshes_naming(names: set[str]) -> list[DeviceMesh]:

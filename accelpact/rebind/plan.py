@@ -78,7 +78,7 @@ class RebindPlan:
         roots: Sequence[tuple[str, Any]] = (),
         discover_us: float = 0.0,
         visited: int = 0,
-        after_rebind: Mapping[str, Callable[[str], None]] | None = None,
+        after_rebind: Mapping[str, Callable[[str, str], None]] | None = None,
     ) -> None:
         self._group = group
         self._name: str = group.group_name
@@ -89,7 +89,7 @@ class RebindPlan:
         self.roots: tuple[tuple[str, Any], ...] = tuple(roots)
         self.discover_us = discover_us
         self.visited = visited
-        self.after_rebind: dict[str, Callable[[str], None]] = dict(after_rebind or {})
+        self.after_rebind: dict[str, Callable[[str, str], None]] = dict(after_rebind or {})
         self._actions = tuple(self.after_rebind.values())
         self.counts: dict[str, int] = dict(collections.Counter(site.kind for site in self.sites))
         self.names = sum(1 for site in self.sites if site.holds_name)
@@ -173,7 +173,7 @@ class RebindPlan:
                 holder[key] = new_name
         writes_done = time.perf_counter_ns()
         for action in self._actions:
-            action(old_name)
+            action(old_name, new_name)
         end = time.perf_counter_ns()
         elapsed_us, actions_us = (end - start) / 1e3, (end - writes_done) / 1e3
         if new_group is not old:

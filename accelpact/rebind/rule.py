@@ -51,9 +51,9 @@ class RuleContext:
         self.sites.append(site)
         self._by_holder_key[(id(site.holder), _hashable(site.key))] = site
 
-    def add_action(self, name: str, action: Callable[[str], None]) -> None:
-        """Something to do after every rebind of this plan, given the replaced group's name (e.g.
-        drop a cache that may hold stale objects)."""
+    def add_action(self, name: str, action: Callable[[str, str], None]) -> None:
+        """Something to do after every rebind of this plan, given the replaced group's name and its
+        successor's (e.g. drop a cache that may hold stale objects)."""
         self.after_rebind[name] = action
 
     def claim_opaque(self, obj: Any) -> None:
