@@ -478,3 +478,37 @@ def test_the_mesh_tracker_sees_every_mesh_a_heap_scan_sees():
     del made
     gc.collect()
     assert gone not in {id(m) for m in mesh_rule.live_meshes()}
+
+
+def test_a_framework_setter_that_raises_in_a_rebind_is_the_vote_not_an_escape():
+    """DDP's `_update_process_group` or an after-rebind action raising a RuntimeError must become
+    this rank's vote against: escaping, it left the protocol while its peers waited in validation
+    and the vote for the control timeout."""
+    from types import SimpleNamespace
+
+    from accelpact.fsm.effects import RebindReferences
+    from accelpact.runtime.rebinding import rebind_references
+
+    def broken(new):
+        raise RuntimeError("Reducer: process group cannot be updated while a backward is in flight")
+
+    plane = SimpleNamespace(plans={"replicate": SimpleNamespace(rebind=broken)}, install=lambda *a, **k: None)
+    got = rebind_references(plane, RebindReferences(("replicate",), 3), {"replicate": (object(), object())},
+                            rebind=True, counts={})
+    assert not got.ok and "RuntimeError: Reducer" in got.reason
+
+
+def test_a_flattened_submesh_is_refused_before_a_shrink_not_inside_it():
+    """A `_flatten`ed submesh names an axis its root does not have: found only inside the shrink
+    (a ValueError from the reshape), the world had already been rebuilt."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from accelpact.rebind import reshape
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    assert reshape.unshrinkable([mesh]) == ""
+    flat = mesh["replicate", "shard"]._flatten("dp")
+    assert "is flattened" in reshape.unshrinkable([mesh]) and "('dp',)" in reshape.unshrinkable([mesh])
+    with pytest.raises(RebindError, match="is flattened"):
+        reshape.reshape(torch.nn.Linear(1, 1), [mesh], {0: 0, 1: 1}, 0)
+    del flat

@@ -127,7 +127,7 @@ def test_a_rank_says_why_it_could_not_go_on_smaller():
     data = SyntheticTokens(8, 4, 2)
     rt = SimpleNamespace(config=Config(on_loss="shrink"), profile="fsdp2-hsdp", data_state=data,
                          data_plane=SimpleNamespace(gids={"shard": GroupId("shard", (0, 1)),
-                                                          "replicate": GroupId("replicate", (0, 2))}))
+                                                          "replicate": GroupId("replicate", (0, 2))}, plans={}))
     assert shrink_refusal(rt) == ""
     rt.profile = "fsdp1-hsdp"
     assert shrink_refusal(rt) == ""

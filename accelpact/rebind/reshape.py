@@ -67,6 +67,21 @@ def _meshes_of(roots: Iterable[DeviceMesh]) -> tuple[list[DeviceMesh], list[Devi
     return list(root_ids.values()), children
 
 
+def unshrinkable(meshes: Iterable[DeviceMesh]) -> str:
+    """Why these meshes (and their live submeshes) cannot shrink in place; empty if they can. A
+    flattened submesh (`DeviceMesh._flatten`) names an axis the root does not have: found only
+    inside the shrink, the world would already have been rebuilt."""
+    roots, children = _meshes_of(meshes)
+    for child in children:
+        root_names = child._root_mesh._mesh_dim_names
+        if root_names is None or child._mesh_dim_names is None:
+            return f"a submesh of {root_names} has no dimension names: its axes cannot be found"
+        if not set(child._mesh_dim_names) <= set(root_names):
+            return (f"the submesh {child._mesh_dim_names} of the mesh {root_names} is flattened (_flatten): it "
+                    "cannot shrink in place")
+    return ""
+
+
 def reshape(model: nn.Module, meshes: Iterable[DeviceMesh], renumber: Mapping[int, int],
             new_rank: int) -> ReshapeReport:
     """Shrink every mesh in `meshes` (and their submeshes) to the ranks of `renumber`, in place,
@@ -82,6 +97,9 @@ def reshape(model: nn.Module, meshes: Iterable[DeviceMesh], renumber: Mapping[in
         for child in (c for c in children if c._root_mesh is root):
             if names is None or child._mesh_dim_names is None:
                 raise RebindError(f"a submesh of {names} has no dimension names: cannot find its axes")
+            if not set(child._mesh_dim_names) <= set(names):
+                raise RebindError(f"the submesh {child._mesh_dim_names} of {names} is flattened: its axes are "
+                                  "none of the root's, so it cannot shrink in place")
             child._layout = _MeshLayout(tuple(root._layout[names.index(n)] for n in child._mesh_dim_names))
             child._rank_map, child._flatten_rank_map, child._rank = (root._rank_map, root._flatten_rank_map,
                                                                     new_rank)

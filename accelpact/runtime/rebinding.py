@@ -22,4 +22,8 @@ def rebind_references(plane: DataPlane, effect: RebindReferences, pending: Pendi
             plane.install(label, new, effect.generation, rebound=rebind)
     except (RebindError, KeyError) as exc:
         return StepResult(False, f"{type(exc).__name__}: {exc}")
+    except Exception as exc:  # a framework's own setter (DDP's reducer, an after-rebind action) raised:
+        # the vote carries it; escaping, it would take this rank out of the protocol and leave its
+        # peers waiting in validation and the vote for the control timeout
+        return StepResult(False, f"rebinding failed in the framework: {type(exc).__name__}: {exc}")
     return StepResult(True)

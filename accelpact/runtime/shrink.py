@@ -27,6 +27,7 @@ from ..fsm.decisions import GroupId
 from ..launch import Membership
 from ..membership import keys, world
 from ..rebind import reshape
+from ..rebind.mesh import clear_dtensor_sharding_caches
 from . import member_change as mc  # the steps every membership change shares (imported both ways)
 from .stragglers import StragglerWatch
 
@@ -46,7 +47,7 @@ def shrink_refusal(rt: Runtime) -> str:
                 "reducer keeps the world's size where neither a rebind nor a reshape reaches it")
     if not callable(getattr(rt.data_state, "reshard", None)):
         return "its data_state has no reshard(index, count): the data partition could not follow the smaller world"
-    return ""
+    return reshape.unshrinkable([mesh for plan in rt.data_plane.plans.values() for mesh in plan.meshes])
 
 
 def go_on_smaller(rt: Runtime, m: Membership, change: MemberChange, undo: bool, clock: PhaseClock) -> MemberChange:
@@ -117,6 +118,9 @@ def _rebind_shrunk(rt: Runtime, old_groups: dict, old_gids: dict, built: dict, r
             change.rebound[kind] = change.rebound.get(kind, 0) + n
     shaped = reshape.reshape(rt.model, meshes, renumber, rt.rank)
     reshape.proof(rt.model, meshes, rt.world_size, rt.rank)
+    # the groups kept their names, so the rebinds kept DTensor's caches; but the meshes changed
+    # shape in place, and a cached decision (keyed by specs hashed with the old shape) would not
+    clear_dtensor_sharding_caches()
     change.rebound["mesh.reshaped"] = shaped.meshes
     change.rebound["fsdp2.mesh_info_resized"] = shaped.mesh_infos
     change.rebound["fsdp1.divide_factors"] = shaped.fsdp1_factors
