@@ -109,3 +109,15 @@ def test_every_group_is_built_by_the_helper_connections_wraps():
     assert "_new_process_group_helper(" in inspect.getsource(c10d._new_group_with_tag)
     params = list(inspect.signature(c10d._new_process_group_helper).parameters)
     assert params[3] == "backend", params  # read positionally to leave NCCL groups alone
+
+
+def test_attach_names_a_torch_other_than_the_verified_one(monkeypatch):
+    """pyproject pins torch < 2.14; an environment that bypasses it is told at attach why a
+    recovery may fail, not left to find out in one."""
+    from accelpact.comm import _c10d
+
+    assert _c10d.unverified_torch() is None  # the installed one
+    monkeypatch.setattr(torch, "__version__", "2.14.0+cu126")
+    assert "torch 2.14.0+cu126 is not the 2.13 release" in _c10d.unverified_torch()
+    monkeypatch.setattr(torch, "__version__", "2.13.1+cpu")
+    assert _c10d.unverified_torch() is None

@@ -187,3 +187,30 @@ def test_reject_evidence_names_the_reasons_and_the_original_error(tmp_path):
 def test_an_unknown_model_type_is_refused_by_name():
     with pytest.raises(UnsupportedModelError, match="unknown model type Linear"):
         detect_profile(torch.nn.Linear(2, 2))
+
+
+def test_tau_counts_updates_so_a_step_the_scaler_skipped_does_not_leave_it_behind(monkeypatch):
+    """GradScaler skips optimizer.step() when it finds inf gradients (routine while fp16's scale
+    settles): no step hook fires, and tau counted one step short for the rest of the run. Every
+    later Rewind was then refused ("tau out of range"), and with step_copy a rank that finished
+    its update kept its step and stepped again in the re-run."""
+    import torch
+
+    from accelpact.runtime import runtime as shell
+
+    monkeypatch.setattr(shell, "record_train", lambda rt: None)
+    monkeypatch.setattr(shell, "after_commit", lambda rt: None)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1.0)
+    scaler.scale(torch.ones(()))  # the scaler's state exists once it has scaled a loss
+    stepped = []
+    opt.register_step_post_hook(lambda *a: stepped.append(1))
+    model.weight.grad = torch.full_like(model.weight, float("inf"))  # an fp16 overflow
+    model.bias.grad = torch.zeros_like(model.bias)
+    scaler.step(opt)
+    assert stepped == []  # no optimizer step, so no hook counted it
+    rt = SimpleNamespace(frontier=3, opt_step=3, machine=SimpleNamespace(fire=lambda trigger: None),
+                         observers=SimpleNamespace(commit=lambda frontier, generation: None), generation=0)
+    shell.Runtime._commit(rt)
+    assert rt.frontier == rt.opt_step == 4

@@ -351,6 +351,36 @@ def test_module_buffers_changed_by_forward_are_restored_in_place():
     assert [b.data_ptr() for b in model.buffers()] == ptrs
 
 
+def test_a_buffer_forward_replaced_instead_of_updating_is_put_back():
+    """`self.ema = 0.9 * self.ema + 0.1 * x` assigns a new tensor: a restore that copied into the
+    old one left the module holding the interrupted update's value, counted twice by the re-run."""
+    import torch
+
+    from accelpact.runtime.module_buffers import ModuleBuffers
+    from accelpact.runtime.snapshot import BoundarySnapshot
+
+    class Ema(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("ema", torch.zeros(2))
+            self.register_buffer("count", torch.zeros((), dtype=torch.int64))
+
+        def forward(self, x):
+            self.ema = 0.9 * self.ema + 0.1 * x  # out of place
+            self.count += 1  # in place
+            return x
+
+    model = Ema()
+    index = ModuleBuffers(model)
+    snap = BoundarySnapshot.capture(None, 0, model, model_buffers=index.slots())
+    model(torch.ones(2))
+    assert torch.equal(model.ema, torch.full((2,), 0.1)) and int(model.count) == 1
+    snap.restore(None)
+    assert model.ema.tolist() == [0.0, 0.0] and int(model.count) == 0
+    assert index.current() == tuple(model.buffers())  # the index follows the buffer put back
+    assert BoundarySnapshot.capture(None, 0, model).buffers[0][2] is model._buffers  # the walk gives slots too
+
+
 def test_the_boundary_snapshot_puts_schedulers_scalers_and_the_lr_back():
     import torch
 

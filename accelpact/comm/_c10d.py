@@ -23,7 +23,22 @@ from torch._C._distributed_c10d import (
 )
 from torch.distributed import distributed_c10d as c10d
 
+#: The torch release whose internals this module and the rebind rules were verified on.
+VERIFIED_TORCH = "2.13"
+
+
+def unverified_torch() -> str | None:
+    """Why the installed torch is not the one the internals were verified on (None: it is)."""
+    if torch.__version__.split("+")[0].rsplit(".", 1)[0] == VERIFIED_TORCH:
+        return None
+    return (f"torch {torch.__version__} is not the {VERIFIED_TORCH} release whose private c10d and framework "
+            "internals AccelPact's group replacement and rebind rules were verified on "
+            "(tests/test_comm_torch_pins.py): a recovery may fail or leave a stale reference")
+
+
 __all__ = [
+    "VERIFIED_TORCH",
+    "unverified_torch",
     "abort_together",
     "around_group_construction",
     "backend_config",

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..comm import _c10d
 from ..comm.nccl_env import nccl_version, refuse_unfit
 from ..config import Config
 from ..control import ControlPlane
@@ -87,6 +88,10 @@ def attach(
     plane.refuse_default_group()
     if plane.uses_nccl():
         refuse_unfit(os.environ, nccl_version())
+    unverified = _c10d.unverified_torch()
+    if unverified and rank == 0:
+        log.warning(unverified)
+        print(f"[accelpact] WARNING: {unverified}", file=sys.stderr, flush=True)
     rt: Runtime | None = None
     try:
         rt = _build(model, optimizer, data_state, config, envelope, profile, plane, rank, world_size, attempt,

@@ -55,18 +55,30 @@ class ModuleBuffers:
         self._slots: tuple[tuple[dict, str, torch.Tensor], ...] = ()
 
     def current(self) -> tuple[torch.Tensor, ...]:
+        return tuple(tensor for _, _, tensor in self.slots())
+
+    def slots(self) -> tuple[tuple[dict, str, torch.Tensor], ...]:
+        """(the owning module's `_buffers`, name, tensor) of every buffer: where a snapshot puts a
+        buffer back if forward replaced it (`self.ema = 0.9 * self.ema + ...`) instead of updating
+        it in place."""
         if self._epoch != _epoch or any(where.get(name) is not tensor for where, name, tensor in self._slots):
             self._walk()
-        return tuple(tensor for _, _, tensor in self._slots)
+        return self._slots
 
     def _walk(self) -> None:
         self._epoch = _epoch
-        seen: set[int] = set()
-        slots = []
-        for module in self.model.modules():
-            for name, tensor in module._buffers.items():
-                if tensor is not None and id(tensor) not in seen:  # model.buffers() drops duplicates too
-                    seen.add(id(tensor))
-                    slots.append((module._buffers, name, tensor))
-        self._slots = tuple(slots)
+        self._slots = buffer_slots(self.model)
         self.walks += 1
+
+
+def buffer_slots(model: nn.Module) -> tuple[tuple[dict, str, torch.Tensor], ...]:
+    """(owner's `_buffers`, name, tensor) of every buffer of `model`, each tensor once (as
+    `model.buffers()` lists them)."""
+    seen: set[int] = set()
+    slots = []
+    for module in model.modules():
+        for name, tensor in module._buffers.items():
+            if tensor is not None and id(tensor) not in seen:
+                seen.add(id(tensor))
+                slots.append((module._buffers, name, tensor))
+    return tuple(slots)

@@ -48,7 +48,7 @@ class RewindState:
             self.buffers = ModuleBuffers(model)
         try:
             snap = BoundarySnapshot.capture(data_state, frontier, optimizer=optimizer, stateful=self.stateful,
-                                            model_buffers=self.buffers.current())
+                                            model_buffers=self.buffers.slots())
             self.snapshot, self.snapshot_problem = snap, ""
         except TypeError as exc:  # a data_state without state_dict: train on, but never rewind
             self.snapshot, self.snapshot_problem = None, str(exc)

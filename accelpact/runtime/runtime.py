@@ -231,6 +231,7 @@ class Runtime:
     def _commit(self) -> None:
         record_train(self)  # under membership: update F+1 trained from F in this world
         self.frontier += 1
+        self.opt_step = self.frontier  # tau counts updates: a step GradScaler skipped (inf grads) ended one too
         self.machine.fire("commit_update")
         self.observers.commit(self.frontier, self.generation)
         after_commit(self)  # replica digests (every Config.digest_every), then the checkpoint: may reject
@@ -255,6 +256,7 @@ class Runtime:
         if committed := outcome.frontier > self.frontier:  # a Preserve committed update F+1 at its boundary
             record_train(self)
         self.frontier, self.generation = outcome.frontier, outcome.generation
+        self.opt_step = self.frontier if committed else self.opt_step  # as at a commit (`_commit`)
         if outcome.action is RecoveryAction.REWIND:
             self.update_index -= 1  # the same update runs again (faults already fired stay fired)
             self._rewound = True

@@ -25,6 +25,7 @@ from torch import nn
 from torch.amp.grad_scaler import _refresh_per_optimizer_state
 
 from accelpact.checkpoint.appstate import capture_rng_state_in_memory, restore_rng_state, rng_problem
+from accelpact.runtime.module_buffers import buffer_slots
 
 __all__ = ["BoundarySnapshot", "StepCopy"]
 
@@ -55,8 +56,9 @@ class BoundarySnapshot:
     rng: dict[str, Any] = field(repr=False)
     cursor: Any = None
     has_cursor: bool = False
-    #: module buffers forward may change (BatchNorm running statistics, counters): (live, copy)
-    buffers: tuple[tuple[torch.Tensor, torch.Tensor], ...] = field(default=(), repr=False)
+    #: module buffers forward may change (BatchNorm running statistics, counters): (live, copy,
+    #: the owner's `_buffers`, name), so that a buffer forward replaced is put back before the copy
+    buffers: tuple[tuple[torch.Tensor, torch.Tensor, dict, str], ...] = field(default=(), repr=False)
     #: what else an update mutates (LR schedulers, grad scalers): (live object, its state_dict copy)
     stateful: tuple[tuple[Any, Any], ...] = field(default=(), repr=False)
     #: the optimizer's param-group hyperparameters (lr, momentum, ...; not the params): (live, copy)
@@ -65,19 +67,20 @@ class BoundarySnapshot:
     @classmethod
     def capture(cls, data_state: Any, frontier: int, model: torch.nn.Module | None = None, *,
                 optimizer: torch.optim.Optimizer | None = None, stateful: Sequence[Any] = (),
-                model_buffers: Sequence[torch.Tensor] | None = None) -> BoundarySnapshot:
+                model_buffers: Sequence[tuple[dict, str, torch.Tensor]] | None = None) -> BoundarySnapshot:
         """Snapshot the current process; ``data_state`` needs state_dict/load_state_dict, or is None.
         With ``model``, its floating and integer buffers are copied too: a forward that updates
         running statistics would otherwise count the interrupted update twice after a rewind.
         ``stateful`` (schedulers, scalers) and the ``optimizer``'s param-group hyperparameters are
         copied because an update steps them: a rank that finished its update before a peer failed
         would otherwise re-run it one scheduler step ahead. ``model_buffers``: the model's
-        buffers when the caller knows them already (`ModuleBuffers`), instead of a walk of ``model``."""
-        live = model_buffers if model_buffers is not None else tuple(model.buffers()) if model is not None else ()
+        buffer slots (owner's `_buffers`, name, tensor) when the caller knows them already
+        (`ModuleBuffers.slots`), instead of a walk of ``model``."""
+        slots = model_buffers if model_buffers is not None else buffer_slots(model) if model is not None else ()
         buffers = ()
-        if live:
+        if slots:
             with torch.no_grad():
-                buffers = tuple((b, b.detach().clone()) for b in live)
+                buffers = tuple((b, b.detach().clone(), where, name) for where, name, b in slots)
         for obj in stateful:
             _check_stateful(obj)
         extra = {"stateful": tuple((obj, copy.deepcopy(obj.state_dict())) for obj in stateful),
@@ -103,14 +106,16 @@ class BoundarySnapshot:
         elif self.has_cursor:
             raise ValueError(f"boundary snapshot of frontier {self.frontier} holds a data cursor but no "
                              "data_state was given to restore it into")
-        for live, saved in self.buffers:
+        for live, saved, _, _ in self.buffers:
             if live.shape != saved.shape:
                 raise RuntimeError(f"boundary snapshot of frontier {self.frontier}: a module buffer changed shape "
                                    f"{tuple(saved.shape)} -> {tuple(live.shape)}; it cannot be restored in place")
         if data_state is not None:
             data_state.load_state_dict(copy.deepcopy(self.cursor))
         with torch.no_grad():
-            for live, saved in self.buffers:
+            for live, saved, where, name in self.buffers:
+                if where.get(name) is not live:  # forward assigned a new tensor: the old one is the buffer again
+                    where[name] = live
                 live.copy_(saved)
         for obj, saved in self.stateful:
             obj.load_state_dict(copy.deepcopy(saved))
