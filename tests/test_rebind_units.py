@@ -512,3 +512,27 @@ def test_a_flattened_submesh_is_refused_before_a_shrink_not_inside_it():
     with pytest.raises(RebindError, match="is flattened"):
         reshape.reshape(torch.nn.Linear(1, 1), [mesh], {0: 0, 1: 1}, 0)
     del flat
+
+
+def test_fsdp2_options_that_add_a_group_besides_shard_and_replicate_are_refused_at_attach():
+    """A separate reduce-scatter group, or a post-forward mesh of its own (reshard_after_forward=<int>):
+    a recovery replaced shard and replicate and left that group broken for the next update."""
+    from types import SimpleNamespace
+
+    from accelpact.rebind.groups import refuse_unlabelled_fsdp2_groups
+
+    model, _, groups = wrapped("fsdp2", 2)
+    assert set(data_plane_groups(model)) == {"shard", "replicate"}
+    info = model.layers[0]._get_fsdp_state()._fsdp_param_group.mesh_info
+    info.reduce_scatter_process_group = dist.new_group([0, 1])
+    try:
+        with pytest.raises(RebindError, match=r"layers\.0 reduce-scatters on a separate group"):
+            data_plane_groups(model)
+    finally:
+        info.reduce_scatter_process_group = None
+    same = SimpleNamespace(shard_process_group=groups.shard, reduce_scatter_process_group=None)
+    smaller = SimpleNamespace(shard_process_group=dist.new_group([0]))
+    refuse_unlabelled_fsdp2_groups(SimpleNamespace(mesh_info=same, post_forward_mesh_info=None), "a")
+    refuse_unlabelled_fsdp2_groups(SimpleNamespace(mesh_info=same, post_forward_mesh_info=same), "a")
+    with pytest.raises(RebindError, match="reshard_after_forward=<int>"):
+        refuse_unlabelled_fsdp2_groups(SimpleNamespace(mesh_info=same, post_forward_mesh_info=smaller), "a")

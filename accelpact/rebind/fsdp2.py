@@ -2,9 +2,11 @@
 
 Each ``fully_shard`` call makes one ``FSDPParamGroup`` whose ``mesh_info`` (an ``HSDPMeshInfo``
 for a 2-D mesh, shared with its ``FSDPParam``s) caches ``replicate_process_group`` and
-``shard_process_group``: L+1 references per group for L blocks + root. A
-``post_forward_mesh_info`` (``reshard_after_forward=int``) and a dedicated
-``reduce_scatter_process_group`` add theirs when used.
+``shard_process_group``: L+1 references per group for L blocks + root. With
+``reshard_after_forward=True`` the ``post_forward_mesh_info`` is the same object. A
+post-forward mesh of its own (``reshard_after_forward=int``) and a dedicated
+``reduce_scatter_process_group`` put collectives on groups besides shard and replicate, which a
+recovery would not replace: attach refuses them (`groups.refuse_unlabelled_fsdp2_groups`).
 
 The mesh itself matters as much: parameters are DTensors on the mesh, and anything that asks
 ``mesh.get_group(dim)`` resolves ``mesh._dim_group_names[dim]`` through c10d's name registry

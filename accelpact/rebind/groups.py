@@ -62,3 +62,22 @@ def _record_fsdp2(module: nn.Module, path: str, record: Any) -> None:
     mesh_info = param_group.mesh_info
     record("shard", getattr(mesh_info, "shard_process_group", None), path)
     record("replicate", getattr(mesh_info, "replicate_process_group", None), path)
+    refuse_unlabelled_fsdp2_groups(param_group, path)
+
+
+def refuse_unlabelled_fsdp2_groups(param_group: Any, path: str) -> None:
+    """FSDP2 options that put a unit's collectives on a group besides its shard and replicate
+    groups: a recovery would replace those two and leave that one as it was, broken by the same
+    failure, for the next update to hang or fail on. Refused by name at attach."""
+    where = path or "<root>"
+    mesh_info = param_group.mesh_info
+    if getattr(mesh_info, "reduce_scatter_process_group", None) is not None:
+        raise RebindError(f"FSDP2 unit {where} reduce-scatters on a separate group "
+                          "(set_separate_reduce_scatter_group): AccelPact replaces only the shard and replicate "
+                          "groups; turn it off to attach")
+    post = param_group.post_forward_mesh_info
+    if post is not None and post is not mesh_info and \
+            getattr(post, "shard_process_group", None) is not getattr(mesh_info, "shard_process_group", None):
+        raise RebindError(f"FSDP2 unit {where} reshards after forward to a smaller mesh of its own "
+                          "(reshard_after_forward=<int>): AccelPact replaces only the shard and replicate groups; "
+                          "use reshard_after_forward=True or False to attach")
