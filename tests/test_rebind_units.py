@@ -536,3 +536,21 @@ def test_fsdp2_options_that_add_a_group_besides_shard_and_replicate_are_refused_
     refuse_unlabelled_fsdp2_groups(SimpleNamespace(mesh_info=same, post_forward_mesh_info=same), "a")
     with pytest.raises(RebindError, match="reshard_after_forward=<int>"):
         refuse_unlabelled_fsdp2_groups(SimpleNamespace(mesh_info=same, post_forward_mesh_info=smaller), "a")
+
+
+def test_a_hook_on_a_parameter_that_holds_the_group_is_found_and_rebound():
+    """`param.register_hook(...)` and `register_post_accumulate_grad_hook(...)` keep their hooks on
+    the C++ side of the tensor, not in its `__dict__`: a group their closures held was neither
+    rebound nor refused."""
+    group = dist.new_group([0, 2])
+    model = torch.nn.Linear(2, 2)
+    model.weight.register_hook(_closure_over(group))
+    model.bias.register_post_accumulate_grad_hook(functools.partial(_uses, group, 2))
+    plan = discover(model, group)
+    bias, weight = sorted(plan.paths)  # hooks are keyed by a process-wide counter
+    assert bias.startswith("_parameters[bias]._post_accumulate_grad_hooks[") and bias.endswith("].args[0]")
+    assert weight.startswith("_parameters[weight]._backward_hooks[") and weight.endswith("].<closure group>")
+    new = dist.new_group([0, 2])
+    plan.rebind(new)
+    plan.prove()
+    assert next(iter(model.weight._backward_hooks.values()))() is new

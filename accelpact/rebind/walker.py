@@ -188,6 +188,19 @@ def _function_edges(fn: types.FunctionType) -> Iterator[Edge]:
         yield from _attribute_edges(fn.__dict__)
 
 
+#: Where a tensor keeps the hooks registered on it (`register_hook`,
+#: `register_post_accumulate_grad_hook`): on the C++ side, not in its `__dict__`, so a group a
+#: hook's closure or default holds would be neither rebound nor refused without them.
+_TENSOR_HOOK_TABLES = ("_backward_hooks", "_post_accumulate_grad_hooks")
+
+
+def _tensor_hook_edges(tensor: Any) -> Iterator[Edge]:
+    for name in _TENSOR_HOOK_TABLES:
+        hooks = getattr(tensor, name, None)
+        if hooks:
+            yield f".{name}", hooks, Access.SLOT, tensor, name
+
+
 def _edges(obj: Any, kind: _Kind) -> Iterator[Edge]:
     if kind is _Kind.MODULE:
         yield from _attribute_edges(obj.__dict__, skip=frozenset({"_modules"}))
@@ -196,6 +209,8 @@ def _edges(obj: Any, kind: _Kind) -> Iterator[Edge]:
         if instance_dict:
             yield from _attribute_edges(instance_dict)
         yield from _slot_edges(obj)
+        if kind is _Kind.TENSOR:
+            yield from _tensor_hook_edges(obj)
     elif kind is _Kind.DICT:
         yield from _dict_edges(obj)
     elif kind is _Kind.LIST:
