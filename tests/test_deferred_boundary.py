@@ -242,3 +242,23 @@ def test_settle_is_refused_inside_an_update():
     rt = SimpleNamespace(_tracker=SimpleNamespace(phase=FailurePhase.BACKWARD))
     with pytest.raises(ConfigError, match="inside an update"):
         Runtime.settle(rt)
+
+
+def test_attach_says_once_why_no_boundary_will_be_deferred(monkeypatch, caplog):
+    """A user who set boundary="deferred" and never gets it (no data cursor, DDP without
+    step_copy's envelope...) is told at attach, not left to wonder at the bench."""
+    import importlib
+    import logging
+    from types import SimpleNamespace
+
+    attach = importlib.import_module("accelpact.runtime.attach")  # the module (the package exports a function)
+    monkeypatch.setattr(attach, "check_same_settings", lambda group, rank, settings: None)
+    rt = SimpleNamespace(config=Config(boundary="deferred"), control=SimpleNamespace(group=None), rank=0)
+    envelope = SimpleNamespace(rewind_phases=QUALIFIED, replace_phases=(), describe=lambda: "")
+    with caplog.at_level(logging.WARNING, logger="accelpact.runtime"):
+        attach._same_settings_everywhere(rt, envelope, "fsdp2", "cpu-gloo", has_data_cursor=False)
+    assert "every boundary will be agreed synchronously: no data cursor" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="accelpact.runtime"):
+        attach._same_settings_everywhere(rt, envelope, "fsdp2", "cpu-gloo", has_data_cursor=True)
+    assert "synchronously" not in caplog.text

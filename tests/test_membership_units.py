@@ -504,3 +504,21 @@ def test_a_membership_change_keeps_what_the_checkpointer_counted(monkeypatch):
     assert isinstance(rt.checkpointer, Fresh)
     assert (rt.checkpointer.saves, rt.checkpointer.failed, rt.checkpointer.in_a_row, rt.checkpointer.restored) == \
         ([{"step": 4}], [{"step": 6}], 1, "step 2")
+
+
+def test_a_member_that_will_vote_against_still_probes_the_rebuilt_groups(monkeypatch):
+    """Its peers' probes would otherwise wait the whole join timeout for it before they could vote."""
+    from types import SimpleNamespace
+
+    from accelpact.runtime import member_change
+
+    probed, votes = [], []
+    monkeypatch.setattr(member_change, "validate_groups", lambda groups, timeout: probed.append(len(groups)))
+    monkeypatch.setattr(member_change.register, "post_vote", lambda store, world, rank, ok, why: votes.append((ok, why)))
+    monkeypatch.setattr(member_change.register, "release", lambda *a: ("reject", ["rank 0: restore failed"]))
+    rt = SimpleNamespace(rank=0, config=SimpleNamespace(control_timeout_s=6.0), trace=SimpleNamespace(write=list),
+                         data_plane=SimpleNamespace(groups={"shard": object()}, gids={"shard": SimpleNamespace(ranks=(0, 1))}))
+    change = SimpleNamespace(reasons=["rank 0: restore failed"], decision=SimpleNamespace(generation=1), outcome=None)
+    member_change.validate_and_release(rt, SimpleNamespace(store=None, world=1, world_size=2), None, change,
+                                       SimpleNamespace(lap=lambda name: None))
+    assert probed == [1] and votes == [(False, "rank 0: restore failed")]
