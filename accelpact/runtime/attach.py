@@ -86,12 +86,7 @@ def attach(
     profile = config.profile or detect_profile(model)
     plane = DataPlane(model, timeout_s=provisional(config)[0], extra=[optimizer, *meshes])  # "auto": measured
     plane.refuse_default_group()
-    if plane.uses_nccl():
-        refuse_unfit(os.environ, nccl_version())
-    unverified = _c10d.unverified_torch()
-    if unverified and rank == 0:
-        log.warning(unverified)
-        print(f"[accelpact] WARNING: {unverified}", file=sys.stderr, flush=True)
+    _check_environment(plane, rank)
     rt: Runtime | None = None
     try:
         rt = _build(model, optimizer, data_state, config, envelope, profile, plane, rank, world_size, attempt,
@@ -109,6 +104,17 @@ def attach(
         raise
     log.info("attached", extra={"rank": rank, "profile": rt.profile, "groups": sorted(rt.data_plane.gids)})
     return rt
+
+
+def _check_environment(plane: DataPlane, rank: int) -> None:
+    """Refuse NCCL settings an in-memory recovery cannot live with; name a torch the internals were not
+    verified on."""
+    if plane.uses_nccl():
+        refuse_unfit(os.environ, nccl_version())
+    unverified = _c10d.unverified_torch()
+    if unverified and rank == 0:
+        log.warning(unverified)
+        print(f"[accelpact] WARNING: {unverified}", file=sys.stderr, flush=True)
 
 
 def _with_spares(config: Config, model: nn.Module) -> Config:
