@@ -320,29 +320,28 @@ def test_retention_keeps_newest_k_verified(tmp_path: Path) -> None:
     assert save(mgr, t).deleted == (step_dir_name(5), step_dir_name(4))
 
 
-def test_retention_after_a_restart_reads_only_the_steps_it_judges(tmp_path: Path, monkeypatch) -> None:
-    """A new process hashed nothing yet: retention reads the steps it must judge (the newest K, a
-    stripe each in a real world), never those past them, which go whatever they hold. Rank 0
-    re-reading every old step alone held its peers in the save past their bound."""
+def test_retention_after_a_restart_reads_no_old_step(tmp_path: Path, monkeypatch) -> None:
+    """A new process has hashed nothing yet. Rank 0 re-reading the old steps to judge them held its
+    peers in the save's last collective past their bound for any checkpoint past a few GB. They are
+    unknown to retention instead: kept until `keep` newer steps are known good, then deleted; a
+    milestone is kept."""
     import accelpact.checkpoint.manager as manager_module
     import accelpact.checkpoint.verify as verify_module
 
-    t, first = Trainer(), manager(tmp_path, keep=2, keep_every=None)
-    for _ in range(2):
+    t, first = Trainer(), manager(tmp_path, keep=2, keep_every=2)
+    for _ in range(3):
         t.step()
         save(first, t)
-    (tmp_path / step_dir_name(0)).mkdir()  # an older step, never judged (an empty dir: it would fail)
-    restarted = manager(tmp_path, keep=2)  # the next attempt: nothing hashed in this process
-    read: list[str] = []
-    real = manager_module.sha256_file
-    monkeypatch.setattr(manager_module, "sha256_file", lambda p: read.append(Path(p).parts[-3]) or real(p))
-    monkeypatch.setattr(verify_module, "sha256_file", lambda p: pytest.fail(f"rank 0 re-read {p} alone"))
+    (tmp_path / step_dir_name(0)).mkdir()  # a broken milestone (no marker): known bad without reading a file
+    restarted = manager(tmp_path, keep=2, keep_every=2)  # the next attempt: nothing hashed in this process
+    monkeypatch.setattr(manager_module, "sha256_file", lambda p: pytest.fail(f"rank 0 re-read {p}"))
+    monkeypatch.setattr(verify_module, "sha256_file", lambda p: pytest.fail(f"rank 0 re-read {p}"))
     t.step()
-    report = save(restarted, t)
-    assert sorted(set(read)) == [step_dir_name(2)]  # the newest old step: step 3 was just hashed by its save
-    assert report.deleted == (step_dir_name(1), step_dir_name(0))
+    assert save(restarted, t).deleted == ()  # only step 4 is known good: nothing older may go yet
+    t.step()
+    assert save(restarted, t).deleted == (step_dir_name(3), step_dir_name(0))  # 1 went before the restart
     monkeypatch.undo()
-    assert restarted.verified_steps() == [2, 3]
+    assert restarted.verified_steps() == [2, 4, 5]  # the milestone 2 stays, unread
 
 
 def test_save_errors_are_clear_and_publish_nothing(tmp_path: Path) -> None:

@@ -220,3 +220,16 @@ def test_a_directory_fsync_that_fails_stops_the_publish_unless_the_fs_cannot_fsy
     monkeypatch.setattr(fsio.os, "fsync", failing(errno.EIO))
     with pytest.raises(OSError, match="Input/output error"):
         fsio.fsync_dir(tmp_path)
+
+
+def test_an_unknown_version_never_counts_towards_keep_and_a_milestone_stays_unless_known_bad() -> None:
+    """Unknown: not hashed by this process (after a restart, every step but the restored one);
+    reading it to find out would stall the save's peers."""
+    from accelpact.checkpoint.retention import retention_plan
+
+    steps = [(5, "s5", True), (4, "s4", None), (3, "s3", True), (2, "s2", None), (1, "s1", False), (0, "s0", None)]
+    plan = retention_plan(steps, keep=2, keep_every=2)
+    assert plan.keep == ("s5", "s4", "s3", "s2", "s0") and plan.delete == ("s1",)
+    plan = retention_plan(steps, keep=2)
+    assert plan.keep == ("s5", "s4", "s3") and plan.delete == ("s2", "s1", "s0")
+    assert retention_plan([(2, "s2", None), (1, "s1", None)], keep=1).delete == ()  # nothing known good yet

@@ -291,7 +291,8 @@ class CheckpointManager:
                 except OSError as exc:  # the step is published; the pointer is only a hint
                     log_event(WARNING, "checkpoint.latest_failed", "latest.json not updated",
                               root=str(self.root), step=step, error=_err(exc))
-                result = ("ok", (manifest.total_bytes, len(entries)), ())
+                deleted = self._retain()
+                result = ("ok", (manifest.total_bytes, len(entries)), deleted)
             except CheckpointExistsError as exc:
                 result = ("exists", str(exc), ())
             except Exception as exc:  # noqa: BLE001 - reported to every rank below
@@ -301,9 +302,8 @@ class CheckpointManager:
         except CheckpointSaveError:
             self._drop_unpublished(comm, tmp)
             raise
-        deleted = self._retain_collectively(comm)
         t_end = time.perf_counter()
-        (nbytes, nfiles) = result[1]
+        (nbytes, nfiles), deleted = result[1], result[2]
         report = SaveResult(
             step=step, path=str(self.step_dir(step)), bytes=nbytes, files=nfiles, seconds=t_end - t0,
             write_seconds=t_written - t0, hash_seconds=t_hashed - t_written, publish_seconds=t_end - t_hashed,
@@ -321,36 +321,13 @@ class CheckpointManager:
         if comm.is_coordinator:
             shutil.rmtree(tmp, ignore_errors=True)
 
-    def _retain_collectively(self, comm: Comm) -> tuple[str, ...]:
-        """(every rank) Retention after a published save. The steps whose verdict it needs and that
-        rank 0 has not hashed in this process (after a restart: all but the restored one) are hashed
-        by every rank, a stripe each (`_hashes_agreed`), as a restore hashes its choice: rank 0
-        re-reading them alone held its peers in the save's last collective past their bound
-        (the data and control timeouts) for any checkpoint past a few GB."""
-        names: list[str] | None = None
-        if comm.is_coordinator:
-            try:
-                names = self._unhashed_retention_window()
-            except OSError as exc:  # retention is skipped below, the save stands
-                log_event(WARNING, "checkpoint.retention_failed", "retention skipped", root=str(self.root),
-                          error=_err(exc))
-                names = []
-        refused = {name: why for name in comm.broadcast(names) or ()
-                   if (why := self._hashes_agreed(comm, name)) is not None}
-        return self._retain(refused) if comm.is_coordinator else ()
-
-    def _unhashed_retention_window(self) -> list[str]:
-        """(rank 0) The steps retention judges (the newest `keep`, taking every one not hashed yet to
-        pass, and the milestones) that this process has not hashed since their files last changed."""
-        listing, out, counted = classify_entries(os.listdir(self.root)), [], 0
-        for step, name in listing.steps:  # newest first
-            milestone = self.keep_every is not None and step % self.keep_every == 0
-            if counted >= self.keep and not milestone:
-                continue
-            counted += 1
-            if not self._hashed_unchanged(name):
-                out.append(name)
-        return out
+    def _retention_verdict(self, name: str) -> bool | None:
+        """Known bad (False) when its structure fails (cheap: no file is read but the manifest),
+        known good (True) when this process also hashed it and its files did not change since,
+        else unknown (None)."""
+        if not self._verify(name, hash_files=False).ok:
+            return False
+        return True if self._hashed_unchanged(name) else None
 
     def _hashed_unchanged(self, name: str) -> bool:
         try:
@@ -358,16 +335,15 @@ class CheckpointManager:
         except OSError:
             return False
 
-    def _retain(self, refused: dict[str, str] | None = None) -> tuple[str, ...]:
+    def _retain(self) -> tuple[str, ...]:
         """(rank 0) Apply retention; failures are logged, never fatal to an already published save.
-        A step not hashed in this process counts as unverified without being read (it lies outside
-        what retention judges: `_unhashed_retention_window`); `refused`: what the ranks' digests
-        refused."""
-        refused = refused or {}
+        A step this process has not hashed since its files last changed is *unknown* to retention
+        (`retention_plan`), never read here: after a restart that was every step but the restored
+        one, and rank 0 re-reading them held its peers in the save's last collective past their
+        bound (the data and control timeouts) for any checkpoint past a few GB."""
         try:
             listing = classify_entries(os.listdir(self.root))
-            verdicts = [(step, name, name not in refused and self._hashed_unchanged(name)
-                         and self._verify(name, hash_files=False).ok) for step, name in listing.steps]
+            verdicts = [(step, name, self._retention_verdict(name)) for step, name in listing.steps]
             plan = retention_plan(verdicts, self.keep, self.keep_every)
             failures = delete_steps(self.root, plan.delete)
             for name in plan.delete:
