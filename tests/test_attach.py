@@ -156,3 +156,24 @@ def test_the_shared_settings_cover_what_changes_collectives_and_decisions_and_re
         assert name in got
     assert json.loads(json.dumps(got)) == got and len(json.dumps(got)) < SETTINGS_BYTES
     assert "trace_dir" not in got and "metrics_port" not in got  # a rank's own: may differ
+
+
+def _too_large(rank: int, world_size: int) -> str:
+    from accelpact.control import ControlPlane
+    from accelpact.runtime.same_settings import SETTINGS_BYTES, check_same_settings
+
+    control = ControlPlane(timeout_s=10.0, attempt=0)
+    try:
+        check_same_settings(control.group, rank, {"x": "y" * (SETTINGS_BYTES if rank == 0 else 1)})
+    except ConfigError as exc:
+        return str(exc)
+    finally:
+        control.close()
+    return "not refused"
+
+
+@pytest.mark.timeout(60)
+def test_settings_too_large_to_compare_are_refused_by_every_rank_without_a_wait():
+    """Rank 0 raising before the broadcast would leave its peers waiting in it for the timeout."""
+    for out in run_world(_too_large, 2, timeout_s=45):
+        assert "rank 0's settings take" in out and "more than the 4096" in out

@@ -29,6 +29,8 @@ from ..fsm.decisions import EnvelopeFacts
 
 #: Room for rank 0's settings in the broadcast (they take ~600 bytes).
 SETTINGS_BYTES = 4096
+#: What rank 0 sends instead of settings that do not fit (every rank then refuses alike).
+TOO_LARGE = "accelpact_settings_too_large"
 
 #: Config fields every rank must share: each decides a collective a rank posts, a timeout its
 #: peers' wait is matched to, or an input of a decision every rank takes alike.
@@ -67,19 +69,25 @@ def check_same_settings(group: Any, rank: int, settings: Mapping[str, Any]) -> N
     it calls this at the same point). Raises ConfigError on every rank when any rank differs; on
     a differing rank it names each setting with both values."""
     encoded = json.dumps(settings, sort_keys=True).encode()
-    if len(encoded) > SETTINGS_BYTES:
-        raise ConfigError(f"the settings every rank must share take {len(encoded)} bytes, more than the "
-                          f"{SETTINGS_BYTES} attach compares")
+    if len(encoded) > SETTINGS_BYTES:  # never raise before the collective: every rank learns it from rank 0
+        encoded = json.dumps({TOO_LARGE: len(encoded)}).encode()
     buf = torch.zeros(SETTINGS_BYTES, dtype=torch.uint8)
     if rank == 0:
         buf[: len(encoded)] = torch.frombuffer(bytearray(encoded), dtype=torch.uint8)
     try:
         dist.broadcast(buf, src=0, group=group)
         theirs = json.loads(bytes(buf.numpy()).rstrip(b"\0").decode())
-        mine_differs = differences(settings, theirs)
-        flag = torch.tensor([1 if mine_differs else 0], dtype=torch.int64)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
     except (RuntimeError, ValueError) as exc:  # gloo's DistError kinds; rank 0's bytes unreadable
+        raise ControlPlaneError(f"comparing settings across ranks at attach failed: {type(exc).__name__}: "
+                                f"{exc}") from exc
+    if TOO_LARGE in theirs:  # every rank alike, after the one collective: nobody waits
+        raise ConfigError(f"rank 0's settings take {theirs[TOO_LARGE]} bytes, more than the {SETTINGS_BYTES} "
+                          "attach compares")
+    mine_differs = differences(settings, theirs)
+    flag = torch.tensor([1 if mine_differs else 0], dtype=torch.int64)
+    try:
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+    except RuntimeError as exc:  # gloo's DistError kinds
         raise ControlPlaneError(f"comparing settings across ranks at attach failed: {type(exc).__name__}: "
                                 f"{exc}") from exc
     if mine_differs:
