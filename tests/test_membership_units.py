@@ -412,24 +412,38 @@ def test_a_fenced_process_is_never_counted_among_the_positions_that_finished():
     assert not store.check([keys.positions_done()])  # the hook did not count this position
 
 
-def test_the_rebuilt_groups_are_probed_as_long_as_the_spare_may_take_to_join(monkeypatch):
-    """A survivor that sent no state probes at once, while the spare is still taking in its shard:
-    one data timeout (2 s) rejected every Replace of a shard beyond a few hundred MB."""
+def test_survivors_wait_for_the_spares_state_then_probe_with_the_data_plane_bound(monkeypatch):
+    """A survivor that sent no state probed at once, while the spare still took in its shard: one
+    data timeout there rejected every Replace of a shard past a few hundred MB. It waits for the
+    spare's mark instead (as long as a spare may take to join), and its probes keep their bound,
+    so a second failure inside the change is noticed as fast as before."""
     from types import SimpleNamespace
 
     from accelpact.runtime import member_change
+
+    store = dist.HashStore()
+    rt = SimpleNamespace(rank=0, config=SimpleNamespace(control_timeout_s=6.0))
+    change = SimpleNamespace(reasons=[], decision=SimpleNamespace(assign={3: 4}))
+    m = SimpleNamespace(store=store, world=2)
+    store.set(keys.taken_in(2, 3), "ok")
+    member_change.await_spares(rt, m, change)
+    assert change.reasons == []
+    monkeypatch.setattr(member_change, "join_timeout_s", lambda rt: 0.2)
+    change.decision.assign = {2: 5}  # this spare never says it took in its state
+    member_change.await_spares(rt, m, change)
+    assert len(change.reasons) == 1 and "the spares taking over [2] did not take in their state" in change.reasons[0]
 
     waited = []
     monkeypatch.setattr(member_change, "validate_groups", lambda groups, timeout: waited.append(timeout))
     monkeypatch.setattr(member_change.register, "post_vote", lambda *a: None)
     monkeypatch.setattr(member_change.register, "release", lambda *a: ("reject", ["test"]))
-    rt = SimpleNamespace(rank=0, config=SimpleNamespace(control_timeout_s=6.0), trace=SimpleNamespace(write=list),
-                         data_plane=SimpleNamespace(groups={"shard": object()}, gids={"shard": SimpleNamespace(ranks=(0, 1))},
-                                                    probe_timeout=lambda: 2.0))
+    rt.trace = SimpleNamespace(write=list)
+    rt.data_plane = SimpleNamespace(groups={"shard": object()}, gids={"shard": SimpleNamespace(ranks=(0, 1))},
+                                    probe_timeout=lambda: 2.0)
     change = SimpleNamespace(reasons=[], decision=SimpleNamespace(generation=1), outcome=None)
-    m = SimpleNamespace(store=None, world=1, world_size=2)
-    member_change.validate_and_release(rt, m, None, change, SimpleNamespace(lap=lambda name: None))
-    assert waited == [member_change.join_timeout_s(rt)] and waited[0] >= 18.0
+    member_change.validate_and_release(rt, SimpleNamespace(store=None, world=1, world_size=2), None, change,
+                                       SimpleNamespace(lap=lambda name: None))
+    assert waited == [2.0]
 
 
 def test_a_spare_that_cannot_take_in_the_state_votes_against_with_the_cause(monkeypatch):
@@ -454,9 +468,10 @@ def test_a_spare_that_cannot_take_in_the_state_votes_against_with_the_cause(monk
                         lambda rt, m, control, change, clock: voted.append(list(change.reasons)))
     rt = SimpleNamespace(rank=3, config=SimpleNamespace(control_timeout_s=6.0), trace=SimpleNamespace(write=list),
                          control=SimpleNamespace(group=None), model=None, optimizer=None)
-    m = SimpleNamespace(store=None, world=1, world_size=4)
+    m = SimpleNamespace(store=dist.HashStore(), world=1, world_size=4)
     member_change.join(rt, m, Activation(spare=4, position=3, world=1, world_size=4))
     assert voted == [["spare 4 taking over rank 3: TransferError: state of rank 3 from rank 1 does not verify"]]
+    assert m.store.get(keys.taken_in(1, 3)) == b"failed"  # the survivors stop waiting for it at once
 
 
 def _init_world_bounds(rank: int, world_size: int) -> dict:
@@ -517,7 +532,8 @@ def test_a_member_that_will_vote_against_still_probes_the_rebuilt_groups(monkeyp
     monkeypatch.setattr(member_change.register, "post_vote", lambda store, world, rank, ok, why: votes.append((ok, why)))
     monkeypatch.setattr(member_change.register, "release", lambda *a: ("reject", ["rank 0: restore failed"]))
     rt = SimpleNamespace(rank=0, config=SimpleNamespace(control_timeout_s=6.0), trace=SimpleNamespace(write=list),
-                         data_plane=SimpleNamespace(groups={"shard": object()}, gids={"shard": SimpleNamespace(ranks=(0, 1))}))
+                         data_plane=SimpleNamespace(groups={"shard": object()}, gids={"shard": SimpleNamespace(ranks=(0, 1))},
+                                                    probe_timeout=lambda: 2.0))
     change = SimpleNamespace(reasons=["rank 0: restore failed"], decision=SimpleNamespace(generation=1), outcome=None)
     member_change.validate_and_release(rt, SimpleNamespace(store=None, world=1, world_size=2), None, change,
                                        SimpleNamespace(lap=lambda name: None))

@@ -76,6 +76,12 @@ def digest(world: int, lost: int, holder: int) -> str:
     return f"membership/world{world}/digest/{lost}/{holder}"
 
 
+def taken_in(world: int, position: int) -> str:
+    """Set by the spare that took `position` over in `world` once it holds the lost rank's state,
+    or gave up ("ok" / "failed"): the survivors wait for it before they probe the new groups."""
+    return f"membership/world{world}/taken_in/{position}"
+
+
 def vote(world: int, position: int) -> str:
     return f"membership/world{world}/vote/{position}"
 

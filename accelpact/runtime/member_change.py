@@ -179,6 +179,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase, at_check: bool = Fa
     _fresh_reducers(rt)
     clock.lap("rebind")
     _send_lost_shards(rt, m, control, change)
+    await_spares(rt, m, change)
     clock.lap("transfer")
     validate_and_release(rt, m, control, change, clock)
     return change
@@ -314,6 +315,10 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
                   type(exc).__name__, exc)
         change.reasons.append(f"spare {activation.spare} taking over rank {activation.position}: "
                               f"{type(exc).__name__}: {exc}")
+    try:  # the survivors wait for this before they probe the new groups (`await_spares`)
+        m.store.set(keys.taken_in(m.world, activation.position), "failed" if change.reasons else "ok")
+    except RuntimeError as exc:  # the store is gone: the survivors' wait runs out, and they reject
+        log.error("spare %d could not say it took in its state: %s", activation.spare, exc)
     validate_and_release(rt, m, rt.control, change, clock)
     return change
 
@@ -367,19 +372,30 @@ def rebuild_control_plane(rt: Runtime) -> ControlPlane:
     return control
 
 
+def await_spares(rt: Runtime, m: Membership, change: MemberChange) -> None:
+    """(survivors of a Replace) Wait until every spare of this change holds its lost rank's state
+    (`keys.taken_in`), for as long as a spare may take to join. Why before the probes: a survivor
+    that sent no state would probe at once, while the spare still takes in its shard (its holders
+    pack and hash it, the bytes travel, the spare hashes and unpacks them); one data timeout there
+    rejected every Replace of a shard past a few hundred MB. Waiting here instead, the probes keep
+    the data-plane bound, so a second failure inside the change is noticed as fast as before."""
+    positions = sorted(change.decision.assign)
+    try:
+        m.store.wait([keys.taken_in(m.world, p) for p in positions], datetime.timedelta(seconds=join_timeout_s(rt)))
+    except RuntimeError as exc:  # DistStoreError on timeout
+        change.reasons.append(f"rank {rt.rank}: the spares taking over {positions} did not take in their state "
+                              f"within {join_timeout_s(rt):.0f}s: {type(exc).__name__}: {exc}")
+
+
 def validate_and_release(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange,
                          clock: PhaseClock) -> None:
-    """Probe every data-plane group, vote, follow the release register. The probes wait as long
-    as the survivors wait for the spare to build its groups (`join_timeout_s`), not one data
-    timeout: a survivor that sent no state probes at once, while the spare is still taking in its
-    shard (its holders pack and hash it, the bytes travel, the spare hashes and unpacks them), which
-    takes longer than a data timeout beyond a few hundred MB. A member that will vote against (its
-    restore or its transfer failed) probes too: its peers' probes would otherwise wait for it that
-    long before they could vote."""
+    """Probe every data-plane group, vote, follow the release register. A member that will vote
+    against (its restore or its transfer failed) probes too: its peers' probes would otherwise
+    wait for it until their timeout before they could vote."""
     ok, reasons = not change.reasons, list(change.reasons)
     try:
         validate_groups([(rt.data_plane.groups[label], rt.data_plane.gids[label].ranks)
-                         for label in sorted(rt.data_plane.groups)], timeout=join_timeout_s(rt))
+                         for label in sorted(rt.data_plane.groups)], timeout=rt.data_plane.probe_timeout())
     except Exception as exc:  # a failed probe is the vote's reason, kept whole
         ok = False
         reasons.append(f"rank {rt.rank}: validating the rebuilt groups: {type(exc).__name__}: {exc}")
