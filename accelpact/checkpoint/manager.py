@@ -171,11 +171,11 @@ class CheckpointManager:
     def step_dir(self, step: int) -> Path:
         return self.root / step_dir_name(step)
 
-    def _verify(self, name: str, *, reuse_hash: bool = False, hash_files: bool = True) -> Verdict:
-        """Full verification; with ``reuse_hash``, skip re-hashing a directory this process hashed
-        before whose files all keep their size, mtime and inode (so retention does not re-read K
-        checkpoints on every save). ``hash_files=False``: every check but the content's digests
-        (a load hashes the chosen step on every rank, `_hashes_agreed`)."""
+    def _verify(self, name: str, *, hash_files: bool = True) -> Verdict:
+        """Full verification, remembering the files' fingerprint when it passes (retention counts
+        such a step as known good while its files keep their size, mtime and inode:
+        `_retention_verdict`). ``hash_files=False``: every check but the content's digests (a load
+        hashes the chosen step on every rank, `_hashes_agreed`)."""
         path = self.root / name
         if not hash_files:
             return verify_step_dir(path, hash_files=False, key=self._key)
@@ -183,8 +183,7 @@ class CheckpointManager:
             fingerprint = tree_fingerprint(path) if path.is_dir() else None
         except OSError:
             fingerprint = None
-        unchanged = reuse_hash and fingerprint is not None and self._hashed.get(name) == fingerprint
-        verdict = verify_step_dir(path, hash_files=not unchanged, key=self._key)
+        verdict = verify_step_dir(path, key=self._key)
         if verdict.ok and fingerprint is not None and tree_fingerprint(path) == fingerprint:
             self._hashed[name] = fingerprint
         else:
@@ -415,7 +414,7 @@ class CheckpointManager:
             local = _err(exc)
         failed = [(r, e) for r, e in enumerate(comm.all_gather(local)) if e]
         if not failed:
-            if comm.is_coordinator:  # retention need not read it again (`_verify(reuse_hash=True)`)
+            if comm.is_coordinator:  # retention counts it known good (`_retention_verdict`)
                 try:
                     self._hashed[name] = tree_fingerprint(path)
                 except OSError:
