@@ -462,3 +462,46 @@ def test_a_kill_at_the_boundary_check_keeps_the_campaigns_prescription(tmp_path,
     assert res.observed == observed, res
     if recoveries is not None:
         assert res.recoveries == recoveries, res
+
+
+def test_boundary_faults_that_strike_every_member_of_the_probed_group_alike_are_met_by_nobody():
+    """Found by the spares campaign (seed 15, pre-existing): `skip@4:committed:1` with
+    `skip@4:committed:3` was prescribed a Preserve, and the run showed none. Ranks 1 and 3 are
+    the replica group whose probe both skip: nobody waits in it, and the boundary is clean (two
+    lates alike arrive together). A mix of kinds, or a member on time, is met."""
+    from accelpact.testing.campaign import check_kills_as_seen, unmet_at_boundary
+
+    pair = (Fault(4, "committed", 1, "skip"), Fault(4, "committed", 3, "skip"))
+    assert unmet_at_boundary(pair) == frozenset(pair)
+    assert expected(pair).tokens == () and expected(pair).preserved_updates == ()
+    assert expected((Fault(4, "committed", 1, "late"), Fault(4, "committed", 3, "late")), rewind=False).tokens == ()
+    assert expected((Fault(4, "committed", 1, "skip"), Fault(4, "committed", 3, "late"))).tokens == ("P",)
+    assert expected((Fault(4, "committed", 1, "skip"), Fault(4, "committed", 2, "skip"))).tokens == ("P",)
+    # a late in the optimizer phase is not a probe's: its shard peer waits in the first probe
+    assert expected((Fault(4, "optimizer", 1, "late"), Fault(4, "optimizer", 3, "late"))).tokens == ("P",)
+    # a member killed before the boundary never skips: its spare waits in the probe
+    killed = expected((*pair, Fault(4, "forward", 3, "kill")), spares=2)
+    assert killed.tokens == ("(?:X)P?",)
+    # the seed-15 schedule, as observed
+    seed15 = parse_plan("kill@3:backward:2,kill@3:committed:2,kill@3:optimizer:0,skip@4:committed:1,"
+                        "skip@4:committed:3,skip@5:optimizer:0,late@6:forward:2,skip@6:optimizer:3")
+    got = expected(seed15, spares=2)
+    assert got.matches(["replace", "replace", "rewind", "rewind", "rewind"], observed="replace") == 0
+    # an unmet pair leaves the boundary check clean: a check kill there is met in the next forward
+    moved, _, dirty = check_kills_as_seen((*pair, Fault(4, "check", 0, "kill")))
+    assert dirty is None and Fault(5, "forward", 0, "kill") in moved
+    # fully sharded, the probed group is every rank: three of four skipping are met
+    full = [Fault(4, "committed", r, "skip") for r in range(4)]
+    assert expected(full, spares=2, profile="fsdp2-full").tokens == ()
+    assert expected(full[:3], spares=2, profile="fsdp2-full").tokens == ("P",)
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(200)
+def test_a_replica_pair_skipping_its_probe_together_passes_the_boundary_bitwise(tmp_path):
+    """The real runtime meets the prescription above: no recovery, every rank bitwise equal to the
+    uninterrupted reference, and the trace is a behaviour of the spec."""
+    from accelpact.testing.campaign import run_schedule
+
+    res = run_schedule((Fault(3, "committed", 1, "skip"), Fault(3, "committed", 3, "skip")), tmp_path, updates=4)
+    assert (res.expected, res.observed, res.recoveries) == ("preserve", "preserve", []), res

@@ -249,7 +249,7 @@ def _preempted(kill: Fault, same_update: Sequence[Fault]) -> bool:
 
 def expected(faults: Sequence[Fault], *, rewind: bool = True, spares: int = 0, profile: str = "hsdp") -> Expectation:
     """Faults fire update by update. An update whose faults all strike at the committed boundary
-    is preserved. With Rewind (the envelope qualifies it for forward and backward), an update
+    is preserved, unless no peer meets them (`unmet_at_boundary`). With Rewind (the envelope qualifies it for forward and backward), an update
     interrupted mid-update is rewound once per firing of its mid-update faults (faults that fire
     together share one rewind; a fault never fires twice) and may then be preserved at its
     boundary; a skip inside optimizer.step() leaves a split step (no pre-step copy) and ends the
@@ -268,10 +268,11 @@ def expected(faults: Sequence[Fault], *, rewind: bool = True, spares: int = 0, p
     def out(outcome: str, end: int | None, may_reject: bool = False) -> Expectation:
         return Expectation(outcome, tuple(preserved), end, may_reject, tuple(rewound), tuple(tokens))
 
+    unmet = unmet_at_boundary(faults, profile)
     for update in sorted({f.update for f in faults}):
         here = [f for f in faults if f.update == update]
         kills = [f for f in here if f.kind == "kill"]
-        soft = [f for f in here if f.kind != "kill"]
+        soft = [f for f in here if f.kind != "kill" and f not in unmet]
         mid = [f for f in soft if struck_phase(f) in ("forward", "backward")]
         in_step = [f for f in soft if struck_phase(f) == "optimizer"]
         at_boundary = [f for f in soft if struck_phase(f) == "committed"]
@@ -282,8 +283,9 @@ def expected(faults: Sequence[Fault], *, rewind: bool = True, spares: int = 0, p
             if mid or in_step:
                 tokens.append("R")
                 return out("reject", update)
-            tokens.append("P")
-            preserved.append(update)
+            if at_boundary:
+                tokens.append("P")
+                preserved.append(update)
             continue
         before = f"W{{0,{len(mid)}}}" if mid else ""
         if kills:
@@ -297,8 +299,9 @@ def expected(faults: Sequence[Fault], *, rewind: bool = True, spares: int = 0, p
             tokens.append(f"W{{1,{len(mid)}}}" + ("P?" if at_boundary else ""))
             rewound.append(update)
             continue
-        tokens.append("P")
-        preserved.append(update)
+        if at_boundary:
+            tokens.append("P")
+            preserved.append(update)
     return out("rewind" if rewound else "preserve", None)
 
 
@@ -321,7 +324,8 @@ def shares_holder(a: int, b: int, profile: str = "hsdp") -> bool:
     return a % LOCAL == b % LOCAL
 
 
-def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tuple[Fault, ...], int | None]:
+def check_kills_as_seen(faults: Sequence[Fault], profile: str = "hsdp") -> tuple[tuple[Fault, ...], tuple[Fault, ...],
+                                                                                 int | None]:
     """A kill at the boundary check or at the save after a commit, as the survivors meet it: (the
     schedule with each such kill moved, the faults that never fire, the update a kill after a
     dirty check ends the attempt in).
@@ -353,7 +357,7 @@ def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tup
         if any(f.kind == "kill" and f.rank == k.rank and f.update == k.update and f.phase in before for f in faults):
             unfired.append(k)
             continue
-        if k.phase == CHECK and any(f.update == k.update and _soft_fires(f, faults) for f in faults):
+        if k.phase == CHECK and any(f.update == k.update and _soft_fires(f, faults, profile) for f in faults):
             dirty_end = k.update if dirty_end is None else min(dirty_end, k.update)
             continue
         gone = [f for f in out if f.rank == k.rank and f.update == k.update + 1]
@@ -363,12 +367,43 @@ def check_kills_as_seen(faults: Sequence[Fault]) -> tuple[tuple[Fault, ...], tup
     return tuple(sorted(set(out))), tuple(unfired), dirty_end
 
 
-def _soft_fires(f: Fault, faults: Sequence[Fault]) -> bool:
+def _soft_fires(f: Fault, faults: Sequence[Fault], profile: str = "hsdp") -> bool:
+    """A skip or late that fires and is met by a peer (`unmet_at_boundary`)."""
+    return _struck(f, faults) and f not in unmet_at_boundary(faults, profile)
+
+
+def _struck(f: Fault, faults: Sequence[Fault]) -> bool:
     """A skip or late that fires: its rank is not killed at or before its phase of that update
     (a kill at the boundary strikes before any probe)."""
     return f.kind != "kill" and f.phase in PHASES and not any(
         g.kind == "kill" and g.rank == f.rank and g.update == f.update and g.phase in PHASES
         and PHASES.index(g.phase) <= PHASES.index(f.phase) for g in faults)
+
+
+def probed_group(rank: int, profile: str = "hsdp") -> frozenset[int]:
+    """The ranks of the group whose boundary probe a skip or late at `committed` strikes on `rank`
+    (`FaultInjector.probe_order`): its replica group in HSDP 2x2, the one shard group over every
+    rank fully sharded (no replica group: the injector takes the rank's last probed group)."""
+    if profile == "fsdp2-full":
+        return frozenset(range(WORLD))
+    return frozenset(r for r in range(WORLD) if r % LOCAL == rank % LOCAL)
+
+
+def unmet_at_boundary(faults: Sequence[Fault], profile: str = "hsdp") -> frozenset[Fault]:
+    """The boundary skips and lates no peer meets: every member of the probed group is struck the
+    same way at that boundary, so nobody waits in the probe (all skip it, or all arrive late
+    together) and the boundary passes as a clean one. Found by the spares campaign (seed 15):
+    `skip@4:committed:1` with `skip@4:committed:3`, replica peers, was prescribed a Preserve that
+    no real run can show (without spares too). A late in the optimizer phase is not a probe's:
+    its shard peers wait in the boundary's first probe."""
+    struck = [f for f in faults if f.phase == "committed" and f.kind in ("skip", "late") and _struck(f, faults)]
+    unmet = set()
+    for f in struck:
+        group = probed_group(f.rank, profile)
+        alike = {g.rank for g in struck if g.update == f.update and g.kind == f.kind and g.rank in group}
+        if alike == group:
+            unmet.add(f)
+    return frozenset(unmet)
 
 
 def expected_with_spares(faults: Sequence[Fault], spares: int, *, profile: str = "hsdp") -> Expectation:
@@ -394,7 +429,8 @@ def expected_with_spares(faults: Sequence[Fault], spares: int, *, profile: str =
       holder of their state: the schedule may then end "killed" there (`alternatives`); fully
       sharded, a rank and the holder of its neighbour copy (`shares_holder`).
     """
-    faults, moved_unfired, dirty_end = check_kills_as_seen(faults)
+    faults, moved_unfired, dirty_end = check_kills_as_seen(faults, profile)
+    unmet = unmet_at_boundary(faults, profile)
     free = spares
     preserved: list[int] = []
     rewound: list[int] = []
@@ -427,14 +463,14 @@ def expected_with_spares(faults: Sequence[Fault], spares: int, *, profile: str =
             else:
                 live.append(f)
         kills = [f for f in live if f.kind == "kill"]
-        soft = [f for f in live if f.kind != "kill"]
+        soft = [f for f in live if f.kind != "kill" and f not in unmet]
         mid = [f for f in soft if struck_phase(f) != "committed"]  # forward, backward, in-step (copied)
         boundary = "P?" if any(struck_phase(f) == "committed" for f in soft) else ""
         if not kills:
             if mid:
                 tokens.append(f"W{{1,{len(mid)}}}" + boundary)
                 rewound.append(update)
-            else:
+            elif boundary:
                 tokens.append("P")
                 preserved.append(update)
             continue
