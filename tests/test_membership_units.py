@@ -92,8 +92,8 @@ def test_the_replicator_writes_the_newest_state_off_the_training_thread():
     for frontier in range(5):
         rep.offer(copy.copy(snap), frontier)
     rep.flush()
-    assert 4 in small_state.frontiers_held(store, 2) and rep.written >= 1 and not rep.error
-    assert small_state.frontiers_held(store, 3) == frozenset()
+    assert 4 in small_state.frontiers_held(store, 0, 2) and rep.written >= 1 and not rep.error
+    assert small_state.frontiers_held(store, 0, 3) == frozenset()
     rep.stop()
 
 
@@ -109,13 +109,13 @@ def test_two_slots_keep_the_state_of_f_while_that_of_f_plus_1_is_written():
     later.i = 5
     rep.offer(BoundarySnapshot.capture(later, 5), 5)
     rep.flush()
-    assert small_state.frontiers_held(store, 1) == {4, 5}
-    assert small_state.read(store, 1, 4)["cursor"] == {"i": 0}
-    assert small_state.read(store, 1, 5)["cursor"] == {"i": 5}
+    assert small_state.frontiers_held(store, 0, 1) == {4, 5}
+    assert small_state.read(store, 0, 1, 4)["cursor"] == {"i": 0}
+    assert small_state.read(store, 0, 1, 5)["cursor"] == {"i": 5}
     with pytest.raises(ValueError, match="of F=4, not F=6"):
-        small_state.read(store, 1, 6)
+        small_state.read(store, 0, 1, 6)
     with pytest.raises(ValueError, match="no small state of rank 0"):
-        small_state.read(store, 0, 4)
+        small_state.read(store, 0, 0, 4)
     rep.stop()
 
 
@@ -137,14 +137,45 @@ def test_the_boundary_captures_the_state_of_the_update_it_commits_and_joins_it_b
     rep.on_phase(5, FailurePhase.COMMITTED)
     assert rep.captures == 1 and rep.pending()
     rep.before_check(5)
-    assert not rep.pending() and small_state.read(store, 3, 5)["cursor"] == {"i": 5}
+    assert not rep.pending() and small_state.read(store, 0, 3, 5)["cursor"] == {"i": 5}
     rep.offer_at_step_entry(BoundarySnapshot.capture(cursor, 5), 5)
     assert not rep.pending() and rep.written == 1
     rep.position = 1  # a shrink renumbered this rank: its new position has no state of 5 from it
     rep.offer_at_step_entry(BoundarySnapshot.capture(cursor, 5), 5)
     rep.on_phase(6, FailurePhase.FORWARD)
-    assert rep.written == 2 and small_state.read(store, 1, 5)["cursor"] == {"i": 5}
+    assert rep.written == 2 and small_state.read(store, 0, 1, 5)["cursor"] == {"i": 5}
     rep.stop()
+
+
+def test_a_fenced_process_writes_its_small_state_into_the_world_it_was_fenced_from():
+    """Found by reading: the slots were keyed by position alone. A rank declared lost while alive
+    (fenced only at its next store read) could overwrite its successor's slot of the same parity
+    with its own state, which a later Replace of that position would then hand to the next spare.
+    A slot is now its world's; a member's slots of the world it left go with its first write in
+    the next (a spare reads only a lost position's slots, and a member that moved on was not lost)."""
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=2))
+    mine, theirs = _Cursor(), _Cursor()
+    mine.i, theirs.i = 7, 666
+    fenced = small_state.Replicator(store, 2, world_of=lambda: 0)
+    world = [0]
+    survivor = small_state.Replicator(store, 1, world_of=lambda: world[0])
+    survivor.offer_at_step_entry(BoundarySnapshot.capture(mine, 5), 5)
+    assert survivor.flush() and small_state.frontiers_held(store, 0, 1) == {5}
+    world[0] = 1  # a Replace: world 1 begins, this rank keeps position 1
+    survivor.offer_at_step_entry(BoundarySnapshot.capture(mine, 5), 5)  # its state of F under world 1
+    assert survivor.flush() and survivor.written == 2
+    assert small_state.frontiers_held(store, 1, 1) == {5}
+    assert small_state.frontiers_held(store, 0, 1) == frozenset()  # the slots of world 0 were deleted
+    spare = small_state.Replicator(store, 2, world_of=lambda: 1)  # position 2's successor in world 1
+    spare.offer_at_step_entry(BoundarySnapshot.capture(mine, 5), 5)
+    assert spare.flush()
+    fenced.offer(BoundarySnapshot.capture(theirs, 5), 5)  # the fenced holder of 2 wakes up and writes
+    assert fenced.flush()
+    assert small_state.read(store, 1, 2, 5)["cursor"] == {"i": 7}  # its successor's slot is intact
+    assert small_state.read(store, 0, 2, 5)["cursor"] == {"i": 666}
+    for rep in (fenced, survivor, spare):
+        rep.stop()
 
 
 def test_a_spare_is_claimed_once_and_released_with_the_jobs_code():
@@ -179,14 +210,14 @@ def test_a_member_whose_heartbeat_stops_is_seen_within_three_beats():
         while not stop.is_set():
             n += 1
             for p in positions:
-                store.set(keys.heartbeat(p), str(n))
+                store.set(keys.heartbeat(0, p), str(n))
             time.sleep(0.02)
 
     worker = threading.Thread(target=beat, args=((0, 1, 2),), daemon=True)
     worker.start()
     try:
         assert not register.a_member_went_silent(store, 0, 3, 0.05, stop_early=lambda: False)
-        store.set(keys.heartbeat(3), "1")  # position 3 beat once, then its process was gone
+        store.set(keys.heartbeat(0, 3), "1")  # position 3 beat once, then its process was gone
         t = time.monotonic()
         assert register.a_member_went_silent(store, 0, 4, 0.05, stop_early=lambda: False)
         assert time.monotonic() - t < 1.0
@@ -194,6 +225,46 @@ def test_a_member_whose_heartbeat_stops_is_seen_within_three_beats():
     finally:
         stop.set()
         worker.join()
+
+
+def test_a_fenced_process_still_beating_does_not_hide_its_successors_death():
+    """Found by reading: heartbeats were keyed by position alone. A rank declared lost but alive
+    (cut off; it learns it was fenced only at its next store read) kept beating under its old
+    position, and the spare that took the position over could die unseen: its position's key
+    still moved. A beat is now its world's; the fenced process's beats are of the world it left."""
+    import threading
+
+    from accelpact.membership import liveness, register
+
+    store = dist.HashStore()
+    fenced = register.Heartbeat(store, position=3, interval_s=0.02, world_of=lambda: 0)  # still in world 0
+    world = [1]
+    members = register.Heartbeat(store, position=0, interval_s=0.02, world_of=lambda: world[0])
+    stop = threading.Event()
+
+    def the_other_members_of_world_1():
+        while not stop.is_set():
+            for p in (1, 2):
+                store.set(keys.heartbeat(1, p), liveness.beat_value(time.monotonic_ns(), 1))
+            time.sleep(0.02)
+
+    others = threading.Thread(target=the_other_members_of_world_1, daemon=True)
+    others.start()
+    try:
+        store.set(keys.heartbeat(1, 3), "1")  # the spare beat once (no certificate), then died
+        time.sleep(0.1)
+        assert store.check([keys.heartbeat(0, 3)]) and store.check([keys.heartbeat(1, 0)])
+        t = time.monotonic()
+        assert register.a_member_went_silent(store, 1, 4, 0.05, stop_early=lambda: False)
+        assert time.monotonic() - t < 1.0
+        world[0] = 2  # a member's beats follow its world
+        time.sleep(0.1)
+        assert store.check([keys.heartbeat(2, 0)])
+    finally:
+        stop.set()
+        fenced.stop()
+        members.stop()
+        others.join()
 
 
 def test_the_heartbeat_beats_while_the_training_thread_waits_on_the_store():
@@ -219,7 +290,7 @@ def test_the_heartbeat_beats_while_the_training_thread_waits_on_the_store():
         time.sleep(0.05)
         seen = set()
         for _ in range(8):
-            seen.add(server.get(keys.heartbeat(0)))
+            seen.add(server.get(keys.heartbeat(0, 0)))
             time.sleep(0.08)
         assert len(seen) >= 4, "the heartbeat stood still while another thread waited on the store"
     finally:
@@ -249,8 +320,8 @@ def test_a_dead_holder_on_this_host_is_certified_at_once_and_only_from_its_own_w
 
     store = dist.HashStore()
     for p in range(3):
-        store.set(keys.heartbeat(p), liveness.beat_value(1, 0))
-    store.set(keys.heartbeat(3), dead_beat)
+        store.set(keys.heartbeat(0, p), liveness.beat_value(1, 0))
+    store.set(keys.heartbeat(0, 3), dead_beat)
     t = time.monotonic()
     assert register.a_member_went_silent(store, 0, 4, 10.0, stop_early=lambda: False)  # 2.5 beats = 25 s
     assert time.monotonic() - t < 1.0
@@ -272,7 +343,7 @@ def test_the_decision_counts_a_silence_from_when_the_watch_saw_it_begin():
     store.set_timeout(datetime.timedelta(seconds=5))
     for position in range(4):
         store.set(keys.holder(position), str(position))
-    store.set(keys.heartbeat(3), "41")  # an old-format beat: no certificate, only its silence counts
+    store.set(keys.heartbeat(0, 3), "41")  # an old-format beat: no certificate, only its silence counts
     pool.register(store, 4)
     for position, replicas in ((0, (0, 2)), (1, (1, 3)), (2, (0, 2))):
         register.post_presence(store, 0, Presence(position=position, frontier=5, generation=0, rerun_ok=True,
@@ -296,7 +367,7 @@ def test_a_peer_that_rejects_ends_the_wait_for_the_decision_with_its_reject():
     store = dist.HashStore()
     store.set_timeout(datetime.timedelta(seconds=5))
     for position in range(4):
-        store.set(keys.heartbeat(position), f"1|0|{position}")
+        store.set(keys.heartbeat(0, position), f"1|0|{position}")
     pool.register(store, 4)
     register.post_presence(store, 0, Presence(position=0, frontier=2, generation=0, rerun_ok=True, replicas=(0, 2)))
     pool.end_job(store, 75, "rank 1: gather #5 failed")

@@ -56,8 +56,12 @@ def fenced_holders() -> str:
     return "membership/fenced-holders"
 
 
-def heartbeat(position: int) -> str:
-    return f"membership/heartbeat/{position}"
+def heartbeat(world: int, position: int) -> str:
+    """`position`'s pulse in `world`. Per world, because a position changes holders: a process
+    declared lost but still alive (cut off, fenced only once it next reads the store) keeps beating
+    under its old world, and under a key of the position alone those beats would hide its
+    successor's death from the next change's watch."""
+    return f"membership/world{world}/heartbeat/{position}"
 
 
 def changing(world: int) -> str:
@@ -90,11 +94,12 @@ def release(world: int) -> str:
     return f"membership/world{world}/release"
 
 
-def small_state(position: int, frontier: int) -> str:
-    """One of `position`'s two small-state slots: the one of `frontier`'s parity. Two, because a
-    rank writes its state of F+1 before the boundary check of F+1 while its peers may still need
-    that of F (nobody committed F+1)."""
-    return f"membership/small/{position}/{frontier % 2}"
+def small_state(world: int, position: int, frontier: int) -> str:
+    """One of `position`'s two small-state slots in `world`: the one of `frontier`'s parity. Two,
+    because a rank writes its state of F+1 before the boundary check of F+1 while its peers may
+    still need that of F (nobody committed F+1). Per world, because a position changes holders: a
+    fenced process still alive could otherwise overwrite its successor's slot with its own state."""
+    return f"membership/world{world}/small/{position}/{frontier % 2}"
 
 
 def neighbour_address(position: int) -> str:

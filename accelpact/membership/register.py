@@ -41,10 +41,13 @@ class Heartbeat:
         beat = 0
         while not self._stop.is_set():
             beat += 1
+            world = self.world_of()
             try:
                 # the process and its world ride on every beat: a peer on this host can certify
-                # a silent position dead at once (`liveness`)
-                self.store.set(keys.heartbeat(self.position), liveness.beat_value(beat, self.world_of()))
+                # a silent position dead at once (`liveness`). A world's keys are never deleted:
+                # a late reader's check-then-get would wait out the store's timeout on a key
+                # deleted in between (about 100 bytes per position and change stay behind)
+                self.store.set(keys.heartbeat(world, self.position), liveness.beat_value(beat, world))
             except Exception as exc:  # the store is briefly unreachable: peers may count us gone
                 log.warning("heartbeat failed: %s: %s", type(exc).__name__, exc)
             self._stop.wait(self.interval_s)
@@ -63,8 +66,8 @@ def own_client(store: dist.Store) -> dist.Store:
         return store
 
 
-def beat_of(store: dist.Store, position: int) -> bytes | None:
-    key = keys.heartbeat(position)
+def beat_of(store: dist.Store, world: int, position: int) -> bytes | None:
+    key = keys.heartbeat(world, position)
     return store.get(key) if store.check([key]) else None
 
 
@@ -80,7 +83,7 @@ def a_member_went_silent(store: dist.Store, world: int, world_size: int, heartbe
     `await_decision` can count a silence from when it began here."""
     start = time.monotonic()
     seen = {} if seen is None else seen
-    seen.update({p: (beat_of(store, p), start) for p in range(world_size) if p not in seen})
+    seen.update({p: (beat_of(store, world, p), start) for p in range(world_size) if p not in seen})
     quiet = 2.5 * heartbeat_s
     while True:
         now = time.monotonic()
@@ -91,17 +94,13 @@ def a_member_went_silent(store: dist.Store, world: int, world_size: int, heartbe
         time.sleep(min(0.05, heartbeat_s / 4))
         now = time.monotonic()
         for p in seen:
-            value = beat_of(store, p)
+            value = beat_of(store, world, p)
             if value != seen[p][0]:
                 seen[p] = (value, now)
 
 
-def _beats(store: dist.Store, positions) -> dict[int, bytes | None]:
-    out = {}
-    for p in positions:
-        key = keys.heartbeat(p)
-        out[p] = store.get(key) if store.check([key]) else None
-    return out
+def _beats(store: dist.Store, world: int, positions) -> dict[int, bytes | None]:
+    return {p: beat_of(store, world, p) for p in positions}
 
 
 def post_presence(store: dist.Store, world: int, presence: Presence) -> None:
@@ -142,7 +141,7 @@ def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: f
         now = time.monotonic()
         here = set(present)
         missing = [p for p in range(world_size) if p not in here]
-        for p, beat in _beats(store, missing).items():
+        for p, beat in _beats(store, world, missing).items():
             if p not in last_beat or last_beat[p][0] != beat:
                 last_beat[p] = (beat, now)
         gone = [p for p in missing if now - last_beat[p][1] >= dead_after or liveness.is_dead(last_beat[p][0], world)]

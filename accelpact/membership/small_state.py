@@ -11,14 +11,18 @@ F+1 with it (`decide`). The write runs on a background thread from the moment th
 starts (its health probes overlap it) and is joined right before the check (`before_check`):
 what it costs the update is measured by `bench/rankloss.py`.
 
-Where: two slots per position, by frontier parity (`keys.small_state`), each value headed by its
-frontier. A rank writes F+1 before the check of F+1 while a Replace that nobody committed F+1
-in still needs F. A spare reads the slot of the agreed frontier and refuses another frontier.
+Where: two slots per position and world, by frontier parity (`keys.small_state`), each value
+headed by its frontier. A rank writes F+1 before the check of F+1 while a Replace that nobody
+committed F+1 in still needs F. A spare reads the slot of the agreed frontier in the world that
+failed and refuses another frontier. Per world: a process declared lost may still be alive and
+write; its writes land in the world it was fenced from, never in its successor's slots. A rank's
+slots of the world it left are deleted with its first write in the next one (12 MB per change at
+1,000 ranks would otherwise stay in the store).
 
-A rank that starts an update without its state of F in the store under its current position
-(its first update, or after a shrink renumbered it) offers the step-entry snapshot, joined before
-the update's first forward: no rank enters a collective of F+1, where a peer could see it lost,
-before its state of F is in the store."""
+A rank that starts an update without its state of F in the store under its current world and
+position (its first update, after a Replace or a shrink) offers the step-entry snapshot, joined
+before the update's first forward: no rank enters a collective of F+1, where a peer could see it
+lost, before its state of F is in the store."""
 
 from __future__ import annotations
 
@@ -39,6 +43,9 @@ from ..checkpoint.appstate import restore_rng_state
 from . import keys
 
 log = logging.getLogger("accelpact.membership")
+
+#: (world, position, frontier) of one value: the slot it is written to, and what it holds
+Slot = tuple[int, int, int]
 
 _HEADER = 8  # the frontier, little-endian, ahead of the payload: readable without unpickling
 
@@ -63,20 +70,20 @@ def frontier_of(raw: bytes) -> int:
     return int.from_bytes(raw[:_HEADER], "little", signed=True)
 
 
-def frontiers_held(store: dist.Store, position: int) -> frozenset[int]:
-    """The frontiers of `position`'s small state in the store (its two slots; empty: none arrived)."""
+def frontiers_held(store: dist.Store, world: int, position: int) -> frozenset[int]:
+    """The frontiers of `position`'s small state in `world` (its two slots; empty: none arrived)."""
     held = set()
     for slot in (0, 1):
-        key = keys.small_state(position, slot)
+        key = keys.small_state(world, position, slot)
         if store.check([key]):
             held.add(frontier_of(store.get(key)))
     return frozenset(held)
 
 
-def read(store: dist.Store, position: int, frontier: int) -> dict[str, Any]:
-    """`position`'s small state of `frontier` (a spare about to continue its stream); ValueError
-    when the slot holds another frontier or nothing."""
-    key = keys.small_state(position, frontier)
+def read(store: dist.Store, world: int, position: int, frontier: int) -> dict[str, Any]:
+    """`position`'s small state of `frontier` in `world` (a spare about to continue its stream);
+    ValueError when the slot holds another frontier or nothing."""
+    key = keys.small_state(world, position, frontier)
     if not store.check([key]):
         raise ValueError(f"no small state of rank {position} in the store")
     raw = store.get(key)
@@ -110,15 +117,17 @@ class Replicator:
     ahead of every other: it captures the state of F+1 when the clean boundary of update F+1
     starts (`capture`), and the boundary joins the write right before its check (`before_check`)."""
 
-    def __init__(self, store: dist.Store, position: int, capture: Callable[[], Any] | None = None):
-        self.store, self.position = store, position
+    def __init__(self, store: dist.Store, position: int, capture: Callable[[], Any] | None = None,
+                 world_of: Callable[[], int] = lambda: 0):
+        self.store, self.position, self.world_of = store, position, world_of
         #: the state at the clean boundary, its `.frontier` the update that boundary commits
         self.capture = capture
-        self._queue: queue.Queue[tuple[int, int, Any] | None] = queue.Queue(maxsize=1)
+        self._queue: queue.Queue[tuple[Slot, Any] | None] = queue.Queue(maxsize=1)
         self._done = threading.Condition()
-        self.newest: tuple[int, int] | None = None  # (position, frontier) of the newest value written
-        self.offered: tuple[int, int] | None = None  # (position, frontier) of the newest value offered
-        self._mine: collections.deque[tuple[int, int]] = collections.deque(maxlen=4)  # offered, not failed
+        self.newest: Slot | None = None  # the newest value written
+        self.offered: Slot | None = None  # the newest value offered
+        self._mine: collections.deque[Slot] = collections.deque(maxlen=4)  # offered, not failed
+        self._wrote_in: tuple[int, int] | None = None  # (world, position) of the slots last written
         self.join_wait_s = 0.0  # time the training thread waited for a write (the critical-path cost)
         self.joins = 0
         self.capture_s = 0.0  # time the training thread spent capturing at boundaries
@@ -134,8 +143,8 @@ class Replicator:
     def offer(self, snapshot: Any, frontier: int) -> None:
         """Replicate `snapshot` (taken at `frontier`); never blocks. The snapshot's copies are its
         own (it is rebuilt at every boundary), so the thread may read them later."""
-        item = (self.position, frontier, snapshot)
-        self.offered = (self.position, frontier)
+        self.offered = (self.world_of(), self.position, frontier)
+        item = (self.offered, snapshot)
         self._mine.append(self.offered)
         try:
             self._queue.put_nowait(item)
@@ -151,9 +160,9 @@ class Replicator:
 
     def offer_at_step_entry(self, snapshot: Any, frontier: int) -> None:
         """`rt.step`'s snapshot of F, where this process has not written its state of F under its
-        current position yet (its first update, or a shrink renumbered it); the boundary's own
-        capture stands otherwise (the same state, and one store write less per update)."""
-        if (self.position, frontier) not in self._mine:
+        current world and position yet (its first update, a Replace, or a shrink that renumbered
+        it); the boundary's own capture stands otherwise (the same state, one write less per update)."""
+        if (self.world_of(), self.position, frontier) not in self._mine:
             self.offer(snapshot, frontier)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
@@ -209,7 +218,7 @@ class Replicator:
 
     def _join(self, before: str) -> None:
         if not self.flush():
-            log.warning("small state of F=%s not replicated before %s: %s", self.offered[1] if self.offered else None,
+            log.warning("small state of F=%s not replicated before %s: %s", self.offered[2] if self.offered else None,
                         before, self.error or "timed out", extra={"position": self.position})
 
     def _run(self) -> None:
@@ -217,23 +226,38 @@ class Replicator:
             item = self._queue.get()
             if item is None:
                 return
-            position, frontier, snapshot = item
+            slot, snapshot = item
+            world, position, frontier = slot
             t = time.perf_counter()
             try:
                 raw = encode(snapshot, frontier)
-                self.store.set(keys.small_state(position, frontier), raw)
-                self.store.check([keys.small_state(position, frontier)])  # a reply: the store has it
+                self.store.set(keys.small_state(world, position, frontier), raw)
+                self.store.check([keys.small_state(world, position, frontier)])  # a reply: the store has it
             except Exception as exc:  # the decision refuses a Replace without it; keep the cause
                 with self._done:
                     self.error = f"{type(exc).__name__}: {exc}"
-                    if (position, frontier) in self._mine:
-                        self._mine.remove((position, frontier))
+                    if slot in self._mine:
+                        self._mine.remove(slot)
                     self._done.notify_all()
                 log.warning("small-state replication failed: %s", self.error, extra={"position": position})
                 continue
+            self._forget_slots_left_behind(world, position)
             self.written += 1
             self.bytes = len(raw)
             self.seconds += time.perf_counter() - t
             with self._done:
-                self.newest, self.error = (position, frontier), ""
+                self.newest, self.error = slot, ""
                 self._done.notify_all()
+
+    def _forget_slots_left_behind(self, world: int, position: int) -> None:
+        """Delete this rank's slots of the world it left, once it wrote into the new one: only a
+        spare taking over a *lost* position reads a world's slots after its change was decided,
+        and a member that moved on was not lost (best effort: a failed delete leaves bytes behind)."""
+        left, self._wrote_in = self._wrote_in, (world, position)
+        if left is None or left == (world, position):
+            return
+        for parity in (0, 1):
+            try:
+                self.store.delete_key(keys.small_state(left[0], left[1], parity))
+            except Exception as exc:  # noqa: BLE001 - what stays behind is only memory
+                log.info("small state of world %d not deleted: %s: %s", left[0], type(exc).__name__, exc)

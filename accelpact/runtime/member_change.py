@@ -150,7 +150,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase, at_check: bool = Fa
         m.store, failed_world, m.world_size, grace_s=presence_grace_s(rt.config.control_timeout_s,
                                                                       rt.data_plane.timeout_s),
         heartbeat_s=rt.heartbeat.interval_s,
-        small_state_at=lambda p: small_state.frontiers_held(m.store, p), seen=m.silence)
+        small_state_at=lambda p: small_state.frontiers_held(m.store, failed_world, p), seen=m.silence)
     m.silence = None  # evidence of this world only
     clock.lap("agree")
     change = MemberChange(world=failed_world, decision=decision, timings_s=timings)
@@ -336,7 +336,7 @@ def _take_in_state(rt: Runtime, m: Membership, activation: Activation, decision:
                 bytes=got.nbytes, holders=got.holders_agreeing)
     clock.lap("transfer")
     try:
-        state = small_state.read(m.store, lost, decision.frontier)
+        state = small_state.read(m.store, decision.world, lost, decision.frontier)
     except ValueError as exc:  # the decision saw it in the store: only a later write can have replaced it
         raise ControlPlaneError(f"spare {activation.spare} cannot continue rank {lost}'s stream: {exc}") from exc
     small_state.apply(state, data_state=rt.data_state, stateful=rt.rewind.stateful, optimizer=rt.optimizer)
