@@ -265,9 +265,10 @@ Newest(i) == IF small[i][0] >= small[i][1] THEN small[i][0] ELSE small[i][1]
    the lost positions in the store).  The agreed frontier: the reports' F if they are equal; F+1
    if they stand at F and F+1 and every one at F entered the check of F+1 (atCheck): someone
    committed F+1, so every member finished it and wrote its small state of F+1 (SplitOnlyAtCheck),
-   and those at F roll forward; else reject ("frontier").  Every lost position's small state of
-   the agreed F must be in its slot (else reject, "small_state"): a spare continues its stream
-   from there, a shrink drops it.  rewind: a survivor at the agreed F holds the step of F+1
+   and those at F roll forward; else reject ("frontier").  For a Replace, every lost position's
+   small state of the agreed F must be in its slot (else reject, "small_state"): a spare
+   continues its stream from there.  A shrink does not read it: the lost position's stream ends
+   with it (accelpact/membership/decide.py, which never asked for it there).  rewind: a survivor at the agreed F holds the step of F+1
    applied, which it discards (one rolled forward keeps its step: it commits it).  With Shrink and
    too few free spares: a shrink to the replica groups of world e whose members all reported,
    refused when there is none.  Mutant frontier_split: differing frontiers are not checked and
@@ -304,7 +305,7 @@ Decision(e) ==
              f |-> f,
              rewind |-> \E i \in P : rep[e][i].applied /\ rep[e][i].f = f,
              why |-> "ok"]
-       ELSE IF shrink /\ okF /\ okSmall /\ okGroup
+       ELSE IF shrink /\ okF /\ okGroup
        THEN [kind |-> "shrink", present |-> P, positions |-> stay,
              holder |-> [i \in Positions |-> IF i \in stay THEN rep[e][i].proc ELSE None],
              src |-> [i \in Positions |-> None],

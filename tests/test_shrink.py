@@ -82,6 +82,18 @@ def test_shrinking_needs_every_survivor_to_opt_in_and_to_be_able_to():
         in d.reasons
 
 
+def test_a_shrink_does_not_ask_for_the_lost_ranks_small_state_a_replace_does():
+    """The lost position's stream ends with a shrink: its RNG and data cursor are never read.
+    spec/Membership.tla asked for them anyway (the code never did: a trace of such a shrink was no
+    behaviour of the spec); it now decides as the code does."""
+    reports = _hsdp(0, 1, 2)
+    d = decide_membership(world=3, world_size=4, reports=reports, free_spares=[], small_state_at={3: set()})
+    assert d.outcome == "shrink" and d.lost == (3,)
+    paired = [dataclass_replace(r, replicas=(r.position % 2, r.position % 2 + 2)) for r in reports]
+    d = decide_membership(world=3, world_size=4, reports=paired, free_spares=[4], small_state_at={3: {4}})
+    assert d.outcome == "reject" and any("small state (RNG, data cursor) of lost rank 3" in r for r in d.reasons)
+
+
 def test_survivors_at_different_frontiers_never_shrink():
     d = _decide(_hsdp(0, 1) + _hsdp(2, frontier=6))
     assert d.outcome == "reject" and any("different frontiers" in r for r in d.reasons)
