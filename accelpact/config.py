@@ -20,7 +20,7 @@ ENV_PREFIX = "ACCELPACT_"
 #: set on every rank `run_world` starts). Anything else is most likely a misspelling.
 OTHER_VARIABLES = frozenset({"ACCELPACT_FAULTS", "ACCELPACT_FAULTS_EVERY_ATTEMPT", "ACCELPACT_ENVELOPE_DIR",
                              "ACCELPACT_TEST_ENV", "ACCELPACT_SECRET", "ACCELPACT_RDZV_ENDPOINT",
-                             "ACCELPACT_WORLD_PACKAGE"})
+                             "ACCELPACT_WORLD_PACKAGE", "ACCELPACT_SPARE_PRELOAD"})
 OTHER_PREFIXES = ("ACCELPACT_CHAOS_",)
 
 #: Timeouts are bounded: gloo counts milliseconds (1e-9 s would become 0, "no timeout"), and a
@@ -163,6 +163,10 @@ class Config:
         self.validate()
 
     def validate(self) -> Config:
+        self._check_types()
+        if self.checkpoint_key is not None and not self.checkpoint_key:
+            raise ConfigError("checkpoint_key is empty: an empty secret would sign nothing (unset it to write "
+                              "unsigned checkpoints)")
         if self.spares < 0:
             raise ConfigError(f"spares must be >= 0, got {self.spares}")
         if not 0.01 <= self.heartbeat_s <= 60:
@@ -228,6 +232,29 @@ class Config:
                               f"its copy; 0: one host's worth), got {self.replicate_stride!r}")
         return self
 
+    def _check_types(self) -> None:
+        """Each field's value is of its declared type: `restore="false"` is a true string, and
+        `spares="2"` would fail later with a bare TypeError far from the setting that caused it.
+        Paths may be `os.PathLike`, the checkpoint key bytes; a float field takes an int (its range,
+        NaN included, is each field's own check below); nothing takes a bool but a bool."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kinds = [k.strip() for k in str(f.type).split("|")]
+            if (value is None and "None" in kinds) or (value == AUTO and any(k.startswith("Literal") for k in kinds)):
+                continue
+            if "bool" in kinds:
+                ok, want = isinstance(value, bool), "True or False"
+            elif "int" in kinds:
+                ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+            elif "float" in kinds:
+                ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+            else:
+                ok, want = isinstance(value, (str, bytes, os.PathLike)), "a string"
+            if not ok:
+                raise ConfigError(f"{f.name} must be {want}" + (" or None" if "None" in kinds else "")
+                                  + (f" or {AUTO!r}" if any(k.startswith("Literal") for k in kinds) else "")
+                                  + f", got {value!r} ({type(value).__name__})")
+
     @property
     def calibrates(self) -> bool:
         """Whether attach measures collective latencies to derive a timeout ("auto")."""
@@ -285,7 +312,7 @@ def _coerce(cls, name: str, raw: str, key: str):
             return float(raw)
         if typ.startswith("int"):
             return int(raw)
-        if "None" in typ and raw.strip() == "":
+        if "None" in typ and raw.strip() == "" and name != "checkpoint_key":  # an empty key is refused
             return None
         return raw
     except ConfigError as exc:

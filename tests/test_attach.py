@@ -5,10 +5,11 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import re
 
 import pytest
 
-from accelpact.config import Config
+from accelpact.config import OTHER_PREFIXES, Config
 from accelpact.errors import ConfigError
 from accelpact.testing.spawn import run_world
 
@@ -121,6 +122,49 @@ def test_attach_refuses_bad_input_and_leaves_nothing_behind_when_it_fails():
 def test_timeouts_are_bounded(value):
     with pytest.raises(ConfigError, match=r"data_timeout_s must be a number of seconds in \[0.01, 86400\]"):
         Config(data_timeout_s=value, control_timeout_s=100.0)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("restore", "false", "restore must be True or False, got 'false' (str)"),  # a true string
+    ("health_check", None, "health_check must be True or False, got None"),
+    ("spares", "2", "spares must be an integer, got '2' (str)"),  # was a bare TypeError in validate
+    ("checkpoint_keep", 1.5, "checkpoint_keep must be an integer, got 1.5"),
+    ("max_restarts", None, "max_restarts must be an integer, got None"),
+    ("heartbeat_s", "1", "heartbeat_s must be a number, got '1'"),
+    ("metrics_port", 9400.5, "metrics_port must be an integer or None, got 9400.5"),
+    ("checkpoint_key", "", "checkpoint_key is empty"),  # a secret that expanded to nothing signs nothing
+])
+def test_a_setting_of_the_wrong_type_is_refused_by_name(field, value, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        Config(**{field: value})
+
+
+def test_an_empty_checkpoint_key_in_the_environment_is_refused_not_dropped(tmp_path):
+    import pathlib
+
+    from accelpact.checkpoint import CheckpointManager
+
+    with pytest.raises(ConfigError, match="ACCELPACT_CHECKPOINT_KEY.*checkpoint_key is empty|checkpoint_key is empty"):
+        Config().with_env({"ACCELPACT_CHECKPOINT_KEY": ""})
+    with pytest.raises(ValueError, match="the checkpoint key is empty"):
+        CheckpointManager(tmp_path, run_id="r", world_size=1, layout={}, key="")
+    # paths may be Path objects, a key bytes
+    assert Config(checkpoint_dir=pathlib.Path(tmp_path), checkpoint_key=b"k").checkpoint_key == b"k"
+
+
+def test_every_variable_accelpact_reads_is_known_to_the_misspelling_check():
+    """ACCELPACT_SPARE_PRELOAD (membership/warm.py) was read and documented, and every rank logged
+    that it was "not an AccelPact setting and is ignored"."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1] / "accelpact"
+    read = set()
+    for path in root.rglob("*.py"):
+        read |= set(re.findall(r"[\"'](ACCELPACT_[A-Z0-9_]+)[\"']", path.read_text()))
+    prefixed = {name for name in read if name.startswith(OTHER_PREFIXES) or name.endswith("_")}
+    from accelpact.config import known_variables
+
+    assert sorted(read - prefixed - known_variables()) == []
 
 
 def test_a_misspelled_variable_is_named_with_the_closest_valid_one(caplog):

@@ -153,8 +153,10 @@ class CheckpointManager:
         self.group = group
         self.attempt = str(restart_count() if attempt is None else attempt)
         self._hashed: dict[str, tuple] = {}  # step dir name -> file fingerprint when it last verified
+        if key is not None and not key:  # a secret that expanded to nothing: never sign with it silently
+            raise ValueError("the checkpoint key is empty (pass None for unsigned checkpoints)")
         self._key = (hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
-                     if key else None)
+                     if key is not None else None)
 
     # -- helpers -------------------------------------------------------------------------------
 
