@@ -282,3 +282,18 @@ def test_incidents_are_torchelastic_worker_events_and_evidence_lines(tmp_path, c
     lines = [json.loads(x) for x in (tmp_path / "incidents-rank0.jsonl").read_text().splitlines()]
     assert [x["action"] for x in lines] == ["preserve", "reject"] and lines[0]["peers"] == [2]
     assert "rank 0 timed out waiting for rank 2" in caplog.text
+
+
+def test_a_rejects_span_is_exported_before_the_fail_stop_exit(monkeypatch, capfd):
+    """A reject ends in `os._exit(75)`, which runs no exit handler: a batching span processor never
+    sent the span that says why (found by review; 0 spans exported)."""
+    from opentelemetry import trace
+
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: trace.ProxyTracerProvider())
+    tracer, provider = otel.tracer_from_env({"OTEL_TRACES_EXPORTER": "console"})  # a BatchSpanProcessor
+    obs = otel.OtelObserver(tracer, provider)
+    obs.on_recovery(_evidence())
+    assert '"name"' not in capfd.readouterr().out  # batched: nothing sent yet
+    obs.on_reject(_evidence(action="reject", cause_kind="bug", reasons=["ValueError: bad shape"]))
+    out = capfd.readouterr().out  # no close(): the process would exit now
+    assert '"name": "accelpact.reject"' in out and '"name": "accelpact.preserve"' in out

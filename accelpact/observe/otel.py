@@ -84,6 +84,10 @@ def _otlp(env: Mapping[str, str]) -> Any:
     return OTLPSpanExporter()  # endpoint, headers, timeout: from the OTEL_EXPORTER_OTLP_* variables
 
 
+#: How long a reject waits for its span to be exported before the process exits.
+REJECT_FLUSH_MS = 5000
+
+
 class OtelObserver:
     """A `RecoveryObserver`: one span per incident, with detect and repair as child spans."""
 
@@ -97,7 +101,18 @@ class OtelObserver:
         self._span(evidence)
 
     def on_reject(self, evidence: Evidence) -> None:
+        """A reject ends in `fail_stop`'s `os._exit` (exit 75): the batch processor would never
+        send the span that says why. Flush it now, the application's provider too, bounded."""
         self._span(evidence)
+        from opentelemetry import trace
+
+        provider = self.provider if self.provider is not None else trace.get_tracer_provider()
+        flush = getattr(provider, "force_flush", None)
+        if flush is not None:
+            try:
+                flush(timeout_millis=REJECT_FLUSH_MS)
+            except Exception as exc:  # noqa: BLE001 - an exporter's failure must not change the reject
+                log.warning("OpenTelemetry spans not flushed before the reject: %s: %s", type(exc).__name__, exc)
 
     def close(self) -> None:
         if self.provider is not None:
