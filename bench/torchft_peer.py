@@ -17,8 +17,8 @@ replica stalls past the timeout (T + 0.5 s) and then returns, at update X.
   next update.
 
 Measured per system: per-update cost against plain gloo on the same model (torchft: flat
-all-reduce on a plain gloo group; AccelPact: the same DDP model outside `rt.update()`), in paired,
-alternating updates; time from the fault to the next committed update on every replica; updates
+all-reduce on a plain gloo group, in paired, alternating updates; AccelPact: a DDP model of its own
+that attach never saw, in alternating blocks, `accelpact_cost_worker`); time from the fault to the next committed update on every replica; updates
 lost (discarded); final state (parameters and Adam state) bitwise against an uninterrupted run of
 the same loop, and across replicas.
 
@@ -217,7 +217,12 @@ def _ddp_step(model, optimizer, tokens) -> None:
 
 
 def accelpact_cost_worker(rank: int, world: int, cfg: dict) -> dict:
-    """Paired guarded / unguarded updates of one DDP model (bench/guard.py's method)."""
+    """Blocks of plain and of guarded updates (bench/guard.py's method). Plain runs on a model of
+    its own that AccelPact never saw: attach installs DDP hooks a Rewind needs (their cost is
+    AccelPact's, not the baseline's). The first update of every block is not counted, and a
+    deferred block's last check is settled before the next block starts: no arm's update runs
+    beside another arm's boundary (alternating single updates charged the deferred check's
+    thread to the plain update after it)."""
     import accelpact
 
     model, optimizer, data = _accelpact_model(cfg, rank, world)
@@ -225,23 +230,27 @@ def accelpact_cost_worker(rank: int, world: int, cfg: dict) -> dict:
     rt = accelpact.attach(model, optimizer, data_state=data, config=accelpact.Config(
         data_timeout_s=cfg["timeout"], control_timeout_s=cfg["control_timeout"],
         **({"boundary": "deferred", "envelope": "permissive"} if deferred else {})))
+    watched = sorted(rt.data_plane.groups)
+    bare, bare_opt, bare_data = _accelpact_model(cfg, rank, world, generation=500)  # after attach: never seen by it
+    assert sorted(rt.data_plane.groups) == watched, "the plain model's groups must not join the guarded boundary"
+    block = cfg["block"]
     plain, guarded = [], []
-    for i in range(2 * (cfg["pairs"] + cfg["warmup"])):
-        t0 = time.perf_counter()
-        if i % 2 and deferred:
-            rt.step(lambda: _ddp_step(model, optimizer, data.next_batch()))
-            if i >= 2 * cfg["warmup"]:
-                guarded.append(time.perf_counter() - t0)
-        elif i % 2:
-            with rt.update():
-                _ddp_step(model, optimizer, data.next_batch())
-            if i >= 2 * cfg["warmup"]:
-                guarded.append(time.perf_counter() - t0)
-        else:
-            _ddp_step(model, optimizer, data.next_batch())
-            if i >= 2 * cfg["warmup"]:
-                plain.append(time.perf_counter() - t0)
-    rt.settle()  # the last deferred boundary is agreed before the world ends
+    per_arm = -(-cfg["pairs"] // (block - 1))
+    for b in range(2 * (per_arm + 1)):  # the first block of each arm warms up
+        arm = "guarded" if b % 2 else "plain"
+        for i in range(block):
+            t0 = time.perf_counter()
+            if arm == "plain":
+                _ddp_step(bare, bare_opt, bare_data.next_batch())
+            elif deferred:
+                rt.step(lambda: _ddp_step(model, optimizer, data.next_batch()))
+            else:
+                with rt.update():
+                    _ddp_step(model, optimizer, data.next_batch())
+            if b >= 2 and i > 0:
+                (plain if arm == "plain" else guarded).append(time.perf_counter() - t0)
+        if arm == "guarded":
+            rt.settle()  # the block's last deferred boundary, agreed before plain runs (not counted)
     rt.close()
     return {"rank": rank, "plain_s": plain, "guarded_s": guarded}
 
@@ -331,7 +340,9 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="10 pairs, 8 updates (about a minute)")
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=1.0, help="collective timeout T, both systems")
-    ap.add_argument("--pairs", type=int, default=40, help="paired updates for the per-update cost")
+    ap.add_argument("--pairs", type=int, default=40, help="counted updates per arm for the per-update cost")
+    ap.add_argument("--block", type=int, default=4,
+                    help="AccelPact's arms run in blocks of this many updates, the first of each not counted")
     ap.add_argument("--updates", type=int, default=12)
     ap.add_argument("--fault-at", type=int, default=5)
     ap.add_argument("--layers", type=int, default=2)
@@ -352,7 +363,8 @@ def main(argv=None) -> int:
     world = args.replicas
     cfg = {
         "seed": 7, "layers": args.layers, "seq_len": 8, "batch": 2, "timeout": args.timeout,
-        "control_timeout": args.timeout * 6 + 2, "pairs": args.pairs, "warmup": 3, "updates": args.updates,
+        "control_timeout": args.timeout * 6 + 2, "pairs": args.pairs, "block": args.block, "warmup": 3,
+        "updates": args.updates,
         "fault_at": args.fault_at, "fault_rank": world - 1, "min_replicas": world,
         "quorum_timeout": 30.0, "async_quorum": args.async_quorum,
         # lighthouse: torchft_lighthouse's defaults except the join timeout, which only matters
