@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import platform
 import statistics
 import sys
@@ -97,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     torch.set_num_threads(1)
+    load_before = [round(x, 2) for x in os.getloadavg()]
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=LAYOUT.world_size)
     try:
         rows = [measure(framework, layers, args.repeats)
@@ -104,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         goal = measure("fsdp1-mesh", GOAL_LAYERS, args.repeats)
     finally:
         dist.destroy_process_group()
+    load_after = [round(x, 2) for x in os.getloadavg()]
+    print(f"single process, {args.repeats} repeats per row; load {load_before} -> {load_after}")
 
     header = f"{'framework':<11} {'L':>4} {'refs':>5} {'names':>5} {'rebind µs':>10} {'(actions)':>9} " \
              f"{'prove µs':>9} {'total µs':>9} {'p90 µs':>7} {'discover ms':>12} {'deep ms':>8}"
@@ -127,6 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": platform.machine(),
         "backend": "fake (single process, world 4, rank 0)",
         "group": "replicate",
+        "loadavg_before": load_before,
+        "loadavg_after": load_after,
         "rows": rows,
         "goal": {**goal, "target_us": GOAL_US, "met": goal["total_us_median"] <= GOAL_US},
     }, indent=2) + "\n")

@@ -77,11 +77,13 @@ def measure(world: int, local: int, faults: int, data_timeout: float, framework:
                   data_timeout_s=data_timeout, control_timeout_s=data_timeout * 6 + 2, reference=False)
     results = run_world(ABLATIONS.get(ablation, run_drill), world, drill, timeout_s=60 + faults * 10, pg_timeout_s=30)
     recs = []
+    released_at: list[list[float]] = []  # per fault, each rank's release (wall clock, one host)
     for i in range(faults):
         per_rank = [r["history"][i] for r in results]
         assert all(h["action"] == action for h in per_rank), per_rank
         admitted = [h["admitted_at"] for h in per_rank]
         released = [h["admitted_at"] + h["repair_s"] for h in per_rank]
+        released_at.append(released)
         recs.append(
             {
                 "repair_s": max(h["repair_s"] for h in per_rank),
@@ -97,7 +99,10 @@ def measure(world: int, local: int, faults: int, data_timeout: float, framework:
         )
     # per update, the slowest rank (updates end together); the first update is warm-up
     slowest = [max(r["update_seconds"][i] for r in results) for i in range(len(results[0]["update_seconds"]))]
-    after = [slowest[u] for u in faulted]  # index u is update u+1: the first one after update u's repair
+    if action == "preserve":  # update u committed, then was repaired: update u+1 (index u) runs on the new groups
+        after = [slowest[u] for u in faulted]
+    else:  # a Rewind re-runs update u inside the call that failed: from the last release to that call's end
+        after = [max(r["update_ends"][u - 1] for r in results) - max(released_at[i]) for i, u in enumerate(faulted)]
     normal = [t for i, t in enumerate(slowest) if i > 0 and i + 1 not in faulted and i not in faulted]
     first_ratio = median(after) / median(normal)
     return {"world": world, "framework": framework, "phase": phase, "action": action, "faults": faults,
@@ -221,23 +226,27 @@ def main(argv=None) -> int:
     runs, ablated = [], {name: [] for name in ablations}
     for w in worlds:  # each world's ablations right after it: the same load for all
         for ablation in ("", *ablations):
-            (ablated[ablation] if ablation else runs).append(
-                measure(w, 1 if w == 2 else 2, args.faults, args.data_timeout, args.framework, args.phase, ablation,
-                        args.clean))
+            before = round(os.getloadavg()[0], 2)
+            run = measure(w, 1 if w == 2 else 2, args.faults, args.data_timeout, args.framework, args.phase, ablation,
+                          args.clean)
+            run["load"] = [before, round(os.getloadavg()[0], 2)]  # the 1-minute load around this run alone
+            (ablated[ablation] if ablation else runs).append(run)
+    load_after = [round(x, 2) for x in os.getloadavg()]  # before the floor and freeing runs below
     for run in runs:
         run["floor_s"] = floor(run["world"])
     freeing = max(run_world(free_cost, 2, 4, timeout_s=120, pg_timeout_s=30), key=lambda r: r["in_place"])
     rows = []
     for run in runs:
         m = run["median"]
-        rows.append([run["world"], f"{run['framework']} {run['action']}", f"{m['detect_s']:.3f}", f"{m['repair_s'] * 1e3:.1f}",
+        rows.append([run["world"], f"{run['framework']} {run['action']}", f"{run['load'][0]}->{run['load'][1]}",
+                     f"{m['detect_s']:.3f}", f"{m['repair_s'] * 1e3:.1f}",
                      f"{m['skew_s'] * 1e3:.1f}", f"{m['after_last_s'] * 1e3:.1f}"]
                     + [f"{m[p] * 1e3:.2f}" for p in PHASES] + [f"{m['standby_s'] * 1e3:.2f}"]
                     + [f"{median(run['first_update_after_s']) * 1e3:.0f}", f"{median(run['normal_update_s']) * 1e3:.0f}",
                        f"{run['first_update_ratio']:.2f}"])
     print(f"repair time, medians over {args.faults} recoveries (ms; detect in s = data timeout + wait); "
-          f"load {load_before} -> {[round(x, 2) for x in os.getloadavg()]}")
-    print(table(["ranks", "recovery", "detect s", "repair ms", "skew ms", "after last ms"]
+          f"load {load_before} -> {load_after}")
+    print(table(["ranks", "recovery", "load", "detect s", "repair ms", "skew ms", "after last ms"]
                 + [f"{p} ms" for p in PHASES] + ["standby ms"]
                 + ["first after ms", "normal ms", "first/normal"], rows))
     print(table(["ranks", "bare ring all-gather ms", "bare direct exchange ms", "bare vote ms", "repair's agree ms",
@@ -251,7 +260,8 @@ def main(argv=None) -> int:
           "for the last one in agree); after last: the last admission -> the last release, the protocol's own time")
     print("standby: after the release (not in repair), the replaced groups' standby successors connected again "
           "(`runtime.standby`); replace adopts one instead of building")
-    print("first/normal: the update right after a repair against the clean ones (slowest rank); goal <= 1.2")
+    print("first/normal: the update right after a repair against the clean ones (slowest rank); goal <= 1.2. "
+          "After a Rewind, the re-run of the update that failed: from the last release to the end of its call")
     print(f"freeing a retired group (2-member gloo, median of 4): {freeing['in_place'] * 1e3:.2f} ms on the "
           f"thread that drops it; {freeing['handed_over'] * 1e3:.2f} ms longest pause of that thread with the "
           f"reaper freeing it (`comm.reaper`; a rebind drops the group before last)")
@@ -281,6 +291,8 @@ def main(argv=None) -> int:
     print(f"#17's goal, <= 10 ms at every world size: {'MET' if all(run['median']['repair_s'] <= 0.01 for run in runs) else 'NOT MET'} "
           f"({each}; the bare rounds above are this machine's floor)")
     path = write_json("repair" if args.phase == "committed" else "repair-rewind", {"runs": runs, "freeing_s": freeing,
+                                                                                    "load_before": load_before,
+                                                                                    "load_after": load_after,
                                                                                     **{f"ablated_{k}": v for k, v in ablated.items()}})
     print(f"wrote {path}")
     return 0

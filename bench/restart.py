@@ -303,10 +303,17 @@ def main(argv=None) -> int:
     t0 = time.time()
     spurious: list[str] = []
     memory = memory_run(base, ages, c, args, spurious)
+    memory["load"] = [load_before[0], loadavg()[0]]  # each job's own load: the cold jobs run later
+
+    def cold_job(a: int) -> dict:
+        before = loadavg()[0]
+        out = cold_run(base, a, c, args, spurious)
+        out["load"] = [before, loadavg()[0]]
+        return out
+
     cold = {}
     for a in ages:  # with --repeats, the job whose fault-to-frontier is the median stands for A
-        tries = sorted((cold_run(base, a, c, args, spurious) for _ in range(args.repeats)),
-                       key=lambda o: o["planned"][0]["f2f_s"])
+        tries = sorted((cold_job(a) for _ in range(args.repeats)), key=lambda o: o["planned"][0]["f2f_s"])
         cold[a] = tries[len(tries) // 2]
         cold[a]["all_f2f_s"] = [o["planned"][0]["f2f_s"] for o in tries]
     load_after = loadavg()
@@ -321,7 +328,8 @@ def main(argv=None) -> int:
                      f"{rc.get('restore_s') or float('nan'):.2f}", f"{b['replay']:.2f}",
                      f"{m:.3f}", f"{rec_m['detect_s']:.2f}", f"{rec_m['repair_s'] * 1e3:.0f}",
                      f"{rc['f2f_s'] / m:.1f}x",
-                     f"{(rc['f2f_s'] - b['detect']) / (m - rec_m['detect_s']):.1f}x"])
+                     f"{(rc['f2f_s'] - b['detect']) / (m - rec_m['detect_s']):.1f}x",
+                     f"{cold[a]['load'][0]}->{cold[a]['load'][1]}"])
     slope_c, icpt_c = linear_fit(ages, cold_f2f)
     slope_m, icpt_m = linear_fit(ages, mem_f2f)
     at5_cold = next((cold[a]["planned"][0]["f2f_s"] for a in ages if a == 5), slope_c * 5 + icpt_c)
@@ -334,7 +342,8 @@ def main(argv=None) -> int:
     print(f"fault-to-frontier vs checkpoint age, C={c}, data timeout {args.data_timeout}s, {NPROC} ranks "
           f"FSDP2 HSDP 2x2, {args.layers} layers; median update {upd * 1e3:.0f} ms; load {load_before} -> {load_after}")
     print(table(["A", "cold s", "detect", "restart", "restore", "replay", "memory s", "detect", "repair ms",
-                 "cold/memory", "after detection"], rows))
+                 "cold/memory", "after detection", "cold job's load"], rows))
+    print(f"the in-memory job (every A in one run) ran at load {memory['load'][0]} -> {memory['load'][1]}")
     print("detect = the data-plane timeout both sides wait before anyone knows; 'after detection' compares "
           "what follows it (cold: reject, restart, restore, replay; memory: repair) up to the frontier")
     print(f"\ncold restart: {slope_c:.3f} s per replayed update + {icpt_c:.2f} s fixed; in memory: slope "
@@ -352,6 +361,7 @@ def main(argv=None) -> int:
     png = plot(ages, cold_f2f, mem_f2f, replay, RESULTS / "restart.png", note)
     path = write_json("restart", {
         "args": vars(args), "ages": ages, "checkpoint_at": c, "loadavg_before": load_before,
+        "memory_load": memory["load"], "cold_load": {a: cold[a]["load"] for a in ages},
         "loadavg_after": load_after, "elapsed_s": time.time() - t0, "median_update_s": upd,
         "cold_f2f_s": dict(zip(ages, cold_f2f)), "memory_f2f_s": dict(zip(ages, mem_f2f)),
         "ratio": {a: c_ / m for a, c_, m in zip(ages, cold_f2f, mem_f2f)},

@@ -142,6 +142,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
     rejected = None
     restored_step = rt.checkpointer.restored.step if rt.checkpointer and rt.checkpointer.restored else None
     rt.update_seconds = []  # wall time of each call, recovery included (bench/repair.py)
+    rt.update_ends = []  # time.time() at each call's end: a Rewind re-runs inside the call that failed
     try:
         for i in range(rt.frontier, drill.updates):
             if drill.tamper_at and i + 1 == drill.tamper_at:
@@ -157,6 +158,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
                 with rt.update():
                     _update(model, optimizer, data, sched)
             rt.update_seconds.append(time.perf_counter() - t0)
+            rt.update_ends.append(time.time())
         rt.settle()  # a deferred last boundary is agreed before anyone reads F
     except RecoveryRejected as rej:
         rejected = rej
@@ -223,7 +225,7 @@ def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
         edges=list(rt.machine.taken),
         deferral={"deferred": rt.deferral.deferred, "joined": rt.deferral.joined,
                   "on_thread": rt.deferral.checks.ran if rt.deferral.checks is not None else 0},
-        update_seconds=list(getattr(rt, "update_seconds", [])),
+        update_seconds=list(getattr(rt, "update_seconds", [])), update_ends=list(getattr(rt, "update_ends", [])),
         digests=[c.to_dict() for c in rt.digests.checks] if rt.digests is not None else [],
         references=rt.prepare() if out["rejected"] is None else {},
     )
