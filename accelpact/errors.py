@@ -90,6 +90,10 @@ class CollectiveAbandoned(AccelPactError, RuntimeError):
     peer posted its presence): every group of that world is destroyed next, so the abandoned op
     can never pair with a later collective (`comm.backends.wait_unless`)."""
 
+    #: a communication failure by declaration: it is raised `from None` (the poll's own "timed
+    #: out" is not its cause), so no gloo text is left in its chain to say so
+    failure_cause = "abandoned: a peer left this world for a membership change"
+
 
 class RebindError(AccelPactError):
     """Base class: the rebind phase cannot be trusted to leave no stale reference."""

@@ -180,13 +180,23 @@ def _dist_error(name: str, text: str) -> BaseException:
     return getattr(dist, name)(text)
 
 
+def _raised_in(filename: str, exc: BaseException) -> BaseException:
+    """`exc` as raised by code in `filename` (its innermost frame's file)."""
+    code = compile("raise exc", f"/site-packages/{filename}", "exec")
+    try:
+        exec(code, {"exc": exc})
+    except BaseException as raised:  # noqa: BLE001 - the test's own raise
+        return raised
+    raise AssertionError("not raised")
+
+
 @pytest.mark.parametrize("make", [
     lambda: RuntimeError(GLOO_RECV_TIMEOUT),
     lambda: RuntimeError(GLOO_CLOSED),
     lambda: _masked(ValueError(C10D_NOT_IN_WORLD), RuntimeError(GLOO_CLOSED)),
     lambda: RuntimeError(NCCL_WATCHDOG),
     lambda: RuntimeError(MESH_UNRESOLVED),
-    lambda: ConnectionResetError(),
+    lambda: _raised_in("torch/distributed/rendezvous.py", ConnectionResetError()),
     lambda: _dist_error("DistBackendError", "NCCL error in: ProcessGroupNCCL.cpp:1971, remote process exited"),
     lambda: _dist_error("DistNetworkError", "Failed to recv, got 0 bytes. Connection was likely closed."),
     # DDP's reducer re-raises gloo's error from its C++ bucket all-reduce
@@ -214,8 +224,42 @@ def test_an_injected_fault_declares_itself_a_communication_failure():
     lambda: RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x8 and 4x8)"),
     lambda: AssertionError("FSDP: expected the parameter to be sharded"),
     lambda: ZeroDivisionError("division by zero"),
-], ids=["value", "key", "oom", "shapes", "fsdp-assert", "zero-div"])
+    # found by review: any "timed out" or ConnectionError read as a communication failure, and the
+    # step was rewound into the same failure until the budget ran out
+    lambda: RuntimeError("DataLoader timed out after 30 seconds"),
+    lambda: _raised_in("my_dataset/remote.py", ConnectionResetError(104, "Connection reset by peer")),
+    lambda: ValueError("invalid timeout value for scheduler"),
+], ids=["value", "key", "oom", "shapes", "fsdp-assert", "zero-div", "loader-timeout", "remote-data", "word"])
 def test_a_bug_in_the_training_step_is_not_a_communication_failure(make):
     from accelpact.comm import is_communication_failure
 
     assert not is_communication_failure(make())
+
+
+def test_a_retired_group_with_a_number_for_a_name_is_not_read_into_a_live_groups_error():
+    """c10d names groups "1", "2", …: once "1" was retired, the "1" of "[10.0.0.1]:23456" in a live
+    group's error read as it, and a peer loss became RETIRED_COMMUNICATOR (found by review)."""
+    text = "[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.1]:23456"
+    got = classify_failure(RuntimeError(text), retired_names=["1", "4"])
+    assert got.cause is FailureCause.CONNECTION_CLOSED
+    named = classify_failure(RuntimeError("group accelpact:dp:g1 failed"), retired_names=["accelpact:dp:g1"])
+    assert named.cause is FailureCause.RETIRED_COMMUNICATOR
+
+
+def test_a_context_suppressed_by_raise_from_none_is_not_the_cause():
+    """`wait_unless` hides its poll's "Operation timed out!" with `from None`; the chain followed it
+    anyway and reported the abandoned wait as that timeout. It declares its own cause instead."""
+    from accelpact.comm import is_communication_failure
+    from accelpact.errors import CollectiveAbandoned
+
+    def abandon():
+        try:
+            raise RuntimeError("Operation timed out!")
+        except RuntimeError:
+            raise CollectiveAbandoned("a peer left this world") from None
+
+    with pytest.raises(CollectiveAbandoned) as got:
+        abandon()
+    assert len(exception_chain(got.value)) == 1
+    assert classify_failure(got.value).message == "a peer left this world"
+    assert is_communication_failure(got.value)

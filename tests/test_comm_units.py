@@ -73,6 +73,29 @@ def test_retire_is_idempotent_and_recorded():
         dist.get_process_group_ranks(group)  # c10d no longer knows it
 
 
+def test_an_unregistered_group_retired_by_abort_is_aborted_never_shut_down():
+    """Found by review, by reading: a group c10d no longer knew was shut down whatever `abort`
+    said; an NCCL shutdown finalizes (waits for every kernel), which a dead peer never lets end."""
+    calls: list[str] = []
+
+    class _Unregistered:
+        group_name = "accelpact:test:unregistered"
+
+        def abort(self):
+            calls.append("abort")
+
+        def shutdown(self):
+            calls.append("shutdown")
+
+        def __hash__(self):
+            return id(self)
+
+    pg, other = _Unregistered(), _Unregistered()
+    other.group_name = "accelpact:test:unregistered2"
+    assert retire_group(pg, abort=True) and calls == ["abort"]
+    assert retire_group(other) and calls == ["abort", "shutdown"]  # gloo's route: a graceful close
+
+
 class _PendingWork:
     """A gloo Work as `wait_unless` sees it: `wait(timeout)` raises "timed out" until the op is
     done (after `done_after` polls), then returns True or raises the op's own error."""

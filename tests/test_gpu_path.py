@@ -304,7 +304,8 @@ def test_the_driver_hands_the_failed_groups_to_the_guard():
 
 # ------------------------------------------------------------------ NCCL environment ---
 
-FIT = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_ENABLE_MONITORING": "0"}
+FIT = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_ENABLE_MONITORING": "0",
+       "TORCH_NCCL_NONBLOCKING_TIMEOUT": "60"}
 
 
 def test_a_fit_environment_and_nccl_version_pass():
@@ -315,8 +316,9 @@ def test_a_fit_environment_and_nccl_version_pass():
 def test_every_unfit_variable_and_an_old_nccl_are_named_with_the_required_value():
     found = nccl_env.problems({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}, (2, 25, 1))
     text = "\n".join(found)
-    assert len(found) == 4
+    assert len(found) == 5
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING is '1', must be '2'" in text
+    assert "TORCH_NCCL_NONBLOCKING_TIMEOUT is unset (c10d's default applies: 30 minutes)" in text
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT is unset" in text and "must be '0'" in text
     assert "TORCH_NCCL_ENABLE_MONITORING is unset" in text
     assert "NCCL 2.25.1 is older than 2.26.2" in text
@@ -496,3 +498,27 @@ def test_a_store_that_cannot_be_cloned_is_used_as_it_is():
     hashed.set_timeout(datetime.timedelta(seconds=30))
     assert backends_module.bounded_store(hashed, datetime.timedelta(seconds=1)) is hashed
     assert hashed.timeout == datetime.timedelta(seconds=30)
+
+
+def test_a_replacement_communicators_setup_is_bounded_and_a_version_suffix_is_read():
+    """Found by review, by reading: c10d waits 30 minutes (its default) for a non-blocking
+    communicator to become ready, inside the first collective posted on it; and NCCL builds with a
+    version suffix return it as a fourth, string element, which failed attach with a ValueError."""
+    env: dict[str, str] = {"TORCH_NCCL_NONBLOCKING_TIMEOUT": "1800"}
+    changes = nccl_env.apply_required(env)
+    assert env["TORCH_NCCL_NONBLOCKING_TIMEOUT"] == "60" and any("'1800' -> '60'" in c for c in changes)
+    assert nccl_env.problems(env, (2, 26, 2)) == []
+    assert any("must be whole seconds" in p for p in nccl_env.problems({**env, "TORCH_NCCL_NONBLOCKING_TIMEOUT": "x"},
+                                                                        None))
+
+    class _Nccl:
+        @staticmethod
+        def version():
+            return (2, 26, 2, "+cuda12.4")
+
+    import torch
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.cuda, "is_available", lambda: True)
+        mp.setattr(torch.cuda, "nccl", _Nccl, raising=False)
+        assert nccl_env.nccl_version() == (2, 26, 2)

@@ -121,7 +121,13 @@ def abort(pg: ProcessGroup) -> None:
 def abort_together(pgs: list[ProcessGroup]) -> None:
     """Abort several groups inside one ``ncclGroupStart``/``ncclGroupEnd`` window, as c10d does
     for the world: aborting NCCL communicators one after the other while dependent work is in
-    flight can deadlock (pytorch#119797). Groups without an NCCL backend are aborted plainly."""
+    flight can deadlock (pytorch#119797). Groups without an NCCL backend are aborted plainly.
+
+    Not verified on a GPU (none lent): upstream `ProcessGroupNCCL::abort()` runs its
+    `abortComms()` on a `std::async` thread and waits for it, while NCCL's group window belongs to
+    the calling thread, so the window may not cover the aborts at all (they would then run one
+    after another, as c10d's own world abort does). The bound that holds either way is
+    `comm.device`'s: an abort that hangs becomes a guard failure, never a hung recovery."""
     nccl = [backend for backend in (_nccl_backend(pg) for pg in pgs) if backend is not None]
     if nccl:
         nccl[0]._group_start()

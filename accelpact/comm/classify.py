@@ -82,7 +82,9 @@ _COMM_PATTERNS = tuple(
     re.compile(pattern, re.IGNORECASE)
     for pattern in (
         r"third_party/gloo/",  # every gloo transport error names its source file
-        r"\bgloo\b", r"\bnccl", r"\bc10d\b", r"process ?group", r"connectFullMesh",
+        r"\bgloo\b", r"nccl", r"\bc10d\b", r"process ?group", r"connectFullMesh",
+        r"watchdog caught collective",  # NCCL's watchdog ("… timeout: WorkNCCL(…)")
+        r"NET/(IB|Socket) ?:",  # NCCL's network plugins name themselves
     )
 )
 
@@ -92,28 +94,54 @@ def is_communication_failure(exc: BaseException, classification: Classification 
     a bug in the training step, which must reach the user as it is: a rebuild cannot fix it and a
     rewind would only run into it again.
 
-    Communication: anything `classify_failure` recognises (timeout, closed connection, retired
-    communicator), torch.distributed's own error types, an error text from gloo, NCCL or c10d
-    anywhere in the chain, and an exception that declares its cause (`failure_cause`: the drills'
-    injected faults). Everything else (a KeyError, a malformed batch, out of memory) is a bug.
-    `classification`: `exc`'s, when the caller already has it (with its retired-group evidence)."""
+    Communication: a retired communicator, torch.distributed's own error types, an error text from
+    gloo, NCCL or c10d anywhere in the chain, an error of AccelPact's own communication paths, and
+    an exception that declares its cause (`failure_cause`: the drills' injected faults). A timeout
+    or a closed connection counts only with such evidence: a DataLoader that "timed out" or a
+    remote data source's ConnectionResetError is the training step's own failure, which a rebuild
+    cannot fix and a rewind would only meet again. Everything else (a KeyError, a malformed batch,
+    out of memory) is a bug. `classification`: `exc`'s, when the caller already has it (with its
+    retired-group evidence)."""
     if isinstance(getattr(exc, "failure_cause", None), str):
         return True
-    if (classification or classify_failure(exc)).cause is not FailureCause.OTHER:
+    if (classification or classify_failure(exc)).cause is FailureCause.RETIRED_COMMUNICATOR:
         return True
-    return any(type(link).__name__ in _DIST_TYPES or _matches(_text(link), _COMM_PATTERNS)
+    return any(type(link).__name__ in _DIST_TYPES or type(link).__module__.startswith("accelpact.")
+               or _raised_in_communication_code(link) or _matches(_text(link), _COMM_PATTERNS)
                for link in exception_chain(exc))
 
 
+#: Where a bare TimeoutError or ConnectionError raised is communication's: torch.distributed's
+#: Python side, and AccelPact's own control plane and groups.
+_COMM_SOURCES = ("/torch/distributed/", "/accelpact/comm/", "/accelpact/control/")
+
+
+def _raised_in_communication_code(exc: BaseException) -> bool:
+    """Whether `exc` was raised (its innermost frame) in communication code: its traceback's
+    outer frames are the training loop and AccelPact's step, which every error passes through."""
+    tb, frames = exc.__traceback__, 0
+    if tb is None:
+        return False
+    while tb.tb_next is not None and frames < _MAX_FRAMES:
+        tb, frames = tb.tb_next, frames + 1
+    where = tb.tb_frame.f_code.co_filename.replace("\\", "/")
+    return any(source in where for source in _COMM_SOURCES)
+
+
 def exception_chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and what it was raised from (``__cause__``, else ``__context__``), outermost first."""
+    """``exc`` and what it was raised from (``__cause__``, else ``__context__`` unless ``raise …
+    from None`` suppressed it), outermost first: a suppressed context is what the raiser said is
+    not the cause (`wait_unless` hides its poll's "Operation timed out!")."""
     chain: list[BaseException] = []
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen and len(chain) < _MAX_CHAIN:
         chain.append(current)
         seen.add(id(current))
-        current = current.__cause__ if current.__cause__ is not None else current.__context__
+        if current.__cause__ is not None:
+            current = current.__cause__
+        else:
+            current = None if current.__suppress_context__ else current.__context__
     return chain
 
 
@@ -162,8 +190,13 @@ def _retired_evidence(
 
 def _names(text: str, name: str) -> bool:
     """Whether `text` names the group `name` itself: "accelpact:dp:g1" is not named by a text about
-    the live "accelpact:dp:g12" (after ten recoveries every failure read as a retired one)."""
-    return re.search(re.escape(name) + r"(?![\w.@-])", text) is not None
+    the live "accelpact:dp:g12" (after ten recoveries every failure read as a retired one). c10d's
+    own names are numbers ("1", "2"): no text is searched for them, or the "1" of "[10.0.0.1]:23456"
+    in a live group's error read as the retired group "1" (the traceback's frames and the groups
+    the step used still name it)."""
+    if name.isdigit():
+        return False
+    return re.search(r"(?<![\w.@:/-])" + re.escape(name) + r"(?![\w.@-])", text) is not None
 
 
 def _group_names_in_traceback(exc: BaseException) -> Iterable[str]:

@@ -172,7 +172,9 @@ def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
                               "every group of the job")
     name = pg.group_name
     if not _c10d.is_registered(pg):
-        pg.shutdown()  # never registered, or destroyed behind our back: just close it
+        # never registered, or destroyed behind our back: just close it, by abort when asked (an
+        # NCCL shutdown finalizes: it waits for every kernel, which a dead peer never lets finish)
+        pg.abort() if abort else pg.shutdown()
     elif abort:
         _c10d.abort(pg)
     else:

@@ -12,6 +12,11 @@ the process on the first failure, before any recovery can run:
 * ``TORCH_NCCL_ENABLE_MONITORING``: the heartbeat monitor kills every rank once the watchdog has
   been quiet for ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` (480 s) or another rank signalled a dump, which
   after a recovery it would do. AccelPact bounds its own aborts instead (`comm.device`).
+* ``TORCH_NCCL_NONBLOCKING_TIMEOUT``: how long a call waits for a non-blocking communicator
+  (every replacement AccelPact builds is one) to become ready; c10d's default is 30 minutes. A
+  member lost after the unique-id exchange would hold the first collective on the replacement
+  (the validation probe, posted before its own bound applies) that long. At most
+  ``MAX_NONBLOCKING_TIMEOUT_S``; `apply_required` sets ``NONBLOCKING_TIMEOUT_S`` when unset.
 * NCCL itself: ``ncclCommAbort`` hangs on 2.25.1 (pytorch#149153), fixed in 2.26.2.
 
 Pure functions of an environment mapping and a version tuple; `accelpact.init_process_group`
@@ -46,6 +51,22 @@ REQUIRED = (
                 "communicator was aborted"),
 )
 
+#: How long a non-blocking NCCL communicator may take to become ready (seconds): c10d reads it
+#: once per process, before the data timeout is known (it may be measured at attach), so a bound
+#: rather than the data timeout itself; a replacement slower than this fails its vote instead.
+NONBLOCKING = "TORCH_NCCL_NONBLOCKING_TIMEOUT"
+NONBLOCKING_TIMEOUT_S = 60
+MAX_NONBLOCKING_TIMEOUT_S = 600
+
+
+def _nonblocking_problem(value: str | None) -> str | None:
+    if value is not None and value.strip().isdigit() and 1 <= int(value) <= MAX_NONBLOCKING_TIMEOUT_S:
+        return None
+    shown = f"{value!r}" if value is not None else "unset (c10d's default applies: 30 minutes)"
+    return (f"{NONBLOCKING} is {shown}, must be whole seconds in [1, {MAX_NONBLOCKING_TIMEOUT_S}]: a member lost "
+            "while a replacement communicator connects would hold its first collective that long")
+
+
 def problems(env: Mapping[str, str], nccl_version: tuple[int, ...] | None) -> list[str]:
     """One line per setting that would end the process or hang a recovery, naming the variable,
     the value in effect and the value required; [] when the environment is fit."""
@@ -55,6 +76,9 @@ def problems(env: Mapping[str, str], nccl_version: tuple[int, ...] | None) -> li
         if value is None or value.strip() != req.value:
             shown = f"{value!r}" if value is not None else "unset (c10d's default applies)"
             found.append(f"{req.variable} is {shown}, must be {req.value!r}: {req.why}")
+    nonblocking = _nonblocking_problem(env.get(NONBLOCKING))
+    if nonblocking is not None:
+        found.append(nonblocking)
     if nccl_version is not None and tuple(nccl_version) < MIN_NCCL:
         have, need = ".".join(map(str, nccl_version)), ".".join(map(str, MIN_NCCL))
         found.append(f"NCCL {have} is older than {need}: its ncclCommAbort can hang (pytorch#149153)")
@@ -71,6 +95,11 @@ def apply_required(env: MutableMapping[str, str]) -> list[str]:
         if old is None or old.strip() != req.value:
             env[req.variable] = req.value
             changes.append(f"{req.variable}: {old!r} -> {req.value!r} ({req.why})")
+    old = env.get(NONBLOCKING)
+    if _nonblocking_problem(old) is not None:
+        env[NONBLOCKING] = str(NONBLOCKING_TIMEOUT_S)
+        changes.append(f"{NONBLOCKING}: {old!r} -> '{NONBLOCKING_TIMEOUT_S}' (a replacement communicator's setup "
+                       "is bounded; c10d's default waits 30 minutes)")
     return changes
 
 
@@ -81,7 +110,8 @@ def nccl_version() -> tuple[int, ...] | None:
 
         if not torch.cuda.is_available():
             return None
-        return tuple(int(part) for part in torch.cuda.nccl.version())
+        # (major, minor, patch) plus a string suffix when the build has one ("2.26.2+cuda12.4")
+        return tuple(int(part) for part in torch.cuda.nccl.version()[:3])
     except (ImportError, RuntimeError, AttributeError):
         return None
 
