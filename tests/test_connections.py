@@ -141,3 +141,38 @@ def test_a_connection_counts_as_intact_until_its_peer_closes_it(monkeypatch):
     finally:
         a.close()
         server.close()
+
+
+def test_a_service_connection_opened_while_a_group_is_built_is_not_the_groups(monkeypatch):
+    """Found by review, by reading: a group's connections are the sockets that appeared while it was
+    built, and neighbour replication or link probing may open one on their threads meanwhile;
+    severed with the group, it broke for nothing. Connections to or from a registered service port
+    are left out; the group's own (here, a plain connection) are recorded."""
+    import socket
+
+    service = socket.create_server(("127.0.0.1", 0))
+    other = socket.create_server(("127.0.0.1", 0))
+    port = service.getsockname()[1]
+    connections.service_port(port)
+    opened: list[socket.socket] = []
+
+    class Group:
+        group_name = "accelpact:test:service"
+
+    def build():
+        opened.append(socket.create_connection(service.getsockname()))  # the replicator's, say
+        opened.append(socket.create_connection(other.getsockname()))  # the group's own
+        return "built"
+
+    group = Group()
+    monkeypatch.setattr(connections, "ProcessGroup", Group)  # what `recorded` records for
+    monkeypatch.setattr(connections, "_cap_retransmit", lambda fd, target: None)
+    try:
+        assert connections.recorded(build, "gloo", group_of=lambda built: group) == "built"
+        _, recorded = connections._by_group.pop(id(group))
+        fds = {fd for fd, _ in recorded}
+        assert opened[1].fileno() in fds and opened[0].fileno() not in fds
+    finally:
+        for sock in (*opened, service, other):
+            sock.close()
+        connections._service_ports.discard(port)

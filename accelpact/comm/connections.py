@@ -18,6 +18,12 @@ error on its listener as fatal (terminate), measured. Each recorded connection a
 retransmission back-off capped (`_cap_retransmit`), so a collective stalled across a cut link
 resumes soon after the link returns.
 
+Not recorded either: connections to or from AccelPact's own services (neighbour replication, link
+probing; `service_port`), which their threads may open while a group is being built: severed with
+the group, a replication connection would break for nothing. Ports are compared by number, so a
+gloo connection that shares a number with a service port on another host is left open too (its
+peer then waits the data timeout, as without severing).
+
 Not recorded: groups with an NCCL backend (NCCL may build its communicator eagerly, and its
 sockets are its own; NCCL groups are aborted instead), groups built before tracking began, and
 everything without the kernel's ``/proc`` view of descriptors (`sever` then closes nothing and
@@ -45,6 +51,26 @@ log = logging.getLogger("accelpact.comm")
 _FD_DIR = "/proc/self/fd"
 _lock = threading.Lock()
 _by_group: dict[int, tuple[str, tuple[tuple[int, str], ...]]] = {}  # id(pg) -> (name, ((fd, "socket:[ino]"), ...))
+#: listening ports of AccelPact's own services, here and on peers (set.add is atomic: no lock, so
+#: a service thread never waits for a group build that holds `_lock`)
+_service_ports: set[int] = set()
+
+
+def service_port(port: int) -> None:
+    """`port` listens for one of AccelPact's own services (registered before any connection to or
+    from it opens): such a connection is never recorded as a group's."""
+    _service_ports.add(int(port))
+
+
+def _is_service_connection(fd: int, target: str) -> bool:
+    with _connection(fd, target) as sock:
+        if sock is None:
+            return False
+        try:
+            ports = {sock.getsockname()[1], sock.getpeername()[1]}
+        except OSError:  # not connected (any more): nothing to sever either
+            return False
+    return bool(ports & _service_ports)
 
 
 @dataclass
@@ -84,7 +110,8 @@ def recorded(build: Callable[[], Any], backend: str, group_of: Callable[[Any], A
     with _lock:  # two groups built at once by two threads would mix their sockets
         before = _sockets()
         built = build()
-        opened = tuple(sorted((fd, target) for fd, target in _sockets().items() if before.get(fd) != target))
+        opened = tuple(sorted((fd, target) for fd, target in _sockets().items()
+                              if before.get(fd) != target and not _is_service_connection(fd, target)))
         pg = group_of(built)
         if isinstance(pg, ProcessGroup):  # a non-member gets a sentinel and opens nothing
             _by_group[id(pg)] = (str(pg.group_name), opened)

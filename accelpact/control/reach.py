@@ -102,6 +102,7 @@ class ReachListener:
             self._sock.close()
             raise
         self.address: tuple[str, int] = (host, int(self._sock.getsockname()[1]))
+        connections.service_port(self.address[1])  # a probe is no gloo group's connection
         self._thread = threading.Thread(target=accept_and_close, args=(self._sock,), name="accelpact-reach",
                                         daemon=True)
         self._thread.start()
@@ -205,6 +206,7 @@ def _slice(targets: Sequence[tuple[str, tuple[str, int]]], window_s: float, dead
     poller = select.poll()
     try:  # every socket opened here is closed here, also when opening the next one fails
         for host, address in targets:
+            connections.service_port(address[1])
             sock = socket.socket(_family(address[0]), socket.SOCK_STREAM)
             pending[sock.fileno()] = (host, sock)
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..comm import connections
 from . import keys, transfer
 from .neighbour import HeldCopies, NeighbourCopy, holder_of
 
@@ -111,6 +112,7 @@ class NeighbourReplicator:
         self._conn_world: int | None = None
         self._closing = False
         self._server = socket.create_server((local_address(store_host), 0))
+        connections.service_port(self._server.getsockname()[1])  # never severed with a gloo group
         host, port = self._server.getsockname()[:2]
         store.set(keys.neighbour_address(position), json.dumps({"host": host, "port": port, "pid": os.getpid()}))
         threading.Thread(target=self._accept, name="accelpact-neighbour-accept", daemon=True).start()
@@ -244,6 +246,7 @@ class NeighbourReplicator:
             return self._conn
         self._drop_connection()
         where = json.loads(self.store.get(keys.neighbour_address(self.holder)))
+        connections.service_port(int(where["port"]))
         conn = socket.create_connection((where["host"], int(where["port"])), timeout=self.timeout_s)
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._conn, self._conn_world = conn, world
