@@ -43,6 +43,22 @@ def test_a_boundary_is_deferred_only_when_every_condition_holds():
     assert "data_state" in why_synchronous(facts(has_cursor=False))
 
 
+def test_a_runtime_that_cannot_rewind_never_defers_its_boundary():
+    """Found by review: the rule asked only whether the envelope qualifies Rewind. With DDP buckets
+    it could not isolate (the user's comm hook) or max_rewinds_per_update=0, every Rewind is
+    refused, so a link that broke at a deferred boundary (no probes) was met in the next backward
+    and rejected, where a synchronous boundary's probe would have preserved it."""
+    from accelpact.runtime.rewind import RewindState
+
+    hooked = RewindState(step_copy=False, max_rewinds=3)
+    hooked.unisolated_ddp = "DDP model: a comm hook is registered"
+    no_budget = RewindState(step_copy=False, max_rewinds=0)
+    assert RewindState(step_copy=False, max_rewinds=3).refused_always() == ""
+    for state, named in ((hooked, "comm hook"), (no_budget, "max_rewinds_per_update is 0")):
+        why = why_synchronous(facts(rewind_refused=state.refused_always()))
+        assert why is not None and "cannot rewind" in why and named in why
+
+
 def test_config_refuses_an_unknown_boundary_mode_by_name():
     assert Config(boundary="deferred").boundary == "deferred"
     with pytest.raises(ConfigError, match="boundary must be one of sync, deferred, got 'lazy'"):
@@ -256,9 +272,14 @@ def test_attach_says_once_why_no_boundary_will_be_deferred(monkeypatch, caplog):
     rt = SimpleNamespace(config=Config(boundary="deferred"), control=SimpleNamespace(group=None), rank=0)
     envelope = SimpleNamespace(rewind_phases=QUALIFIED, replace_phases=(), describe=lambda: "")
     with caplog.at_level(logging.WARNING, logger="accelpact.runtime"):
-        attach._same_settings_everywhere(rt, envelope, "fsdp2", "cpu-gloo", has_data_cursor=False)
+        attach._same_settings_everywhere(rt, envelope, "fsdp2", "cpu-gloo", has_data_cursor=False, rewind_refused="")
     assert "every boundary will be agreed synchronously: no data cursor" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="accelpact.runtime"):
-        attach._same_settings_everywhere(rt, envelope, "fsdp2", "cpu-gloo", has_data_cursor=True)
+        attach._same_settings_everywhere(rt, envelope, "fsdp2", "cpu-gloo", has_data_cursor=True,
+                                         rewind_refused="DDP's gradient buckets are not isolated: a comm hook")
+    assert "synchronously: this runtime cannot rewind (DDP's gradient buckets" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="accelpact.runtime"):
+        attach._same_settings_everywhere(rt, envelope, "fsdp2", "cpu-gloo", has_data_cursor=True, rewind_refused="")
     assert "synchronously" not in caplog.text

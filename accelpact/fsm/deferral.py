@@ -46,13 +46,17 @@ class DeferralFacts:
     has_cursor: bool  # attach was given a data_state: a re-run reads the batch it read before
     checkpoint_due: bool  # a checkpoint is saved at the frontier this boundary commits
     digest_due: bool  # the replicas compare digests at the frontier this boundary commits
+    #: why this runtime refuses every Rewind although the envelope qualifies it ("": it does not):
+    #: DDP buckets it could not isolate (the user's comm hook), or max_rewinds_per_update=0
+    rewind_refused: str = ""
 
 
 def why_synchronous(facts: DeferralFacts) -> str | None:
     """None: this boundary may be deferred; otherwise why it is agreed synchronously."""
     if facts.mode != "deferred":
         return "Config.boundary is sync"
-    static = why_never_deferred(facts.rewind_phases, step_copy=facts.step_copy, has_cursor=facts.has_cursor)
+    static = why_never_deferred(facts.rewind_phases, step_copy=facts.step_copy, has_cursor=facts.has_cursor,
+                                rewind_refused=facts.rewind_refused)
     if static is not None:
         return static
     if not facts.in_step:
@@ -64,12 +68,15 @@ def why_synchronous(facts: DeferralFacts) -> str | None:
     return None
 
 
-def why_never_deferred(rewind_phases: Collection[FailurePhase], *, step_copy: bool, has_cursor: bool) -> str | None:
+def why_never_deferred(rewind_phases: Collection[FailurePhase], *, step_copy: bool, has_cursor: bool,
+                       rewind_refused: str = "") -> str | None:
     """The part of the rule that holds for the whole run (attach says it once)."""
     missing = [p.value for p in (FailurePhase.FORWARD, FailurePhase.BACKWARD) if p not in rewind_phases]
     if missing:
         return (f"the envelope does not qualify Rewind in {', '.join(missing)}: without boundary probes a "
                 "broken link is met there (run `accelpact qualify`)")
+    if rewind_refused:  # a link broken at a deferred boundary is met in the next update: a Reject
+        return f"this runtime cannot rewind ({rewind_refused}): the probes must find a broken link at the boundary"
     if step_copy:
         return "step_copy is on (or spares, which force it): agreement could rewind the deferred update itself"
     if not has_cursor:

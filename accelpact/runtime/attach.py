@@ -289,7 +289,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     joining = membership()
     if joining is None or joining.activation is None:  # a joining spare: the survivors compared theirs
         try:
-            _same_settings_everywhere(rt, facts, profile, platform, data_state is not None)
+            _same_settings_everywhere(rt, facts, profile, platform, data_state is not None, rewind.refused_always())
         except BaseException:
             rt.close()  # hooks, trace and control plane: attach leaves nothing behind
             raise
@@ -312,13 +312,15 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
 
 
 def _same_settings_everywhere(rt: Runtime, facts: EnvelopeFacts, profile: str, platform: str,
-                              has_data_cursor: bool) -> None:
+                              has_data_cursor: bool, rewind_refused: str) -> None:
     """Refuse settings that differ between ranks (`same_settings`); say once why a deferred
     boundary will never be deferred."""
     config = rt.config
     check_same_settings(rt.control.group, rt.rank, shared_settings(config, facts, profile=profile, platform=platform,
-                                                                   has_data_cursor=has_data_cursor))
-    never = why_never_deferred(facts.rewind_phases, step_copy=config.step_copy, has_cursor=has_data_cursor)
+                                                                   has_data_cursor=has_data_cursor,
+                                                                   rewind_refused=bool(rewind_refused)))
+    never = why_never_deferred(facts.rewind_phases, step_copy=config.step_copy, has_cursor=has_data_cursor,
+                               rewind_refused=rewind_refused)
     if config.boundary == "deferred" and never and rt.rank == 0:
         log.warning("Config.boundary is deferred, but every boundary will be agreed synchronously: %s", never)
 

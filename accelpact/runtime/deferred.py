@@ -74,7 +74,8 @@ def defer(rt, arrived: float) -> bool:
                           has_cursor=rt.data_state is not None,
                           checkpoint_due=bool(checkpoint is not None and checkpoint.every
                                               and (rt.frontier + 1) % checkpoint.every == 0),
-                          digest_due=digests is not None and digests.due(rt.frontier + 1))
+                          digest_due=digests is not None and digests.due(rt.frontier + 1),
+                          rewind_refused=rt.rewind.refused_always())
     if why_synchronous(facts) is not None:
         return False
     tell_before_check(rt.listeners, rt.update_index)

@@ -42,6 +42,15 @@ class RewindState:
         #: why DDP's buckets could not be isolated from a late all-reduce ('' when they were)
         self.unisolated_ddp = ""
 
+    def refused_always(self) -> str:
+        """Why every Rewind is refused whatever fails ("" when one can be taken): what makes a
+        deferred boundary unsound here (`fsm.deferral`)."""
+        if self.unisolated_ddp:
+            return f"DDP's gradient buckets are not isolated: {self.unisolated_ddp}"
+        if self.max_rewinds == 0:
+            return "max_rewinds_per_update is 0"
+        return ""
+
     def begin_step(self, data_state: Any, frontier: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """rt.step(fn) starts update F+1: snapshot the boundary of F."""
         if self.buffers is None or self.buffers.model is not model:

@@ -42,12 +42,14 @@ SHARED_FIELDS = (
 
 
 def shared_settings(config: Config, envelope: EnvelopeFacts, *, profile: str, platform: str,
-                    has_data_cursor: bool) -> dict[str, Any]:
+                    has_data_cursor: bool, rewind_refused: bool = False) -> dict[str, Any]:
     """What this rank must share with every other: the settled Config's shared fields, what the
-    envelope it attached under allows, and whether it was given a data cursor. JSON-ready."""
+    envelope it attached under allows, whether it was given a data cursor, and whether it can
+    rewind at all (a DDP comm hook of its own: every deferred boundary depends on it). JSON-ready."""
     out: dict[str, Any] = {name: getattr(config, name) for name in SHARED_FIELDS}
     out.update({"envelope": envelope.describe(), "envelope replace phases": [str(p) for p in envelope.replace_phases],
-                "profile": profile, "platform": platform, "data_state given": has_data_cursor})
+                "profile": profile, "platform": platform, "data_state given": has_data_cursor,
+                "rewind refused": rewind_refused})
     return json.loads(json.dumps(out, sort_keys=True, default=str))  # as the peers will read it back
 
 
