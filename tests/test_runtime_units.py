@@ -214,3 +214,21 @@ def test_tau_counts_updates_so_a_step_the_scaler_skipped_does_not_leave_it_behin
                          observers=SimpleNamespace(commit=lambda frontier, generation: None), generation=0)
     shell.Runtime._commit(rt)
     assert rt.frontier == rt.opt_step == 4
+
+
+def test_a_body_run_to_its_end_counts_in_tau_before_its_boundary_check(monkeypatch):
+    """Found by review (trace validation of a Preserve failed): after a step GradScaler skipped,
+    tau stayed F through the boundary of update F+1, so a failure found there was recorded with
+    tau = F, which no behaviour of the spec has (a finished body is tau = F+1 at its boundary)."""
+    from accelpact.runtime import runtime as shell
+
+    seen = {}
+    monkeypatch.setattr(shell, "checked_after_links", lambda rt, saw, t: 1)  # a peer needs the recovery
+    rt = SimpleNamespace(
+        frontier=3, opt_step=3, update_index=4,  # update 4 ran its body; its step was skipped
+        deferral=SimpleNamespace(pending=None), _plans_deferred=False, listeners=[], membership=None,
+        config=SimpleNamespace(boundary="sync", health_check=False))
+    rt._notify = lambda phase: None
+    rt._recover = lambda *args: seen.setdefault("tau", rt.opt_step)
+    shell.Runtime._boundary(rt, None, None)
+    assert seen["tau"] == 4

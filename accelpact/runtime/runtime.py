@@ -204,8 +204,8 @@ class Runtime:
         if self._plans_deferred:  # first boundary of a lazily initialised wrapper (FSDP1)
             alone, self._plans_deferred = self._plans_deferred == "alone", False  # "alone": a spare that joined
             error, phase_at_error = discover_late(self, error, phase_at_error, line_up=not alone)
-        if error is None:
-            phase = FailurePhase.COMMITTED
+        if error is None:  # tau counts a body run to its end, a step GradScaler skipped too (as the spec's records)
+            phase, self.opt_step = FailurePhase.COMMITTED, max(self.opt_step, self.update_index)
             self._notify(phase)
             if defer(self, t_detect):
                 return  # agreed one step late (fsm.deferral): no probe, no wait
