@@ -107,7 +107,7 @@ def test_auto_is_the_default_and_explicit_numbers_stay_as_given():
     assert Config(data_timeout_s=AUTO, control_timeout_s=1.0).calibrates  # checked against the measurement
     assert Config(data_timeout_s=40.0).calibrates  # the control timeout is derived above it (was: refused)
     assert not Config(data_timeout_s=10.0, control_timeout_s=30.0).calibrates
-    with pytest.raises(ConfigError, match="data_timeout_s must be a number of seconds .* or 'auto', got 'fast'"):
+    with pytest.raises(ConfigError, match="data_timeout_s must be a number or 'auto', got 'fast'"):
         Config(data_timeout_s="fast")
     with pytest.raises(ConfigError, match=r"ACCELPACT_DATA_TIMEOUT_S='soon'"):
         Config().with_env({"ACCELPACT_DATA_TIMEOUT_S": "soon"})
