@@ -10,11 +10,65 @@ import sys
 import tempfile
 import time
 
+from .errors import AccelPactError, ConfigError
+
+
+def _count(minimum: int):
+    """An argparse type: a whole number >= `minimum` (`--spares -1` started nproc - 1 agents)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"whole number >= {minimum}"
+    return parse
+
+
+def _check_demo(args: argparse.Namespace) -> None:
+    """Everything the workers or their agents would refuse, refused before any process starts:
+    a refusal after the launch costs every agent's start-up and says it once per rank. `--faults`
+    is normalised in place ('none', in any case, is what the worker reads as no faults)."""
+    from .faults import FaultKind, FaultPlan
+
+    if args.replicate != "off" and not args.spares:
+        raise ConfigError("--replicate keeps copies for a spare to take over from: add --spares 1 (or more)")
+    if args.on_loss == "shrink" and args.replicate != "off":  # attach refuses it on every rank
+        raise ConfigError(f"--on-loss shrink with --replicate {args.replicate} is not supported: a shrink does not "
+                          "rebuild the neighbour ring; drop one of them")
+    if args.faults is not None and args.faults.strip().lower() == "none":
+        args.faults = "none"
+    if args.faults is None:
+        from .demo_worker import DEFAULT_FAULTS  # what the workers run without --faults
+
+        text = DEFAULT_FAULTS
+    else:
+        text = "" if args.faults == "none" else args.faults
+    source = "--faults" if args.faults is not None else f"the workers' default fault plan ({text})"
+    try:
+        plan = FaultPlan.parse(text)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    try:
+        plan.validate(args.nproc)  # positions 0..nproc-1: a spare takes over one, it adds none
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc} (--nproc {args.nproc})") from None
+    if (args.spares or args.on_loss == "shrink") and any(f.rank == 0 and f.kind is FaultKind.KILL
+                                                        for f in plan.faults):
+        raise ConfigError("rank 0 runs on the agent that hosts the job's store, which cannot be lost: kill another "
+                          "rank")
+
 
 def _demo(args: argparse.Namespace) -> int:
     trace_dir = args.trace_dir or os.path.join(tempfile.gettempdir(), f"accelpact-demo-{int(time.time())}")
-    if args.replicate != "off" and not args.spares:
-        print("--replicate keeps copies for a spare to take over from: add --spares 1 (or more)", file=sys.stderr)
+    try:
+        _check_demo(args)
+    except ConfigError as exc:
+        print(f"accelpact demo: {exc}", file=sys.stderr)
         return 2
     if args.spares or args.on_loss == "shrink":
         return _demo_with_spares(args, trace_dir)
@@ -42,6 +96,8 @@ def _worker_args(args: argparse.Namespace, trace_dir: str) -> list[str]:
            f"--trace-dir={trace_dir}", f"--replicate={args.replicate}", f"--on-loss={args.on_loss}"]
     if args.faults is not None:
         out.append(f"--faults={args.faults}")
+    if args.no_rebind:
+        out.append("--no-rebind")
     if args.envelope is not None:
         out.append(f"--envelope={args.envelope}")
     return out
@@ -52,16 +108,9 @@ def _demo_with_spares(args: argparse.Namespace, trace_dir: str) -> int:
     agent per rank (a lost worker takes only its own agent down), spares in the first rendezvous, `--max-restarts=0` (a restarted
     agent would re-rendezvous and restart every survivor; a Reject exits 75 for the scheduler
     to restart the job). The first agent hosts the c10d endpoint, the job's store: it is started
-    first and its rank (0) cannot be lost."""
+    first and its rank (0) cannot be lost (`_check_demo` refuses a plan that kills it)."""
     import socket
 
-    from .faults import FaultPlan
-
-    plan = FaultPlan.parse(args.faults or "")
-    if any(f.rank == 0 and f.kind.value == "kill" for f in plan.faults):
-        print("rank 0 runs on the agent that hosts the job's store, which cannot be lost: kill another rank",
-              file=sys.stderr)
-        return 2
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -132,9 +181,21 @@ def _table(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
+    """A missing run directory or an unreadable trace is the user's input: one line, exit 2."""
     from . import run_report
 
-    return run_report.run(args)
+    try:
+        return run_report.run(args)
+    except (OSError, ValueError, AccelPactError) as exc:
+        print(f"accelpact report: {_said(exc)}", file=sys.stderr)
+        return 2
+
+
+def _said(exc: BaseException) -> str:
+    """An error as one sentence: an OSError's reason and path rather than its errno tuple."""
+    if isinstance(exc, OSError) and exc.strerror and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror}"
+    return str(exc) or type(exc).__name__
 
 
 def _goodput(args: argparse.Namespace) -> int:
@@ -192,9 +253,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(FSDP2 fully_shard / FSDP1 FULL_SHARD over every rank: no replica holds a shard, see "
                          "--replicate)")
     demo.set_defaults(framework="fsdp2", func=_demo)
-    demo.add_argument("--updates", type=int, default=40)
-    demo.add_argument("--nproc", type=int, default=4)
-    demo.add_argument("--spares", type=int, default=0,
+    demo.add_argument("--updates", type=_count(1), default=40)
+    demo.add_argument("--nproc", type=_count(1), default=4)
+    demo.add_argument("--spares", type=_count(0), default=0,
                       help="hot spares beside the --nproc ranks: one torchrun agent per rank (e.g. --spares 2 "
                            "--faults kill@12:forward:3,kill@25:committed:1)")
     demo.add_argument("--replicate", default="off", choices=("off", "neighbour"),

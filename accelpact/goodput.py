@@ -37,6 +37,7 @@ import argparse
 import dataclasses
 import json
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,6 +91,14 @@ class GoodputParams:
     n_other: float | None = None
 
     def __post_init__(self) -> None:
+        # NaN passes every comparison below (nan < 0 is False) and inf turns the model into nan:
+        # refuse both by name before any bound is checked
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.name in ("n_eligible", "n_other"):
+                continue
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
         if self.t0_s <= 0:
             raise ValueError(f"t0_s must be positive, got {self.t0_s}")
         if not 0.0 <= self.committed_share <= 1.0:
@@ -350,8 +359,8 @@ def measured_params(p: GoodputParams, env: MeasuredEnvelope, guard: MeasuredGuar
     the guard's cost per update over p's update time. The workload terms (T0, A, t_update,
     T_repair, C_reject) stay p's. Pure."""
     rate = p.comm_failures_per_day if failures_per_day is None else failures_per_day
-    if rate < 0:
-        raise ValueError(f"failures_per_day must be >= 0, got {rate}")
+    if not (math.isfinite(rate) and rate >= 0):
+        raise ValueError(f"failures_per_day must be a finite number >= 0, got {rate}")
     if p.t_update_s <= 0:
         raise ValueError("the measured guard is a cost per update: t_update_s must be positive")
     failures = rate * p.days
@@ -539,6 +548,9 @@ def params_from_args(args: argparse.Namespace) -> GoodputParams:
 def run(args: argparse.Namespace) -> int:
     try:
         p = params_from_args(args)
+        rate = args.failures_per_day
+        if rate is not None and not (math.isfinite(rate) and rate >= 0):  # checked even where unused
+            raise ValueError(f"--failures-per-day must be a finite number >= 0, got {rate}")
         measured = None if args.paper_only else load_measured(args.campaign, args.guard)
         if measured is not None:
             measured_params(p, *measured, args.failures_per_day)  # refuse bad combinations before printing
@@ -555,17 +567,22 @@ def run(args: argparse.Namespace) -> int:
         print("\ndefaults:")
         for key, text in SOURCES.items():
             print(f"  {key}: {text}")
-    if args.json_out:
-        doc = {"params": dataclasses.asdict(p), **breakdown(p), "break_even_interval_days": break_even_interval_days(p),
-               "break_even_share": break_even_share(p) if p.n_eligible is None else None}
-        if measured is not None:
-            doc["measured"] = measured_document(p, *measured, args.failures_per_day)
-        Path(args.json_out).write_text(json.dumps(doc, indent=2))
-    if args.png:
-        try:
-            print(f"plot: {plot(p, args.png)}")
-        except ImportError:
-            print("matplotlib is not installed: no plot (pip install matplotlib)")
+    try:
+        if args.json_out:
+            doc = {"params": dataclasses.asdict(p), **breakdown(p),
+                   "break_even_interval_days": break_even_interval_days(p),
+                   "break_even_share": break_even_share(p) if p.n_eligible is None else None}
+            if measured is not None:
+                doc["measured"] = measured_document(p, *measured, args.failures_per_day)
+            Path(args.json_out).write_text(json.dumps(doc, indent=2))
+        if args.png:
+            try:
+                print(f"plot: {plot(p, args.png)}")
+            except ImportError:
+                print("matplotlib is not installed: no plot (pip install matplotlib)")
+    except OSError as exc:  # --json or --png where nothing can be written: the user's path, named
+        print(f"accelpact goodput: cannot write {exc.filename or args.json_out or args.png}: {exc.strerror or exc}")
+        return 2
     return 0
 
 

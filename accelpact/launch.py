@@ -26,6 +26,7 @@ from .comm import connections
 from .comm.backends import parse_backends, uses_nccl
 from .comm.nccl_env import apply_required
 from .errors import ConfigError
+from .launch_elastic import rendezvous_endpoint
 
 log = logging.getLogger("accelpact.launch")
 
@@ -93,16 +94,19 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     must be in place before this call), logging every value it changes."""
     global _attempt
     env = os.environ
-    connections.track()  # a retired world's connections can then be closed (`comm.connections`)
-    if uses_nccl(parse_backends(backend)):
-        for change in apply_required(env):
-            log.warning("accelpact set %s", change)
+    # the environment is checked before anything changes: a refusal leaves the process as it was
     spares, on_loss = _spares(env), _on_loss(env)
     watched = spares or on_loss == "shrink"
     if watched and ("store" in kwargs or "init_method" in kwargs):
         raise ConfigError(f"{ENV_SPARES}={spares} / {ENV_ON_LOSS}={on_loss} need the launcher's environment "
                           "(MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE as torchrun sets them), not store= or "
                           "init_method=")
+    if watched:  # used only at the job's end (`_position_done`): a bad value must stop the start
+        rendezvous_endpoint(env)
+    connections.track()  # a retired world's connections can then be closed (`comm.connections`)
+    if uses_nccl(parse_backends(backend)):
+        for change in apply_required(env):
+            log.warning("accelpact set %s", change)
     if not watched and ("TORCHELASTIC_RESTART_COUNT" not in env or "store" in kwargs or "init_method" in kwargs):
         dist.init_process_group(backend, timeout=timeout, **kwargs)
         return
@@ -126,7 +130,11 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
 
 
 def _spares(env) -> int:
-    raw = env.get(ENV_SPARES, "0") or "0"
+    """ACCELPACT_SPARES as `Config.with_env` reads it (an empty value is refused, not 0): what
+    this accepts, attach accepts, so no job starts its groups only to be refused there."""
+    raw = env.get(ENV_SPARES)
+    if raw is None:
+        return 0
     try:
         spares = int(raw)
     except ValueError:
@@ -142,11 +150,15 @@ def _spares(env) -> int:
 
 
 def _on_loss(env) -> str:
+    """ACCELPACT_ON_LOSS exactly as `Config.with_env` reads it (no case folding, no stripping, an
+    empty value refused): ' Shrink ' started a watched job whose every attach then refused it."""
     from .config import ON_LOSS_MODES
 
-    raw = (env.get(ENV_ON_LOSS) or "reject").strip().lower()
+    raw = env.get(ENV_ON_LOSS)
+    if raw is None:
+        return "reject"
     if raw not in ON_LOSS_MODES:
-        raise ConfigError(f"{ENV_ON_LOSS}={raw!r}: expected one of {', '.join(ON_LOSS_MODES)}")
+        raise ConfigError(f"{ENV_ON_LOSS}={raw!r}: expected exactly one of {', '.join(ON_LOSS_MODES)}")
     if raw == "shrink" and not all(k in env for k in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE")):
         raise ConfigError(f"{ENV_ON_LOSS}=shrink needs MASTER_ADDR, MASTER_PORT, RANK and WORLD_SIZE (torchrun sets "
                           "them)")

@@ -10,7 +10,10 @@ run id and rendezvous round (`dynamic_rendezvous._wrap_store`, `utils.store.barr
 
 Workers are not told where the rendezvous store is (their MASTER_PORT is a store of its own,
 hosted by the agent of rank 0), so the launch says it: ACCELPACT_RDZV_ENDPOINT, the value given
-to ``--rdzv-endpoint``."""
+to ``--rdzv-endpoint``, read as torchrun reads it (``host[:port]``, port 29400 when none is given).
+`accelpact.init_process_group` checks it where spares or shrink begin (`rendezvous_endpoint`):
+it is used only at the job's end, where a bad value would cost every surviving agent the full
+barrier."""
 
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import logging
 import os
 
 import torch.distributed as dist
+
+from .errors import ConfigError
 
 log = logging.getLogger("accelpact.launch")
 
@@ -30,16 +35,39 @@ NUM_MEMBERS, LAST_MEMBER = "/num_members", "/last_member"
 ROLE_INFO = "torchelastic/role_info/"
 MAX_ROUNDS = 64
 ENV_ENDPOINT = "ACCELPACT_RDZV_ENDPOINT"
+#: torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py DEFAULT_PORT: the port of an
+#: endpoint given as a host alone
+DEFAULT_PORT = 29400
+
+
+def rendezvous_endpoint(env=None) -> tuple[str, int] | None:
+    """(host, port) of ACCELPACT_RDZV_ENDPOINT, parsed as torchrun parses ``--rdzv-endpoint``
+    (None when unset or empty, as an optional setting of `Config`). A value torchrun would refuse,
+    or port 0 (which a client cannot reach), is a `ConfigError` naming the variable."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    env = os.environ if env is None else env
+    raw = env.get(ENV_ENDPOINT)
+    if raw is None or not raw.strip():
+        return None
+    try:
+        host, port = parse_rendezvous_endpoint(raw, default_port=DEFAULT_PORT)
+    except ValueError as exc:
+        raise ConfigError(f"{ENV_ENDPOINT}={raw!r}: {exc} (the value given to torchrun's --rdzv-endpoint, "
+                          f"host[:port])") from None
+    if port == 0:
+        raise ConfigError(f"{ENV_ENDPOINT}={raw!r}: port 0 is no endpoint a worker can reach; give the port the "
+                          "rendezvous store listens on")
+    return host, port
 
 
 def rendezvous_store(env=None) -> dist.Store | None:
     """A client of the rendezvous store named by ACCELPACT_RDZV_ENDPOINT (None when not given)."""
-    env = os.environ if env is None else env
-    endpoint = env.get(ENV_ENDPOINT, "")
-    if not endpoint:
+    endpoint = rendezvous_endpoint(env)
+    if endpoint is None:
         return None
-    host, _, port = endpoint.rpartition(":")
-    return dist.TCPStore(host or "127.0.0.1", int(port), None, False, timeout=datetime.timedelta(seconds=10))
+    host, port = endpoint
+    return dist.TCPStore(host, port, None, False, timeout=datetime.timedelta(seconds=10))
 
 
 def rendezvous_prefix(run_id: str, round_: int) -> str:

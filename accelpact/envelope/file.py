@@ -354,11 +354,19 @@ def read_envelope(path: str | os.PathLike[str]) -> EnvelopeFile:
     """Parse and validate without checking the platform (to inspect a file from elsewhere)."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise MissingEnvelopeError(
             f"no qualified envelope at {path}; run `accelpact qualify --out {path}` on this platform", path
         ) from None
+    except IsADirectoryError:  # not "missing": the default path would silently fall back to built-in
+        raise EnvelopeFileError(f"envelope {path} is a directory, not a file; give the file's path "
+                                f"(`accelpact qualify --out` writes it, by default as {ENVELOPE_FILENAME})",
+                                path) from None
+    except OSError as exc:  # permissions, a path through a file: say which and why, never a raw OSError
+        raise EnvelopeFileError(f"envelope {path} cannot be read: {exc.strerror or exc}", path) from None
+    except UnicodeDecodeError as exc:
+        raise _corrupt(path, f"not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     try:
         document = json.loads(text)
     except json.JSONDecodeError as exc:

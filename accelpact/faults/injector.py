@@ -25,6 +25,25 @@ ENV_FAULTS = "ACCELPACT_FAULTS"
 ENV_EVERY_ATTEMPT = "ACCELPACT_FAULTS_EVERY_ATTEMPT"
 
 
+#: The booleans `Config.with_env` accepts (case-insensitive, stripped); anything else is refused.
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _every_attempt(env: dict[str, str]) -> bool:
+    """ACCELPACT_FAULTS_EVERY_ATTEMPT as Config reads a boolean: a typo ("ture", "2", empty) would
+    otherwise silently mean "first attempt only", and the drill would test less than it says."""
+    raw = env.get(ENV_EVERY_ATTEMPT)
+    if raw is None:
+        return False
+    low = raw.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ConfigError(f"{ENV_EVERY_ATTEMPT}={raw!r}: not a boolean; expected one of "
+                      f"{', '.join(_TRUE)} or {', '.join(_FALSE)}")
+
+
 class FaultInjector:
     """Fires each planned fault once, on its rank, at its (update, phase)."""
 
@@ -48,7 +67,7 @@ class FaultInjector:
             plan = FaultPlan.parse(env.get(ENV_FAULTS, ""))
         except ConfigError as exc:
             raise ConfigError(f"{ENV_FAULTS}: {exc}") from None
-        every = env.get(ENV_EVERY_ATTEMPT, "0").strip().lower() in ("1", "true", "yes", "on")
+        every = _every_attempt(env)
         return cls.for_attempt(plan, rank=rank, world_size=world_size, attempt=attempt,
                                data_timeout_s=data_timeout_s, every_attempt=every)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import statistics
 import tempfile
 import time
@@ -37,7 +38,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..config import MAX_TIMEOUT_S, MIN_TIMEOUT_S
 from ..envelope.file import (
+    ENVELOPE_FILENAME,
     EXPECTED_ACTION,
     FRAMEWORK_PROFILES,
     REBUILD_PROBE,
@@ -136,6 +139,7 @@ def qualify(
     ``trace_dir`` keeps the drills' traces (default: a temporary directory, removed).
     """
     _check_arguments(frameworks, phases, repeats, world, data_timeout_s, control_timeout_s)
+    _check_out(out)
     start = time.perf_counter()
     fingerprint = platform_fingerprint(BACKEND, DEVICE)
     platform = platform_key(BACKEND, DEVICE)
@@ -186,8 +190,27 @@ def _check_arguments(frameworks: Sequence[str], phases: Sequence[str], repeats: 
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if world < 4 or world % 2:
         raise ValueError(f"world must be an even number >= 4 (2 local ranks per node, >= 2 nodes), got {world}")
-    if not 0 < data_timeout_s < control_timeout_s:
-        raise ValueError(f"need 0 < data_timeout_s ({data_timeout_s}) < control_timeout_s ({control_timeout_s})")
+    # the bounds `Config` puts on every timeout (gloo counts milliseconds): the drills attach with these
+    if not MIN_TIMEOUT_S <= data_timeout_s < control_timeout_s <= MAX_TIMEOUT_S:
+        raise ValueError(f"need {MIN_TIMEOUT_S} <= data_timeout_s ({data_timeout_s}) < control_timeout_s "
+                         f"({control_timeout_s}) <= {MAX_TIMEOUT_S:g} seconds")
+
+
+def _check_out(out: str | Path) -> None:
+    """``out`` can be written: not a directory, and its nearest existing ancestor a writable
+    directory (`write_envelope` creates what is missing). Checked before minutes of probing, and
+    without creating anything: a refusal leaves the file system as it was."""
+    path = Path(out)
+    if path.is_dir():
+        raise ValueError(f"the envelope file {path} is a directory; give a file's path (e.g. "
+                         f"{path / ENVELOPE_FILENAME})")
+    existing = path.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"cannot write {path}: {existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"cannot write {path}: {existing} is not writable")
 
 
 def _world_error_text(exc: BaseException) -> str:
