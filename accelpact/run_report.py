@@ -12,23 +12,34 @@ matplotlib is imported only by `plot_timeline`.
 
 Clock: trace times are `time.monotonic()`, which on Linux is CLOCK_MONOTONIC, one clock for every
 process of a host; ranks of one host (and a restarted attempt) are therefore on one time axis.
-Ranks on different hosts are not: their records are compared only within the rank.
+Ranks on different hosts are not: their records are compared only within the rank. So every
+duration is taken on one rank (its own fault time to its own observe, decision, commit) and only
+durations are compared across ranks; a recovery's `t_*` times are on its lowest rank's clock.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import re
 import statistics
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .observe.incident import IncidentFacts, nobody_lost, sentence
 
-#: Per-phase timings recorded by the runtime (`timings_s` keys), in protocol order.
-TIMING_PHASES = ("guard", "agree", "replace", "rebind", "validate", "release", "reject")
+log = logging.getLogger("accelpact.report")
+
+#: Per-phase timings the runtime records (`timings_s` keys: the protocol's effects, then a membership
+#: change's laps), in the order they run; a name not listed here is shown after these, as first seen.
+TIMING_PHASES = ("guard", "agree", "restore", "replace", "rebuild", "control", "rebind", "transfer", "small_state",
+                 "validate", "release", "standby", "reject")
+
+#: Outcomes that resume inside the same processes (no restart): RTO ends at the decision.
+IN_MEMORY = ("preserve", "replace", "rewind", "shrink")
 
 
 @dataclass(frozen=True)
@@ -70,6 +81,8 @@ class Recovery:
     reasons: list[str] = field(default_factory=list)
     evidence: dict[int, dict[str, Any]] = field(default_factory=dict)  # rank -> its incident record
     nobody_lost: bool = False  # a Replace that replaced nobody (the world rebuilt around its members)
+    #: rank -> when the fault struck as that rank tells it, on its own clock (not in `to_dict`)
+    fault_at: dict[int, float] = field(default_factory=dict, repr=False)
 
     @property
     def facts(self) -> IncidentFacts:
@@ -94,6 +107,7 @@ class Recovery:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        del d["fault_at"]  # per-host clocks: meaningless side by side
         d.update(rto_s=self.rto_s, fault_to_frontier_s=self.fault_to_frontier_s, sentence=self.sentence)
         return d
 
@@ -109,6 +123,8 @@ class RunSummary:
     t_end: float = 0.0
     #: the L2 fallback's saves as the lowest rank traced them: attempt, step, seconds, error if any
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    #: the longest span one host traced (None: t_end - t_start); hosts' clocks do not compare
+    span_s: float | None = None
 
     @property
     def outcomes(self) -> dict[str, int]:
@@ -127,8 +143,10 @@ class RunSummary:
 
     @property
     def mean_phases_s(self) -> dict[str, float]:
-        names = [p for p in TIMING_PHASES if any(p in r.phases_s for r in self.recoveries)]
-        return {p: statistics.fmean(r.phases_s.get(p, 0.0) for r in self.recoveries) for p in names}
+        """Each phase's mean over the recoveries that ran it: a Preserve has no `transfer`, and
+        counting it as 0 would halve a Replace's."""
+        names = _phase_order(n for r in self.recoveries for n in r.phases_s)
+        return {p: statistics.fmean(r.phases_s[p] for r in self.recoveries if p in r.phases_s) for p in names}
 
     @property
     def updates_lost(self) -> int:
@@ -140,7 +158,7 @@ class RunSummary:
 
     @property
     def wall_s(self) -> float:
-        return self.t_end - self.t_start
+        return self.span_s if self.span_s is not None else self.t_end - self.t_start
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -156,22 +174,62 @@ def _mean(xs: Sequence[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
+def _phase_order(names: Iterable[str]) -> list[str]:
+    """Distinct phase names: the known ones in protocol order, then any other as first seen (a phase
+    the runtime records that this module does not list yet is still shown)."""
+    seen = list(dict.fromkeys(names))
+    return [p for p in TIMING_PHASES if p in seen] + [p for p in seen if p not in TIMING_PHASES]
+
+
 # ------------------------------------------------------------------------------ reading --------
 def load_traces(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
-    """Every rank's records, in file order (attempts appended one after another)."""
-    out: dict[int, list[dict[str, Any]]] = {}
-    for path in sorted(Path(run_dir).glob("trace-rank*.jsonl")):
-        rank = int(path.stem.removeprefix("trace-rank"))
-        recs = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                try:
-                    recs.append(json.loads(line))
-                except json.JSONDecodeError:  # a SIGKILLed rank may leave a torn last line
-                    continue
-        out[rank] = recs
+    """Every rank's records, in file order (attempts appended one after another).
+
+    FileNotFoundError naming `run_dir` when it is no directory or holds no trace (the CLI prints it)."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}")
+    out = {rank: read_jsonl(path) for rank, path in rank_files(run_dir, "trace-rank")}
     if not out:
         raise FileNotFoundError(f"no trace-rank*.jsonl in {run_dir}")
+    return out
+
+
+def rank_files(run_dir: Path, prefix: str) -> list[tuple[int, Path]]:
+    """(rank, path) of each `<prefix><r>.jsonl` in `run_dir`. A name that only starts alike (a copy
+    such as `trace-rank0.bak.jsonl`) is no rank's file: skipped with a warning, not read as rank 0."""
+    name = re.compile(rf"{re.escape(prefix)}(\d+)")
+    out = []
+    for path in sorted(run_dir.glob(f"{prefix}*.jsonl")):
+        if (m := name.fullmatch(path.stem)) is None:
+            log.warning("%s: not named %s<rank>.jsonl, ignored", path, prefix)
+            continue
+        out.append((int(m.group(1)), path))
+    return sorted(out)
+
+
+def read_jsonl(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
+    """The JSON objects of one file, one a line. A SIGKILLed writer may leave its last line torn:
+    that is expected as the file's last line, or just before the next process's `attach` (a
+    restart or a spare appends after it), and skipped quietly. Any other bad line means the file
+    was damaged and the report may miss what it held: skipped with a warning naming file and line."""
+    parsed: list[tuple[int, dict[str, Any] | None]] = []
+    for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+        if line.strip():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                rec = None
+            parsed.append((n, rec if isinstance(rec, dict) else None))
+    out = []
+    for i, (n, rec) in enumerate(parsed):
+        if rec is not None:
+            out.append(rec)
+            continue
+        nxt = parsed[i + 1][1] if i + 1 < len(parsed) else None
+        torn = i + 1 == len(parsed) or (nxt is not None and nxt.get("kind") == "attach")
+        if warn and not torn:
+            log.warning("%s line %d: not a JSON record, skipped (the file is damaged)", path, n)
     return out
 
 
@@ -180,13 +238,39 @@ def split_attempts(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, list
 
     Attempts are numbered by position (0, 1, ...), not by the record's torchrun restart count,
     so that a restart inside the same processes (the drills' `restart_after_reject`), where that
-    count stays 0, still opens a new attempt."""
+    count stays 0, still opens a new attempt. A spare that takes over the rank's position appends
+    its own `attach` to the lost process's trace inside the same attempt: it opens none."""
+    records = list(records)
+    out: list[tuple[int, list[dict[str, Any]]]] = []
+    for i, rec in enumerate(records):
+        if not out or (rec.get("kind") == "attach" and not _takes_over(records, i)):
+            out.append((len(out), []))
+        out[-1][1].append(dict(rec))
+    return out
+
+
+def split_processes(records: Iterable[Mapping[str, Any]]) -> list[tuple[int, list[dict[str, Any]]]]:
+    """One rank's records cut at every `attach`, a spare's too: one entry per process that wrote
+    them (a killed process, then the spare that took its position), numbered by position."""
     out: list[tuple[int, list[dict[str, Any]]]] = []
     for rec in records:
         if rec.get("kind") == "attach" or not out:
             out.append((len(out), []))
         out[-1][1].append(dict(rec))
     return out
+
+
+def _takes_over(records: Sequence[Mapping[str, Any]], i: int) -> bool:
+    """Whether the `attach` at `i` is a spare's (`runtime.member_change.join`): before any work of
+    its own it traces membership `activated` (even when the join then fails) and, joined, `joined`.
+    A restarted process traces neither; its first commit, observe or attach ends the search."""
+    for rec in records[i + 1:]:
+        kind = rec.get("kind")
+        if kind == "joined" or (kind == "membership" and rec.get("event") == "activated"):
+            return True
+        if kind in ("attach", "observe", "recovery") or (kind == "edge" and rec.get("action") == "commit_update"):
+            return False
+    return False
 
 
 # ------------------------------------------------------------------------------ summary --------
@@ -225,8 +309,8 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
     """Recoveries, outcomes and times of one run from its per-rank records (pure)."""
     per_rank = {rank: split_attempts(recs) for rank, recs in traces.items()}
     ranks = sorted(per_rank)
-    # (attempt, index) -> rank -> (observe record, recovery record, records of that attempt)
-    found: dict[tuple[int, int], dict[int, tuple[Mapping, Mapping, list]]] = {}
+    # (attempt, index) -> rank -> (observe record, recovery record, records of that attempt, position of the recovery)
+    found: dict[tuple[int, int], dict[int, tuple[Mapping, Mapping, list, int]]] = {}
     all_t: list[float] = []
     final_frontier = 0
     updates_run = 0
@@ -235,15 +319,17 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
         for attempt, recs in attempts:
             all_t += [float(r["t"]) for r in recs if "t" in r]
             commits = _commits(recs)
-            rank_commits += len(commits)
+            rank_commits += _bodies_committed(recs)
             if commits:
                 final_frontier = max(final_frontier, int(commits[-1]["F"]))
             observe = None
-            for rec in recs:
+            for i, rec in enumerate(recs):
                 if rec.get("kind") == "observe":
                     observe = rec
+                elif rec.get("kind") == "attach":  # a spare: what the lost process observed, it never recovered
+                    observe = None
                 elif rec.get("kind") == "recovery" and observe is not None:
-                    found.setdefault((attempt, int(rec["index"])), {})[rank] = (observe, rec, recs)
+                    found.setdefault((attempt, int(rec["index"])), {})[rank] = (observe, rec, recs, i)
                     observe = None
         updates_run = max(updates_run, rank_commits)
     for attempts in per_rank.values():
@@ -254,18 +340,18 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
 
     recoveries = []
     for (attempt, index), by_rank in sorted(found.items()):
-        observes = {r: o for r, (o, _, _) in by_rank.items()}
-        recs_of = {r: rec for r, (_, rec, _) in by_rank.items()}
+        observes = {r: o for r, (o, _, _, _) in by_rank.items()}
+        recs_of = {r: rec for r, (_, rec, _, _) in by_rank.items()}
         first = recs_of[min(recs_of)]
         action = str(first["action"])
-        t_fault = min(_fault_time(by_rank[r][2], observes[r], recs_of[r]) for r in by_rank)
-        t_observed = max(float(o["t"]) for o in observes.values())
+        # each rank's times on its own clock; only the durations they give are compared across ranks
+        fault = {r: _fault_time(recs, observes[r], recs_of[r]) for r, (_, _, recs, _) in by_rank.items()}
+        t_fault = fault[min(by_rank)]
         slowest: dict[str, float] = {}
         for rec in recs_of.values():
             for name, secs in rec.get("timings_s", {}).items():
                 slowest[name] = max(slowest.get(name, 0.0), float(secs))
-        order = {name: i for i, name in enumerate(TIMING_PHASES)}
-        phases = dict(sorted(slowest.items(), key=lambda kv: order.get(kv[0], len(order))))
+        phases = {name: slowest[name] for name in _phase_order(slowest)}
         failed = sorted({g for rec in recs_of.values() for g in rec.get("failed_groups", [])})
         update = int(first["update"])
         committed = first.get("failure_phase") == "committed"
@@ -276,19 +362,61 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
             attempt=attempt, index=index, update=update, action=action,
             failure_phase=str(first.get("failure_phase")), failed_groups=failed,
             frontier_before=frontier_before, frontier_after=int(first["frontier"]),
-            detect_s=t_observed - t_fault, repair_s=max(float(r.get("repair_s", 0.0)) for r in recs_of.values()),
-            phases_s=phases, ranks=sorted(by_rank), t_fault=t_fault,
-            t_decided=max(float(r["t"]) for r in recs_of.values()),
+            detect_s=max(float(observes[r]["t"]) - fault[r] for r in by_rank),
+            repair_s=max(float(r.get("repair_s", 0.0)) for r in recs_of.values()),
+            phases_s=phases, ranks=sorted(by_rank), t_fault=t_fault, fault_at=fault,
+            t_decided=t_fault + max(float(recs_of[r]["t"]) - fault[r] for r in by_rank),
             observers=[r for r, o in sorted(observes.items(), key=lambda kv: float(kv[1]["t"])) if o.get("saw")],
             reasons=[str(x) for x in first.get("reasons", [])], nobody_lost=nobody_lost(first.get("replacement")),
         )
         recovery.cause = str(observes[recovery.observers[0]].get("cause", "")) if recovery.observers else ""
-        _resolve_outcome(recovery, per_rank)
+        after = {r: recs[i + 1:] for r, (_, _, recs, i) in by_rank.items()}
+        _resolve_outcome(recovery, per_rank, after)
         recoveries.append(recovery)
     return RunSummary(ranks=ranks, attempts=max(len(a) for a in per_rank.values()),
                       final_frontier=final_frontier, updates_run=updates_run, recoveries=recoveries,
                       t_start=min(all_t) if all_t else 0.0, t_end=max(all_t) if all_t else 0.0,
-                      checkpoints=_checkpoints(per_rank[ranks[0]]) if ranks else [])
+                      checkpoints=_checkpoints(per_rank[ranks[0]]) if ranks else [],
+                      span_s=_longest_host_span(traces))
+
+
+def _bodies_committed(recs: Iterable[Mapping[str, Any]]) -> int:
+    """Update bodies these records committed: one per commit edge, and one per Preserve at a
+    committed boundary that moved the frontier (it commits that update without a commit edge)."""
+    n, last = 0, None
+    for r in recs:
+        if r.get("kind") == "edge" and r.get("action") == "commit_update":
+            n, last = n + 1, int(r["F"])
+        elif r.get("kind") == "recovery" and r.get("action") == "preserve" and r.get("failure_phase") == "committed":
+            n += last is None or int(r["frontier"]) > last
+            last = int(r["frontier"])
+    return n
+
+
+def _longest_host_span(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> float | None:
+    """The longest first-to-last record span of one host (the `host` its process's `attach` names,
+    one unnamed host for records without): a span across hosts would mix their clocks."""
+    spans: dict[Any, tuple[float, float]] = {}
+    for recs in traces.values():
+        host = None
+        for rec in recs:
+            if rec.get("kind") == "attach":
+                host = rec.get("host")
+            if "t" in rec:
+                t = float(rec["t"])
+                lo, hi = spans.get(host, (t, t))
+                spans[host] = (min(lo, t), max(hi, t))
+    return max((hi - lo for lo, hi in spans.values()), default=None)
+
+
+def _slowest(rec: Recovery, times: Mapping[int, float | None],
+             faults: Mapping[int, float] | None = None) -> float | None:
+    """`rec.t_fault` plus the longest any rank took from its own fault time (`faults`, by default
+    `rec.fault_at`) to its own `times[r]`: a time on the lowest rank's clock built from per-rank
+    durations only (None: no rank has both)."""
+    faults = rec.fault_at if faults is None else faults
+    spans = [t - faults[r] for r, t in times.items() if t is not None and r in faults]
+    return rec.t_fault + max(spans) if spans else None
 
 
 def _checkpoints(attempts: Sequence[tuple[int, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
@@ -308,51 +436,65 @@ def checkpoint_line(summary: RunSummary) -> str | None:
             + (f"; failed {'; '.join(failed)}" if failed else ""))
 
 
-def _resolve_outcome(rec: Recovery, per_rank: Mapping[int, list[tuple[int, list[dict[str, Any]]]]]) -> None:
-    """Fill when training was back at F_fail, the first commit past it, and the updates lost."""
+def _resolve_outcome(rec: Recovery, per_rank: Mapping[int, list[tuple[int, list[dict[str, Any]]]]],
+                     after: Mapping[int, Sequence[Mapping[str, Any]]]) -> None:
+    """Fill when training was back at F_fail, the first commit past it, and the updates lost.
+
+    `after`: each rank's records that follow its recovery record in this attempt. Every time is
+    measured on the rank that took it, from that rank's own fault time (`_slowest`)."""
     f_fail = rec.frontier_before
-    if rec.action in ("preserve", "replace"):  # in memory, in this attempt
+    if rec.action in IN_MEMORY:  # in memory, in this attempt
         rec.t_resumed = rec.t_decided
         rec.updates_lost = max(0, f_fail - rec.frontier_after)
         # every rank commits the same update together: the frontier moves when the last one does
-        rec.t_next_commit = _first_per_rank_max(per_rank, rec.attempt, f_fail, rec.t_decided)
+        rec.t_next_commit = _slowest(rec, {r: _first_move(recs, lambda f: f > f_fail) for r, recs in after.items()})
         return
     nxt = rec.attempt + 1
-    firsts = []
-    attaches = []
-    for attempts in per_rank.values():
-        for a, recs in attempts:
-            if a != nxt:
-                continue
-            attaches.append(float(recs[0]["t"]))
-            commits = _commits(recs)
-            if commits:
-                firsts.append(int(commits[0]["F"]))
-    if not attaches:
+    next_of = {r: attempts[nxt][1] for r, attempts in per_rank.items() if len(attempts) > nxt}
+    if not next_of:
         return  # the run ended in this rejection
+    firsts = [int(commits[0]["F"]) for recs in next_of.values() if (commits := _commits(recs))]
     if firsts:
         rec.restored_step = min(firsts) - 1
         rec.updates_lost = max(0, f_fail - rec.restored_step)
-    back = _per_rank_max_at(per_rank, nxt, f_fail)
-    rec.t_resumed = back if back is not None else max(attaches)
-    rec.t_next_commit = _first_per_rank_max(per_rank, nxt, f_fail, rec.t_decided)
+    faults = _restart_faults(rec, per_rank, next_of)
+    back = {r: _first_move(recs, lambda f: f == f_fail) for r, recs in next_of.items()}
+    if all(t is None for t in back.values()):  # not back at F_fail yet: back when it attached
+        back = {r: float(recs[0]["t"]) for r, recs in next_of.items()}
+    rec.t_resumed = _slowest(rec, back, faults)
+    rec.t_next_commit = _slowest(rec, {r: _first_move(recs, lambda f: f > f_fail) for r, recs in next_of.items()},
+                                 faults)
 
 
-def _first_per_rank_max(per_rank, attempt: int, f_fail: int, after: float) -> float | None:
-    """Time the first update past `f_fail` had committed on every rank (latest rank)."""
-    times = []
-    for attempts in per_rank.values():
-        t = next((t for a, recs in attempts if a == attempt for f, t in _frontier_moves(recs)
-                  if f > f_fail and t > after), None)
-        if t is not None:
-            times.append(t)
-    return max(times) if times else None
+def _restart_faults(rec: Recovery, per_rank: Mapping[int, list[tuple[int, list[dict[str, Any]]]]],
+                    next_of: Mapping[int, Sequence[Mapping[str, Any]]]) -> dict[int, float]:
+    """The fault time each restarted rank can be measured from, on its own clock: its predecessor's
+    when both ran on one host (or a record names none), else the earliest of the failed attempt's
+    ranks on its host; a rank restarted on a host none of them ran on has none."""
+    host_at = {r: _host(per_rank[r][rec.attempt][1], last=True) for r in rec.fault_at}
+    by_host: dict[str, float] = {}
+    for r, t in rec.fault_at.items():
+        if (h := host_at[r]) is not None:
+            by_host[h] = min(by_host.get(h, t), t)
+    out = {}
+    for r, recs in next_of.items():
+        h = _host(recs, last=False)
+        if r in rec.fault_at and (h is None or host_at[r] is None or h == host_at[r]):
+            out[r] = rec.fault_at[r]
+        elif h in by_host:
+            out[r] = by_host[h]
+    return out
 
 
-def _per_rank_max_at(per_rank, attempt: int, frontier: int) -> float | None:
-    times = [t for attempts in per_rank.values() for a, recs in attempts if a == attempt
-             for f, t in _frontier_moves(recs) if f == frontier]
-    return max(times) if times else None
+def _first_move(recs: Iterable[Mapping[str, Any]], which: Callable[[int], bool]) -> float | None:
+    """When these records first moved the frontier to an F that `which` accepts."""
+    return next((t for f, t in _frontier_moves(recs) if which(f)), None)
+
+
+def _host(recs: Sequence[Mapping[str, Any]], *, last: bool) -> str | None:
+    """The host an attempt's first (or, `last`, its last: a spare's) `attach` names; None if none does."""
+    hosts = [r.get("host") for r in recs if r.get("kind") == "attach"]
+    return (hosts[-1] if last else hosts[0]) if hosts else None
 
 
 # ------------------------------------------------------------------------------ timeline -------
@@ -373,7 +515,10 @@ def timeline(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> list[Segment]
             observe: Mapping[str, Any] | None = None
             for i, rec in enumerate(recs):
                 kind, t = rec.get("kind"), float(rec.get("t", cursor))
-                if kind == "edge" and rec.get("action") == "commit_update":
+                if kind == "attach" and i > 0:  # a spare took over this rank's position (`split_attempts`)
+                    segs.append(Segment(rank, attempt, "restart", cursor, t, "spare takes over"))
+                    cursor, phase, observe = t, None, None
+                elif kind == "edge" and rec.get("action") == "commit_update":
                     f = int(rec["F"])
                     kind_u = "replay" if f <= replay_upto.get(attempt, -1) else "update"
                     segs.append(Segment(rank, attempt, kind_u, cursor, t, f"u{rec.get('update', f)}"))
@@ -489,19 +634,14 @@ def _short_frame(frame: str) -> str:
 
 def attach_evidence(summary: RunSummary, run_dir: str | Path) -> None:
     """Attach each rank's incident record (`incidents-rank<r>.jsonl`) to its recovery: the record
-    with the recovery's index that was written first after the rank's recovery ended."""
-    for path in sorted(Path(run_dir).glob("incidents-rank*.jsonl")):
-        rank = int(path.stem.removeprefix("incidents-rank"))
-        docs = []
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                docs.append(json.loads(line))
-            except json.JSONDecodeError:  # a SIGKILLed rank may leave a torn last line
-                continue
+    with the recovery's index that the rank wrote first after its own fault time."""
+    for rank, path in rank_files(Path(run_dir), "incidents-rank"):
+        docs = read_jsonl(path, warn=False)  # evidence only: a torn record costs one incident's detail
         for rec in summary.recoveries:
             if rank not in rec.ranks:
                 continue
-            after = [d for d in docs if d.get("index") == rec.index and float(d.get("t", 0.0)) >= rec.t_fault]
+            since = rec.fault_at.get(rank, rec.t_fault)  # this rank's own clock: other hosts' do not compare
+            after = [d for d in docs if d.get("index") == rec.index and float(d.get("t", 0.0)) >= since]
             if after:
                 rec.evidence[rank] = min(after, key=lambda d: float(d["t"]))
 

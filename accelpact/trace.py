@@ -34,7 +34,10 @@ class TraceWriter:
             d = Path(directory)
             d.mkdir(parents=True, exist_ok=True)
             self.path = d / f"trace-rank{rank}.jsonl"
+            torn = ends_torn(self.path)
             self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
+            if torn:  # a SIGKILLed predecessor's partial last line: ours starts on a line of its own
+                self._fh.write("\n")
             self.write({"kind": "attach", "attempt": attempt, "pid": os.getpid(), "host": socket.gethostname()})
 
     @property
@@ -72,3 +75,16 @@ class TraceWriter:
             self._fh.close()
             self._fh = None
 
+
+def ends_torn(path: Path) -> bool:
+    """Whether `path` holds a last line without its newline (a writer killed mid-record): appended
+    to, the next process's first record (its `attach`) would be glued onto it and lost."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            if fh.tell() == 0:
+                return False
+            fh.seek(-1, os.SEEK_END)
+            return fh.read(1) != b"\n"
+    except FileNotFoundError:
+        return False

@@ -63,7 +63,7 @@ from pathlib import Path
 from _common import ROOT, table, write_json
 from restart import NPROC, analyse_run, attempts, launch_demo, loadavg, planned, with_retries
 
-from accelpact.run_report import load_traces, split_attempts
+from accelpact.run_report import load_traces, split_attempts, split_processes
 
 #: survivors' recorded phases of a Replace (RecoveryRecord.timings_s), in protocol order
 PHASES = ("restore", "rebuild", "control", "rebind", "transfer", "validate", "release")
@@ -169,7 +169,7 @@ def analyse_spare(run: dict, *, update: int, lost: int) -> dict:
         raise RuntimeError(f"no in-memory result: {res and res.get('verdicts', [{}])[0].get('history')}\n{run['tail']}")
     traces = load_traces(run["trace"])
     _check_clock(traces, run)
-    lives = split_attempts(traces[lost])  # the killed process, then the spare that took its id
+    lives = split_processes(traces[lost])  # the killed process, then the spare that took its id
     if len(lives) != 2:
         raise AssertionError(f"rank {lost}'s trace holds {len(lives)} processes, not the killed one and its spare")
     killed, spare = lives[0][1], lives[1][1]

@@ -12,6 +12,8 @@ import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..trace import ends_torn
+
 if TYPE_CHECKING:
     from ..runtime.evidence import Evidence
 
@@ -50,5 +52,8 @@ class IncidentLog:
             return
         if self._fh is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            torn = ends_torn(self.path)  # a killed writer's last line: never glue a record onto it
             self._fh = open(self.path, "a", buffering=1, encoding="utf-8")
+            if torn:
+                self._fh.write("\n")
         self._fh.write(json.dumps({"kind": "incident", **evidence.to_dict()}, default=str) + "\n")
