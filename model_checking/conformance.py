@@ -40,6 +40,7 @@ CONFORMANCE_CONSTANTS: dict[str, object] = {
     "FaultPhases": {"backward", "optimizer", "committed"},
     "Spurious": True,
     "RewindQualified": True,
+    "PreserveQualified": True,
     "StepCopy": True,
     "Mutant": "none",
 }

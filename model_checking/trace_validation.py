@@ -237,6 +237,9 @@ class Segment:
     #: the spec's constants for this run: a Rewind was agreed (so it was qualified); the ranks
     #: kept pre-step copies (Config.step_copy)
     rewind: bool = False
+    #: False: a rank rejected this recovery (decide_reject), for a reason the spec does not
+    #: model at a committed boundary (a guard failed, Preserve not qualified, no failed group)
+    preserve: bool = True
     step_copy: bool = False
     #: the records were merged by vector clocks that break nothing: their happens-before is
     #: known, and orders other than the listed one may be explored
@@ -265,10 +268,21 @@ class Segment:
 
 
 def _failed_keys(log: RankLog, first_line: int) -> set[str]:
-    """Failed groups of the recovery starting at `first_line` of this rank's log."""
+    """Failed groups of the recovery starting at `first_line` of this rank's log: its `observe`
+    record (written before the first edge fires, so found before `first_line`) and its closing
+    `recovery` record. Read from the closing record alone, a Reject's or an abort's (which names
+    none) made R the observers only, and its failed-group members that joined went unchecked."""
+    start = first_line
+    for src, rec in log.records:
+        if src.line >= first_line:
+            break
+        if rec.get("kind") == "observe":
+            start = src.line
+        elif rec.get("kind") == "recovery":  # an earlier recovery's end: its observe is not this one's
+            start = first_line
     keys: set[str] = set()
     for src, rec in log.records:
-        if src.line >= first_line and rec.get("kind") in ("recovery", "observe"):
+        if src.line >= start and rec.get("kind") in ("recovery", "observe"):
             keys |= set(rec.get("failed_groups") or ())
             if rec.get("kind") == "recovery":
                 break
@@ -364,6 +378,7 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
             p == "committed" for p in phases.values())
         preserved = any(r["action"] == "release" for _, r in recovery)
         rewound = any(r["action"] in ("decide_rewind", "rewind") for _, r in recovery)
+        rejected = any(r["action"] == "decide_reject" for _, r in recovery)
         if rewound:  # a Rewind rebuilds every group of every rank: all are "failed" here
             labels = {rk: set(logs[rk].config().get("groups", {})) for rk in logs}
         step_copy = any(bool(lg.config().get("step_copy")) for lg in logs.values())
@@ -415,7 +430,7 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
         note = (f"recovery R={sorted(R)}" + (" at a committed boundary" if committed else "")
                 + (" rewound" if rewound else "")) if recovery else ""
         segments.append(Segment(f"{name}/segment{n}", world, R, start_frontier, start_gen, tuple(ref0), out, note,
-                                rewind=rewound, step_copy=step_copy, causal=causal))
+                                rewind=rewound, step_copy=step_copy, causal=causal, preserve=not rejected))
     return segments
 
 
@@ -475,10 +490,10 @@ def render_module(segments: Sequence[Segment], explore: bool = False, stop: tupl
     (1-based) is next and every record it needs is taken: a diagnosis's way to get one."""
     if not segments:
         raise ValueError("no segments to check")
-    def config_key(seg: Segment) -> tuple[int, frozenset[int], bool, bool]:
-        return (seg.world, seg.R or frozenset({0}), seg.rewind, seg.step_copy)
+    def config_key(seg: Segment) -> tuple[int, frozenset[int], bool, bool, bool]:
+        return (seg.world, seg.R or frozenset({0}), seg.rewind, seg.step_copy, seg.preserve)
 
-    configs: dict[tuple[int, frozenset[int], bool, bool], int] = {}
+    configs: dict[tuple[int, frozenset[int], bool, bool, bool], int] = {}
     for seg in segments:
         configs.setdefault(config_key(seg), len(configs) + 1)
     max_f = max([*(r.F for s in segments for r in s.records), *(f for s in segments for f in s.frontier0), 0]) + 1
@@ -492,7 +507,7 @@ def render_module(segments: Sequence[Segment], explore: bool = False, stop: tupl
         "VARIABLES " + ", ".join(SPEC_VARIABLES) + f", t, {where}",
         "",
     ]
-    for (world, R, rewind, step_copy), k in configs.items():
+    for (world, R, rewind, step_copy, preserve), k in configs.items():
         # The failed group, and the rest of the world as one other group (under Rewind R is
         # every rank); the run's other groups are never repaired in this segment.
         rest = frozenset(range(world)) - R
@@ -502,6 +517,7 @@ def render_module(segments: Sequence[Segment], explore: bool = False, stop: tupl
             f"MaxFrontier <- {max_f}, MaxGen <- {max_g}, MaxCrashes <- {world}, MaxCuts <- 0, "
             'ControlFaults <- TRUE, FaultPhases <- {"forward", "backward", "optimizer", "committed"}, '
             f"Spurious <- TRUE, RewindQualified <- {'TRUE' if rewind else 'FALSE'}, "
+            f"PreserveQualified <- {'TRUE' if preserve else 'FALSE'}, "
             f"StepCopy <- {'TRUE' if step_copy else 'FALSE'}, Mutant <- \"none\"")
         body = "\n".join(f"    [] a = {_tla_str(a)} -> C{k}!{a}(r)" for a in actions)
         lines.append(f"Act{k}(a, r) == CASE\n{body[7:]}\n    [] OTHER -> FALSE")

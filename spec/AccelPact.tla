@@ -59,6 +59,9 @@ CONSTANTS
                   \* from the rest, so one uncommitted phase stands exactly for all three
     Spurious,     \* TRUE: control-plane timeouts may also fire without a crash (slow peers)
     RewindQualified, \* TRUE: every rank's envelope qualifies Rewind for the uncommitted phases
+    PreserveQualified, \* TRUE: every rank may take Preserve (its envelope qualifies it, its guard
+                  \* passed); FALSE stands for the reasons decide_agreement rejects a committed
+                  \* boundary that this spec does not model (trace validation of such a Reject)
     StepCopy,     \* TRUE: ranks keep a host copy of their state before optimizer.step()
     Mutant        \* "none" or the name of a deliberately broken variant
 
@@ -90,7 +93,8 @@ ASSUME /\ N \in Nat \ {0}
        /\ MaxFrontier \in Nat /\ MaxGen \in Nat /\ MaxCrashes \in Nat /\ MaxCuts \in Nat
        /\ Mutant \in Mutants
        /\ FaultPhases \subseteq FailurePhases /\ FaultPhases # {}
-       /\ Spurious \in BOOLEAN /\ RewindQualified \in BOOLEAN /\ StepCopy \in BOOLEAN
+       /\ Spurious \in BOOLEAN /\ RewindQualified \in BOOLEAN /\ PreserveQualified \in BOOLEAN
+       /\ StepCopy \in BOOLEAN
        /\ ControlFaults \in BOOLEAN
        /\ Triggers = TableTriggers   \* the generated guards cover exactly the spec's actions
 
@@ -207,7 +211,8 @@ SameG == \A r, q \in Ranks : reports[r].g = reports[q].g
 SameTau == \A r, q \in Ranks : reports[r].tau = reports[q].tau
 StepUndoable(r) == reports[r].tau = reports[r].f \/ reports[r].copy
 Decide ==
-    IF /\ (AllCommitted \/ Mutant = "preserve_uncommitted")
+    IF /\ PreserveQualified
+       /\ (AllCommitted \/ Mutant = "preserve_uncommitted")
        /\ (SameF \/ Mutant = "local_frontier")
        /\ SameG /\ (SameTau \/ Mutant \in {"local_frontier", "preserve_uncommitted"})
     THEN [kind |-> "preserve", f |-> reports[0].f, g |-> reports[0].g]

@@ -16,6 +16,7 @@ from accelpact.control.clock import ticked
 from model_checking import check
 from model_checking.trace_validation import (
     causal_violations,
+    check_run,
     check_runs,
     merge,
     read_run,
@@ -379,3 +380,52 @@ def test_the_cli_names_the_release_that_did_not_see_the_rebind(tmp_path, capsys)
     assert check.main(["--trace", str(run)]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "causality: rank 0 release (seq 4" in out and "has not seen rank 2's rebind_refs" in out
+
+
+def _two_rank_committed_boundary(outcome: str) -> dict[int, list[dict]]:
+    """2 ranks, replicate[0,1] fails at the committed boundary of update 3: rank 0 saw it, rank 1
+    joined; both decide `outcome` (the records as the runtime writes them)."""
+    out = {}
+    for r in range(2):
+        recs = [{"kind": "attach", "attempt": 0},
+                {"kind": "config", "world_size": 2, "groups": {"replicate": "replicate[0,1]"}}]
+        refs = {"replicate": 0}
+
+        def edge(seq, action, src, dst, F, recs=recs, refs=refs):
+            recs.append({"kind": "edge", "seq": seq, "action": action, "from": src, "to": dst, "phase": dst,
+                         "F": F, "g": 0, "refs": dict(refs), "tau": 3 if action != "commit_update" else F})
+        for u in (1, 2):
+            edge(u, "commit_update", "Train", "Train", u)
+        recs.append({"kind": "observe", "seq": 3, "phase_failed": "committed", "saw": r == 0,
+                     "failed_groups": ["replicate[0,1]"] if r == 0 else []})
+        edge(3, "observe_failure" if r == 0 else "join_recovery", "Train", "Observe", 2)
+        edge(3, "enter_guard", "Observe", "Guard", 2)
+        edge(3, "submit_report", "Guard", "Agree", 2)
+        if outcome == "reject":
+            edge(4, "decide_reject", "Agree", "Reject", 2)
+            recs.append({"kind": "recovery", "action": "reject", "failed_groups": []})
+        else:
+            edge(4, "decide_preserve", "Agree", "Replace", 2)
+            edge(4, "replace_comm", "Replace", "Rebind", 2)
+            refs["replicate"] = 1
+            edge(4, "rebind_refs", "Rebind", "Validate", 2)
+            edge(5, "release", "Validate", "Resume", 2)
+            edge(5, "resume_training", "Resume", "Train", 2)
+            recs.append({"kind": "recovery", "action": "preserve", "failed_groups": ["replicate[0,1]"]})
+        out[r] = recs
+    return clocked(out)
+
+
+def test_a_reject_at_a_committed_boundary_is_a_behaviour_and_its_joiners_are_checked(tmp_path):
+    """Found by review: decide_agreement also rejects a committed boundary for reasons the spec
+    did not model (a failed guard, Preserve not qualified: `PreserveQualified`), and every such
+    valid run failed validation; and the failed groups were read from the closing `recovery`
+    record alone (a Reject names none), so R held only the observers and rank 1, a member of the
+    failed group that joined, went unchecked."""
+    for outcome in ("preserve", "reject"):
+        run = write_run(tmp_path / outcome, _two_rank_committed_boundary(outcome))
+        segs = segments_of_run(run)
+        assert segs[0].R == frozenset({0, 1}), outcome
+        assert segs[0].preserve is (outcome == "preserve")
+        rep = check_run(run, workers=1, timeout_s=120)
+        assert rep.ok, rep.describe()
