@@ -82,7 +82,13 @@ def _given_secret(rank: int, world_size: int, same: bool) -> str:
     from accelpact.control import ControlPlane
     from accelpact.errors import ControlPlaneError
 
-    os.environ["ACCELPACT_SECRET"] = "job-secret" if same or rank == 0 else "another"
+    if same == "rank 0 only":  # found by review: only the ranks given one checked, the others hung
+        if rank == 0:
+            os.environ["ACCELPACT_SECRET"] = "job-secret"
+        else:
+            os.environ.pop("ACCELPACT_SECRET", None)
+    else:
+        os.environ["ACCELPACT_SECRET"] = "job-secret" if same or rank == 0 else "another"
     try:
         ControlPlane(timeout_s=5.0, attempt=0).close()
         return "ok"
@@ -95,3 +101,5 @@ def test_a_given_secret_must_be_the_same_on_every_rank():
     assert run_world(_given_secret, 2, True, timeout_s=45) == ["ok", "ok"]
     for out in run_world(_given_secret, 2, False, timeout_s=45):
         assert "ACCELPACT_SECRET differs between ranks" in out
+    for out in run_world(_given_secret, 2, "rank 0 only", timeout_s=45):
+        assert "ACCELPACT_SECRET differs between ranks (or is set on some ranks only)" in out

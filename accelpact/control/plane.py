@@ -101,8 +101,7 @@ class ControlPlane:
         self.namespace = f"attempt{attempt}/{int.from_bytes(drawn[:8], 'little') >> 2:016x}"
         given = os.environ.get(ENV_SECRET, "").encode()
         self.sealer = Sealer(hashlib.sha256(given).digest() if given else drawn[8:], self.namespace)
-        if given:
-            self._check_same_secret()
+        self._check_same_secret()  # on every rank: a secret set on some ranks only must fail here too
         base = store if store is not None else dist.distributed_c10d._get_default_store()
         self.store = dist.PrefixStore(f"accelpact/{self.namespace}/", base)
         self.forged: dict[str, list[str]] = {}  # epoch -> values that failed authentication
@@ -140,7 +139,8 @@ class ControlPlane:
         except Exception as exc:  # gloo raises RuntimeError/DistError kinds
             raise ControlPlaneError(f"checking {ENV_SECRET} across ranks failed: {type(exc).__name__}: {exc}") from exc
         if int(differs.item()):
-            raise ControlPlaneError(f"{ENV_SECRET} differs between ranks: every rank must be given the same secret")
+            raise ControlPlaneError(f"{ENV_SECRET} differs between ranks (or is set on some ranks only): every rank "
+                                    "must be given the same secret")
 
     def _stamped(self, value: object) -> object:
         """`value` with this rank's clock, for the peers that read it (sealed with it)."""
