@@ -61,7 +61,9 @@ class _Due:
 
 
 class _Digests(_Due):
-    pass
+    def after_commit(self, rt, *, before_save: bool = False) -> None:
+        if before_save or self.due(rt.frontier):
+            self.log.append((type(self).__name__, rt.frontier, rt.control.timeout_s))
 
 
 class _Attempts:
@@ -105,6 +107,20 @@ def test_a_due_save_and_digest_check_get_data_plus_control_timeout() -> None:
     after_commit_mod.after_commit(rt)
     assert log == [("_Digests", 6, 7.0), ("_Checkpointer", 6, 7.0)]  # digests first, then the save
     assert rt.control.set == [7.0, 5.0] and rt.control.timeout_s == 5.0
+
+
+def test_with_digests_on_every_save_is_checked_first_even_between_checks() -> None:
+    """Found by review: with digest_every=3 and a save every 2, the saves at F=2 and F=4 went
+    unchecked; a bit flipped before F=2 could be what DCP wrote (it writes each shard from one
+    holder), and the Reject of the check at F=3 restarted from exactly that step."""
+    log: list = []
+    rt = _runtime(2, log)
+    after_commit_mod.after_commit(rt)
+    assert log == [("_Digests", 2, 7.0), ("_Checkpointer", 2, 7.0)]
+    rt = _runtime(2, log := [])
+    rt.digests = None  # digests off: the save alone, as before
+    after_commit_mod.after_commit(rt)
+    assert log == [("_Checkpointer", 2, 7.0)]
 
 
 def _failing_save(rt: SimpleNamespace, exc: BaseException) -> list:

@@ -166,3 +166,36 @@ def test_the_layout_check_per_distinct_group_gives_every_reason_of_the_per_peer_
             else:
                 by_rank[r] = HolderDigest(r, (r, world + 1), "d")
         assert _layout_reasons(by_rank) == _naive_layout_reasons(by_rank), by_rank
+
+
+def test_the_digest_holders_compare_leaves_each_replicas_buffers_out():
+    """Found by review: BatchNorm's running statistics are updated from each rank's own batch (DDP
+    broadcasts rank 0's at the start of each forward, FSDP never), so healthy replicas differ in
+    them, and a digest over every byte rejected any such model at its first check (and a spare's
+    transfer wherever two holders survived). Holders compare parameters and optimizer state; a
+    spare still checks every byte it receives against its source's full digest."""
+    import torch
+
+    from accelpact.membership import transfer
+
+    def replica(mean: float):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.randn(8, 4)).sum().backward()
+        opt.step()
+        model[1].running_mean.fill_(mean)  # this replica's own batches
+        return model, opt
+
+    (a, opt_a), (b, opt_b) = replica(0.1), replica(0.2)
+    layout = transfer.manifest(a, opt_a)
+    buf_a, buf_b = transfer.pack(a, opt_a), transfer.pack(b, opt_b)
+    assert transfer.digest(buf_a) != transfer.digest(buf_b)  # every byte: they differ
+    assert transfer.shared_digest(buf_a, layout) == transfer.shared_digest(buf_b, layout)
+    names, _ = transfer.tensor_words(a, opt_a)
+    assert names and not any(n.startswith("buffer:") for n in names)
+    with torch.no_grad():
+        next(b.parameters()).view(-1)[0] += 1.0  # a parameter differs: that is corruption
+    assert transfer.shared_digest(transfer.pack(b, opt_b), layout) != transfer.shared_digest(buf_a, layout)
+    with pytest.raises(transfer.TransferError, match="the layout accounts for"):
+        transfer.shared_digest(buf_a[:-4], layout)

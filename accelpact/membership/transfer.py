@@ -3,10 +3,16 @@
 What moves: the parameters' local tensors (a DTensor's local shard, an FSDP1 flat parameter,
 a DDP parameter), the module buffers, and every optimizer state tensor, in one fixed order both
 sides derive from their identical wrappers. The sender packs them into one byte buffer and posts
-the SHA-256 of exactly those bytes; every other live holder of the shard posts the digest of its
-own copy (two holders must agree where two survive); the spare receives in one message, checks
-the digest against all of them, and only then copies into its tensors in place. Optimizer state
-is created lazily by torch: the spare materialises it from the sender's manifest first."""
+the SHA-256 of exactly those bytes; the spare receives in one message, checks it against that
+digest, and only then copies into its tensors in place. Optimizer state is created lazily by
+torch: the spare materialises it from the sender's manifest first.
+
+What holders must agree on is less: the parameters and the optimizer state (`shared_digest`).
+Buffers are each replica's own: BatchNorm's running statistics, say, are updated from the rank's
+own batch (DDP broadcasts rank 0's at the start of each forward, FSDP never), so healthy replicas
+differ in them, and a check over every byte rejected any such model at its first look (found by
+review). Every holder posts the shared digest of its copy, and the spare checks the received
+bytes' shared digest against all of them (two holders must agree where two survive)."""
 
 from __future__ import annotations
 
@@ -80,11 +86,40 @@ def digest(buf: torch.Tensor) -> str:
     return hashlib.sha256(buf.numpy()).hexdigest()  # hashes the buffer in place, no copy
 
 
+def is_shared(name: str) -> bool:
+    """Whether every replica of a shard holds the tensor `name` (an `entries` name) alike."""
+    return not name.startswith("buffer:")
+
+
+def shared_digest(buf: torch.Tensor, layout: dict) -> str:
+    """The SHA-256 of the bytes of `buf` (packed as `layout` says) that every replica holds
+    alike: its parameters and optimizer state, not its buffers. In place, no copy."""
+    h = hashlib.sha256()
+    raw, offset = buf.numpy(), 0
+    for name, shape, dtype in layout["tensors"]:
+        n = _numel(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        if is_shared(name):
+            h.update(raw[offset:offset + n])
+        offset += n
+    if offset != buf.numel():
+        raise TransferError(f"{buf.numel()} bytes, the layout accounts for {offset}")
+    return h.hexdigest()
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for dim in shape:
+        n *= int(dim)
+    return n
+
+
 def tensor_words(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list[str], list[int]]:
-    """Every moved tensor's name and the first 64 bits of its SHA-256 (a signed int64): enough to
-    name the tensors in which two copies differ (`accelpact.integrity`)."""
+    """Every shared tensor's name and the first 64 bits of its SHA-256 (a signed int64): enough
+    to name the tensors in which two copies differ (`accelpact.integrity`)."""
     names, words = [], []
     for name, t in entries(model, optimizer):
+        if not is_shared(name):
+            continue
         raw = t.contiguous().cpu().reshape(-1).view(torch.uint8).numpy()
         names.append(name)
         words.append(int.from_bytes(hashlib.sha256(raw).digest()[:8], "little", signed=True))
@@ -151,16 +186,17 @@ def post_digest(store: dist.Store, world: int, lost: int, position: int, model: 
     """A holder of `lost`'s shard: pack its copy, post the digest (and the layout); returns both."""
     buf = pack(model, optimizer)
     value = digest(buf)
-    post_held_digest(store, world, lost, position, value, int(buf.numel()), manifest(model, optimizer))
+    post_held_digest(store, world, lost, position, value, buf, manifest(model, optimizer))
     return buf, value
 
 
-def post_held_digest(store: dist.Store, world: int, lost: int, position: int, value: str, nbytes: int,
+def post_held_digest(store: dist.Store, world: int, lost: int, position: int, value: str, buf: torch.Tensor,
                      layout: dict) -> None:
-    """A holder posts the digest and layout of the copy it will send (its own state, or a
+    """A holder posts the digest and layout of the copy `buf` it would send (its own state, or a
     neighbour copy: then the lost rank's own digest and layout, so that the spare checks the bytes
-    against what the lost rank hashed, end to end)."""
-    store.set(keys.digest(world, lost, position), json.dumps({"digest": value, "nbytes": nbytes, "layout": layout}))
+    against what the lost rank hashed, end to end), and the digest of the part every holder shares."""
+    store.set(keys.digest(world, lost, position), json.dumps({
+        "digest": value, "shared": shared_digest(buf, layout), "nbytes": int(buf.numel()), "layout": layout}))
 
 
 def send(buf: torch.Tensor, *, to: int, group: dist.ProcessGroup) -> float:
@@ -196,10 +232,14 @@ def receive(store: dist.Store, world: int, lost: int, source: int, holders: tupl
     t = time.perf_counter()
     got = digest(buf)
     report.nbytes, report.digest = int(buf.numel()), got
-    wrong = {h: d["digest"][:12] for h, d in posted.items() if d["digest"] != got}
-    if wrong:
+    if got != posted[source]["digest"]:
         raise TransferError(f"state of rank {lost} from rank {source} does not verify: received digest "
-                            f"{got[:12]}, holders posted {wrong}")
+                            f"{got[:12]}, the source posted {posted[source]['digest'][:12]}")
+    shared = shared_digest(buf, layout)
+    wrong = {h: d["shared"][:12] for h, d in posted.items() if d["shared"] != shared}
+    if wrong:
+        raise TransferError(f"the holders of rank {lost}'s shard disagree on its parameters or optimizer state: "
+                            f"received {shared[:12]}, holders posted {wrong}")
     report.holders_agreeing = len(posted)
     unpack(model, optimizer, buf, layout)
     report.verify_s = time.perf_counter() - t

@@ -52,8 +52,11 @@ def budget_s(rt: Runtime) -> float:
 
 
 def after_commit(rt: Runtime) -> None:
-    digests_due = rt.digests is not None and rt.digests.due(rt.frontier)
     save_due = rt.checkpointer is not None and rt.checkpointer.due(rt.frontier)
+    # with digests on, every save is checked first: a save between two checks could keep the
+    # corrupt replica's bytes (DCP writes each shard from one holder), and the Reject of the next
+    # check would restart from exactly that step
+    digests_due = rt.digests is not None and (rt.digests.due(rt.frontier) or save_due)
     if not (digests_due or save_due):
         return  # the usual update: nothing to stretch
     _work(rt, digests_due=digests_due, save_due=save_due, owed=False)
@@ -78,7 +81,7 @@ def _work(rt: Runtime, *, digests_due: bool, save_due: bool, owed: bool) -> None
                 failure = f"the control plane failed after the commit of F={rt.frontier}: {exc}", exc
         if digests_due and failure is None:
             try:
-                rt.digests.after_commit(rt)
+                rt.digests.after_commit(rt, before_save=save_due)
             except (ReplicaDivergence, ControlPlaneError) as exc:
                 failure = f"replica digest check at F={rt.frontier}: {exc}", exc
         if save_due and failure is None:

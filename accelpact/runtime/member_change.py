@@ -281,7 +281,7 @@ def _send_lost_shards(rt: Runtime, m: Membership, control: ControlPlane, change:
                 raise transfer.TransferError(f"rank {rt.rank} reported a neighbour copy of rank {lost} at "
                                              f"F={decision.frontier} but holds none now")
             buf, digest = torch.frombuffer(held.data, dtype=torch.uint8), held.digest
-            transfer.post_held_digest(m.store, m.world, lost, rt.rank, digest, int(buf.numel()), held.layout)
+            transfer.post_held_digest(m.store, m.world, lost, rt.rank, digest, buf, held.layout)
         else:
             buf, digest = transfer.post_digest(m.store, m.world, lost, rt.rank, rt.model, rt.optimizer)
         if decision.source[lost] == rt.rank:
