@@ -173,3 +173,27 @@ def test_a_stalled_rank_and_its_waiting_peer_leave_the_stacks_of_the_hang(tmp_pa
     text = capsys.readouterr().out
     assert "rank 1 during the hang: 0." in text and "s into forward of update 2" in text, text
     assert "faults/inject.py" in text and "rank 0 during the hang: " in text, text
+
+
+def test_a_deferred_commit_keeps_the_stacks_of_the_update_past_it_for_its_evidence():
+    """Found by review: with deferred boundaries the pending commit of update N runs when update
+    N+1 has already hung, and its `on_commit` threw the stacks of N+1 away; a joined deferred
+    recovery also names N, not N+1. The stacks of N+1 now survive the commit of N and are the
+    evidence of a recovery that names N (or N+1); a commit of N+1 itself ends them."""
+    watch = HangWatch(0.05, stacks=lambda: {"MainThread (1)": ["in the hang"]})
+    watch.start()
+    try:
+        watch.arm(6, "forward")
+        time.sleep(0.3)  # update 6 hangs: its stacks are taken
+        watch.on_commit(5, 0)  # the deferred boundary of update 5 commits only now
+        taken = watch.take(6)
+        assert taken is not None and taken.update == 6
+        watch.arm(8, "forward")
+        time.sleep(0.3)
+        assert watch.take(7, also_next=True) is not None  # a joined recovery names the boundary's update
+        watch.arm(9, "backward")
+        time.sleep(0.3)
+        watch.on_commit(9, 0)
+        assert watch.take(9) is None  # committed: no hang to report
+    finally:
+        watch.close()

@@ -116,11 +116,14 @@ class HangWatch:
         self._armed = None
         self._taken = None
 
-    def take(self, update: int) -> HangStacks | None:
-        """The stacks taken during `update`, once (the evidence of its recovery or reject)."""
+    def take(self, update: int, *, also_next: bool = False) -> HangStacks | None:
+        """The stacks taken during `update`, once (the evidence of its recovery or reject).
+        `also_next`: or during update+1 (deferred boundaries: a joined recovery names the
+        boundary's update while the hang was in the update after it, the one it throws away)."""
         self.freeze()
         taken, self._taken = self._taken, None
-        return taken if taken is not None and taken.update == update else None
+        wanted = (update, update + 1) if also_next else (update,)
+        return taken if taken is not None and taken.update in wanted else None
 
     # -- the thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -154,7 +157,12 @@ class HangWatch:
 
     # -- RecoveryObserver: the boundary ended -------------------------------------------------------
     def on_commit(self, frontier: int, generation: int) -> None:
-        self.disarm()
+        """A commit ends the hangs of the updates it covers, not of one past it: a deferred
+        boundary commits `frontier` while update frontier+1 may have hung (its stacks are that
+        update's evidence, found by review: the commit threw them away)."""
+        self._armed = None
+        if self._taken is not None and self._taken.update <= frontier:
+            self._taken = None
 
     def on_recovery(self, evidence: Evidence) -> None:
         self.disarm()

@@ -6,6 +6,7 @@ one JSON file per rank and attempt, with the error and its traceback."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -16,6 +17,8 @@ from ..errors import EXIT_REJECTED
 from ..observe.incident import PEER, IncidentFacts, cause_kind, nobody_lost, observers_of, peers_of, sentence
 from ..observe.stacks import thread_stacks
 from .history import RecoveryRecord
+
+log = logging.getLogger("accelpact.runtime")
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -87,7 +90,8 @@ def evidence_of(rt: Runtime, record: RecoveryRecord, error: BaseException | None
 
 def _hang_stacks(rt: Runtime, update: int) -> dict | None:
     watch = getattr(rt, "hang_watch", None)  # None: the watch is off (Config.hang_watch_fraction=0)
-    taken = watch.take(update) if watch is not None else None
+    deferred = getattr(getattr(rt, "config", None), "boundary", "sync") == "deferred"
+    taken = watch.take(update, also_next=deferred) if watch is not None else None
     return taken.to_dict() if taken is not None else None
 
 
@@ -111,5 +115,9 @@ def write_reject_evidence(trace_dir: str | None, evidence: Evidence) -> str | No
         "error": f"{err['type']}({err['message']!r})" if err else None, "traceback": err.get("traceback"),
         "incident": evidence.to_dict(),
     }
-    path.write_text(json.dumps(body, indent=2, default=str))
+    try:
+        path.write_text(json.dumps(body, indent=2, default=str))
+    except OSError as exc:  # a full disk: the reject goes on (exit 75), its reasons are still logged
+        log.error("reject evidence %s not written: %s: %s", path, type(exc).__name__, exc)
+        return None
     return str(path)
