@@ -14,6 +14,7 @@ is one clock for all ranks of a host, so trace validation may compare it only be
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import time
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .control.clock import VectorClock
+
+log = logging.getLogger("accelpact.trace")
 
 
 class TraceWriter:
@@ -30,6 +33,7 @@ class TraceWriter:
         self.clock = clock
         self.path: Path | None = None
         self._fh = None
+        self.failed = ""  # why the trace stopped (a write failed: a full disk), if it did
         if directory is not None:
             d = Path(directory)
             d.mkdir(parents=True, exist_ok=True)
@@ -51,7 +55,17 @@ class TraceWriter:
         record = {"rank": self.rank, "t": time.monotonic(), **record}
         if self.clock is not None:
             record["vc"] = self.clock.tick()
-        self._fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        try:
+            self._fh.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        except OSError as exc:  # a full disk must not take training (or a recovery halfway) down with it
+            self.failed = f"{type(exc).__name__}: {exc}"
+            log.error("trace %s stopped at a failed write (%s): the rest of this run is not traced", self.path,
+                      self.failed)
+            fh, self._fh = self._fh, None
+            try:
+                fh.close()
+            except OSError:
+                pass
 
     def edge(self, *, seq: int, action: str, src: str, dst: str, frontier: int, generation: int,
              refs: dict[str, int], **extra: Any) -> None:

@@ -267,3 +267,27 @@ def test_an_incident_log_after_a_torn_line_keeps_its_first_record(tmp_path):
     log.close()
     lines = path.read_text().splitlines()
     assert json.loads(lines[-1]) == {"kind": "incident", "index": 2}
+
+
+def test_a_trace_write_that_fails_stops_the_trace_not_the_run(tmp_path, caplog):
+    """Found by review: a full trace disk raised out of `_on_edge`, on every state-machine edge, a
+    recovery's included (this rank then left the protocol while its peers waited)."""
+    import logging
+
+    from accelpact.trace import TraceWriter
+
+    writer = TraceWriter(tmp_path, rank=0)
+
+    class _Full:
+        def write(self, text):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            pass
+
+    writer._fh = _Full()
+    with caplog.at_level(logging.ERROR, logger="accelpact.trace"):
+        writer.edge(seq=1, action="commit_update", src="Train", dst="Train", frontier=1, generation=0, refs={})
+        writer.write({"kind": "observe"})  # nothing more is attempted
+    assert not writer.enabled and "No space left on device" in writer.failed
+    assert caplog.text.count("stopped at a failed write") == 1

@@ -232,3 +232,119 @@ def test_a_body_run_to_its_end_counts_in_tau_before_its_boundary_check(monkeypat
     rt._recover = lambda *args: seen.setdefault("tau", rt.opt_step)
     shell.Runtime._boundary(rt, None, None)
     assert seen["tau"] == 4
+
+
+def test_a_handler_that_raises_is_its_ranks_vote_not_an_escape_from_the_protocol():
+    """Found by review: `drive` called each handler bare. A user's data_state.load_state_dict that
+    raised AttributeError inside the Rewind's restore left this rank's machine in Replace, posted no
+    vote, and reached the user as a raw error while its peers waited for it in their collectives.
+    The handler's error is now its failure value: this rank votes against release, and the recovery
+    rejects with the cause named."""
+    from accelpact.fsm import effects as fx
+    from accelpact.fsm.decisions import GroupId
+    from accelpact.fsm.driver import Observation
+    from accelpact.fsm.machine import RecoveryContext, RecoveryMachine
+    from accelpact.fsm.phases import FailurePhase, RecoveryAction
+    from accelpact.runtime.recovery import drive
+
+    votes = []
+
+    class OneRank(fx.Executor):
+        def quiesce(self, effect):
+            return fx.GuardVerdict(True)
+
+        def gather_reports(self, effect):
+            return [effect.report]
+
+        def restore_boundary(self, effect):
+            raise AttributeError("'Loader' object has no attribute 'load_state_dict'")
+
+        def replace_groups(self, effect):
+            return fx.StepResult(True)
+
+        def rebind_references(self, effect):
+            return fx.StepResult(True)
+
+        def validate_groups(self, effect):
+            return fx.StepResult(True)
+
+        def vote_release(self, effect):
+            votes.append((effect.ok, effect.reason))
+            return "resume" if effect.ok else "reject"
+
+        def force_reject(self, effect):
+            return "reject"
+
+    group = (GroupId("replicate", (0,)),)
+    obs = Observation(rank=0, world_size=1, frontier=3, generation=0, opt_step=3,
+                      failure_phase=FailurePhase.BACKWARD, saw_failure=True, failed_groups=group, cause="timeout",
+                      rewind_phases=(FailurePhase.BACKWARD,), rerun_ok=True, rerun_reason="", held_groups=group)
+    machine = RecoveryMachine(RecoveryContext(0))
+    machine.fire("commit_update")
+    driven = drive(machine, obs, OneRank())
+    assert driven.outcome.action is RecoveryAction.REJECT
+    assert votes and votes[0][0] is False and "restore raised AttributeError" in votes[0][1]
+    assert any("restore raised AttributeError" in r for r in driven.outcome.reasons), driven.outcome.reasons
+
+
+def test_a_reject_without_the_protocol_records_the_phase_the_update_failed_in(monkeypatch):
+    """Found by review: the record read the phase tracker, which the update had already left, so
+    every such reject (a peer killed in backward without spares: the commonest fail-stop) was
+    recorded as failed "committed" in its evidence, incident and metrics."""
+    from accelpact.fsm.phases import FailurePhase
+    from accelpact.runtime import runtime as shell
+
+    seen = {}
+    rt = SimpleNamespace(_recoveries=0, update_index=4, frontier=3, generation=0, history=[],
+                         _tracker=SimpleNamespace(phase=None),
+                         control=SimpleNamespace(force_reject=lambda epoch, reason: "reject"))
+    rt._reject = lambda reasons, error, record: seen.setdefault("record", record)
+    shell.Runtime._reject_without_protocol(rt, "control plane failed at the boundary", RuntimeError("x"),
+                                           FailurePhase.BACKWARD)
+    assert seen["record"].failure_phase is FailurePhase.BACKWARD
+
+
+def test_a_vote_that_could_not_be_posted_names_its_own_cause_in_the_reject():
+    """Found by review: a rank whose vote failed (a broken pipe to the store) forced the reject
+    and then recorded "a peer voted against release" in its evidence and incident."""
+    from accelpact.fsm import effects as fx
+    from accelpact.fsm.decisions import GroupId
+    from accelpact.fsm.driver import Observation
+    from accelpact.fsm.machine import RecoveryContext, RecoveryMachine
+    from accelpact.fsm.phases import FailurePhase, RecoveryAction
+    from accelpact.runtime.recovery import drive
+
+    class OneRank(fx.Executor):
+        def quiesce(self, effect):
+            return fx.GuardVerdict(True)
+
+        def gather_reports(self, effect):
+            return [effect.report]
+
+        def restore_boundary(self, effect):
+            return fx.StepResult(True)
+
+        def replace_groups(self, effect):
+            return fx.StepResult(True)
+
+        def rebind_references(self, effect):
+            return fx.StepResult(True)
+
+        def validate_groups(self, effect):
+            return fx.StepResult(True)
+
+        def vote_release(self, effect):
+            return fx.ControlPlaneFailure("posting the release vote failed: DistNetworkError: Broken pipe")
+
+        def force_reject(self, effect):
+            return "reject"
+
+    group = (GroupId("replicate", (0,)),)
+    obs = Observation(rank=0, world_size=1, frontier=3, generation=0, opt_step=4,
+                      failure_phase=FailurePhase.COMMITTED, saw_failure=True, failed_groups=group, cause="timeout",
+                      held_groups=group)
+    machine = RecoveryMachine(RecoveryContext(0))
+    machine.fire("commit_update")
+    outcome = drive(machine, obs, OneRank()).outcome
+    assert outcome.action is RecoveryAction.REJECT
+    assert outcome.reasons == ("posting the release vote failed: DistNetworkError: Broken pipe",), outcome.reasons

@@ -144,6 +144,7 @@ class _Recovery:
         self.steps = _Steps(machine)
         self.abort_reason = ""  # why the control plane failed, when this rank aborted
         self.unknown = ""  # why the outcome register was unreachable, when this rank halted
+        self.vote_failed = ""  # why this rank's own vote could not be posted or its outcome read
 
     def done(self, action: RecoveryAction, frontier: int, generation: int, *reasons: str) -> RecoveryOutcome:
         return RecoveryOutcome(action, frontier, generation, self.ctx.decision, tuple(reasons),
@@ -178,7 +179,7 @@ class _Recovery:
             self.steps.fire("resume_training")
             return self.done(decision.action, decision.frontier, new_generation)
         self.steps.fire("release_reject")
-        return self.rejected(vote.reason or "a peer voted against release")
+        return self.rejected(vote.reason or self.vote_failed or "a peer voted against release")
 
     def guard(self) -> Generator[Effect, object, RankReport]:
         """Quiesce (discarding an interrupted update), then the report for agreement."""
@@ -245,6 +246,7 @@ class _Recovery:
         assert self.machine.phase is Phase.VALIDATE
         outcome = yield self.steps.request(VoteRelease(vote.ok, vote.reason))
         if isinstance(outcome, ControlPlaneFailure):
+            self.vote_failed = outcome.reason  # the reject's own cause, not "a peer voted against"
             outcome = yield from self.forced_reject(outcome.reason)
             if outcome is None:
                 return "unknown"

@@ -205,3 +205,16 @@ class Executor(abc.ABC):
 def perform(executor: Executor, effect: Effect) -> object:
     """The one dispatch from a request to its handler."""
     return getattr(executor, effect.handler)(effect)
+
+
+def failed(effect: Effect, reason: str) -> object:
+    """What `effect` returns when its handler raised instead (`reason` says what): the failure
+    value the driver already handles for it, so the rank votes, or forces the reject, with its
+    peers, never leaves the protocol while they wait for it in a collective."""
+    if isinstance(effect, Quiesce):
+        return GuardVerdict(False, reason)
+    if isinstance(effect, (GatherReports, VoteRelease)):
+        return ControlPlaneFailure(reason)
+    if isinstance(effect, ForceReject):
+        return OutcomeUnknown(reason)
+    return StepResult(False, reason)

@@ -5,14 +5,17 @@ hands it to its handler, the result goes back; time is taken per effect phase.""
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
 from ..fsm.decisions import GroupId, applied_steps, may_rerun
 from ..fsm.driver import Observation, RecoveryOutcome, run_recovery
-from ..fsm.effects import Executor, perform
+from ..fsm.effects import Executor, failed, perform
 from ..fsm.machine import RecoveryMachine
 from ..fsm.phases import FailurePhase
+
+log = logging.getLogger("accelpact.runtime")
 
 
 @dataclass
@@ -39,7 +42,11 @@ def drive(machine: RecoveryMachine, obs: Observation, executor: Executor) -> Dri
         if before is not None:
             before(effect.phase)
         t = time.perf_counter()
-        result = perform(executor, effect)
+        try:
+            result = perform(executor, effect)
+        except Exception as exc:  # a handler's own error (a user's load_state_dict, a torch assert): its vote
+            log.exception("recovery step %s raised on this rank; it votes against release", effect.phase)
+            result = failed(effect, f"{effect.phase} raised {type(exc).__name__}: {exc}")
         timings[effect.phase] = timings.get(effect.phase, 0.0) + time.perf_counter() - t
 
 

@@ -221,7 +221,7 @@ class Runtime:
         except ControlPlaneError as exc:
             if self.membership is not None:  # a member may be lost: a spare can take its place
                 return on_lost_member(self, error or exc, phase, time.perf_counter() - t_detect, at_check=not saw)
-            self._reject_without_protocol(f"control plane failed at the boundary: {exc}", error or exc)
+            self._reject_without_protocol(f"control plane failed at the boundary: {exc}", error or exc, phase)
         if flag == 0:
             self._commit()
             return
@@ -266,14 +266,14 @@ class Runtime:
         if committed:  # what is due at the frontier it committed (a save, a digest check): every rank alike
             after_commit(self)
 
-    def _reject_without_protocol(self, reason: str, error: BaseException) -> NoReturn:
-        """The control plane itself failed: set the outcome register and reject."""
+    def _reject_without_protocol(self, reason: str, error: BaseException, phase: FailurePhase | None = None) -> NoReturn:
+        """The control plane itself failed: set the outcome register and reject (`phase`: where the update failed)."""
         self._recoveries += 1
         try:
             value = self.control.force_reject(f"r{self._recoveries}", reason)  # this recovery's register
         except ControlPlaneError as exc:
             value = f"unreachable ({exc})"
-        record = RecoveryRecord.control_plane_reject(self._recoveries, self.update_index, self._tracker.phase,
+        record = RecoveryRecord.control_plane_reject(self._recoveries, self.update_index, phase or self._tracker.phase,
                                                      reason, self.frontier, self.generation, value)
         self.history.append(record)
         self._reject([reason], error, record)
