@@ -188,6 +188,12 @@ def _saving(traces: dict[int, list[dict[str, Any]]], cut: float, restore: float)
                for recs in traces.values() for r in recs)
 
 
+def _released(recovery: dict[str, Any]) -> float:
+    """When the protocol released this rank: the record is written after the standbys were built
+    again (`standby_s`), which is no part of detection or repair."""
+    return recovery["t"] - recovery.get("standby_s", 0.0)
+
+
 def _checkpoint_save_failed(attempts: Iterable[dict[str, Any]], first: int, before: float) -> bool:
     """A fail-stop because a checkpoint save failed at a frontier in [first, before): a cut
     anchored there met the save (its collectives run on the world group, outside the protocol)."""
@@ -335,7 +341,7 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
         elif errored:
             detect = min([b["t_out"] for b in errored] + noticed) - cut["t"]
         elif recs:  # failed inside an update (a Rewind): the first rank admitted to the recovery
-            detect = min([r["t"] - r.get("repair_s", 0.0) for r in recs] + noticed) - cut["t"]
+            detect = min([_released(r) - r.get("repair_s", 0.0) for r in recs] + noticed) - cut["t"]
 
         failed = sorted({g for r in recs for g in r.get("failed_groups", [])})
         report = CutResult(**base, length_s=round(length, 3), outcome=outcome, landed=landed,
@@ -345,7 +351,7 @@ def analyse(rec: RunRecords, name: str = "run") -> ScenarioResult:
                            and any(_same_node(g, placement) for g in failed))
         if in_memory is not None:
             report.repair_s = max(r["repair_s"] for r in recs)
-            released = max(r["t"] for r in recs)
+            released = max(_released(r) for r in recs)
             progress = _commits_after(rec.traces, max(released, t_restore or 0.0))
             if t_restore is not None:
                 report.resume_s = released - t_restore

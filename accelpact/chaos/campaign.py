@@ -299,8 +299,11 @@ def print_summary(reports: Sequence[ScenarioResult], out: Path, log=print, *, en
         if r.message:
             log(f"  {r.name}: {r.message}")
     log(f"\ntraces (per rank, per scenario, with nemesis.jsonl beside them): {out}/<scenario>/trace/")
-    ok = all(not c.same_node_replaced for r in reports for c in r.cuts)
-    return ok
+    # a run whose end state differs from its reference is a failed campaign, whatever its cuts did
+    different = [r.name for r in reports if r.bitwise.startswith("DIFFERENT")]
+    if different:
+        log(f"FAILED: end state bitwise DIFFERENT from the reference in {', '.join(different)}")
+    return not different and all(not c.same_node_replaced for r in reports for c in r.cuts)
 
 
 def parse_settings(items: Sequence[str]) -> tuple[tuple[str, str], ...]:

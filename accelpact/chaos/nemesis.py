@@ -239,7 +239,8 @@ class Nemesis:
         self.job_alive = job_alive
         self.poll_s = poll_s
         self._stop = threading.Event()
-        self._cut_active: Cut | None = None
+        #: the cut in effect and its index: a restore on the way out is logged under that cut
+        self._cut_active: tuple[int, Cut] | None = None
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._main, name="nemesis", daemon=True)
         self.error: BaseException | None = None
@@ -295,7 +296,7 @@ class Nemesis:
         with self._lock:
             for argv in cut_argv:
                 run_ip(argv)
-            self._cut_active = cut
+            self._cut_active = (i, cut)
         t1 = time.monotonic()
         self._log({"kind": "cut", "index": i, "spec": cut.spec(), "method": str(cut.method), "node": cut.node,
                    "length_s": cut.length_s, "update": cut.update, "aligned": cut.aligned,
@@ -314,13 +315,15 @@ class Nemesis:
 
     def _restore_if_cut(self, why: str) -> None:
         with self._lock:
-            cut = self._cut_active
-            if cut is None:
+            if self._cut_active is None:
                 return
+            index, cut = self._cut_active
             for argv in cut_commands(self.spec, cut.method, cut.node)[1]:
                 try:
                     run_ip(argv)
                 except Exception as exc:  # the topology may already be gone
                     self._log({"kind": "restore-failed", "why": why, "error": repr(exc)})
             self._cut_active = None
-            self._log({"kind": "restore", "index": -1, "why": why, "t": time.monotonic()})
+            # under the cut's index: analysis drops an unattributed restore, and a cut the job then
+            # died under would count as absorbed
+            self._log({"kind": "restore", "index": index, "why": why, "t": time.monotonic()})

@@ -76,14 +76,28 @@ def qualify_argv(out: Path, *, python: str = sys.executable) -> list[str]:
             "qualify", "--quick", "--out", str(out)]
 
 
-def usable_envelope(path: str | Path) -> str | None:
-    """None if `path` is an envelope file qualified on this platform (CPU/gloo), else why not."""
-    from ..envelope import EnvelopeFileError, load_envelope, platform_fingerprint
+def usable_envelope(path: str | Path, *, framework: str = "fsdp2") -> str | None:
+    """None if `path` is an envelope file qualified on this platform (CPU/gloo) for `framework`
+    (the chaos trainer's), else why not.
+
+    A file whose rows for the framework were never probed (`accelpact qualify --frameworks ddp`)
+    has the right fingerprint but allows only reject there: used as it is, the campaign would run
+    without Rewind while saying "qualified"."""
+    from ..envelope import FRAMEWORK_PROFILES, EnvelopeFileError, platform_fingerprint, read_envelope
+    from ..envelope.file import check_fingerprint
 
     try:
-        load_envelope(Path(path), expect=platform_fingerprint("gloo", "cpu"))
+        parsed = read_envelope(Path(path))
+        check_fingerprint(parsed, platform_fingerprint("gloo", "cpu"))
     except EnvelopeFileError as exc:
         return str(exc)
+    profile = FRAMEWORK_PROFILES[framework]
+    rows = [row for row in parsed.rows if row.profile == profile]
+    unprobed = sorted(row.phase for row in rows if "not_probed" in row.evidence)
+    if not rows or unprobed:
+        what = f"phases {', '.join(unprobed)}" if rows else "any phase"
+        return (f"envelope {path} never probed {profile} ({what}): its rows there allow only reject; "
+                f"`accelpact qualify --out {path}` probes every framework and phase")
     return None
 
 

@@ -176,21 +176,37 @@ class Topology:
 
     def down(self) -> list[str]:
         """Kill whatever still runs inside the namespaces (all started by this topology's user),
-        then delete them. Idempotent; returns the problems it could not fix (empty when clean)."""
+        then delete them. Idempotent; returns the problems it could not fix (empty when clean).
+
+        A command that hangs past its timeout is one problem, not the end of the teardown: the
+        other namespaces are still deleted and the owner record still removed."""
         problems: list[str] = []
         for ns in self.spec.namespaces:
-            for pid in namespace_pids(ns):
+            try:
+                pids = namespace_pids(ns)
+            except subprocess.TimeoutExpired as exc:
+                problems.append(_timed_out(exc))
+                continue
+            for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
         for argv in self.spec.down_commands():
-            proc = run_ip(argv, check=False)
+            try:
+                proc = run_ip(argv, check=False)
+            except subprocess.TimeoutExpired as exc:
+                problems.append(_timed_out(exc))
+                continue
             if proc.returncode != 0 and "No such file" not in proc.stderr:
                 problems.append(proc.stderr.strip())
         with contextlib.suppress(FileNotFoundError):
             self._owner_path.unlink()
         self.live = False
-        left = [ns for ns in self.spec.namespaces if ns in list_namespaces()]
-        problems += [f"namespace {ns} still exists" for ns in left]
+        try:
+            names = list_namespaces()
+        except subprocess.TimeoutExpired as exc:
+            problems.append(_timed_out(exc))
+            return problems
+        problems += [f"namespace {ns} still exists" for ns in self.spec.namespaces if ns in names]
         return problems
 
     def exists(self) -> bool:
@@ -216,6 +232,11 @@ class Topology:
             if time.monotonic() > deadline:
                 raise TopologyError(f"bridge ports not up after {timeout}s: {out.strip()}")
             time.sleep(0.05)
+
+
+def _timed_out(exc: subprocess.TimeoutExpired) -> str:
+    cmd = exc.cmd if isinstance(exc.cmd, str) else " ".join(map(str, exc.cmd))
+    return f"`{cmd}` timed out after {exc.timeout:g}s"
 
 
 def list_namespaces() -> list[str]:

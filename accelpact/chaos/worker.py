@@ -16,6 +16,7 @@ It runs `accelpact.demo_worker` unchanged and adds two things around the protect
   With ``ACCELPACT_CHAOS_DWELL_PHASE=forward`` the ranks hold before the update's forward instead:
   forward's collectives stay inside a node (HSDP shards within a node), so an aligned cut first
   meets backward's cross-node gradient all-reduce, inside the update: the Rewind case.
+  An update holds only the first time it runs in an attempt, not again when a Rewind re-runs it.
 
 The attempt number is agreed through the job's store by `accelpact.init_process_group` (the
 demo worker uses it): TORCHELASTIC_RESTART_COUNT is counted per agent and diverges across nodes
@@ -105,8 +106,13 @@ def instrument(rt: Any, *, dwell: frozenset[int], dwell_s: float, marks: Marks,
     if dwell_phase not in DWELL_PHASES:
         raise ValueError(f"dwell phase must be one of {DWELL_PHASES}, got {dwell_phase!r}")
     if dwell and dwell_s > 0:
+        # once per update: a Rewind runs the update again (the runtime steps update_index back),
+        # and a second hold would add dwell_s to every Rewind's restore→progress
+        held: set[int] = set()
+
         def hold() -> None:
-            if rt.update_index in dwell:
+            if rt.update_index in dwell and rt.update_index not in held:
+                held.add(rt.update_index)
                 marks.write({"kind": "dwell", "attempt": attempt, "update": rt.update_index,
                              "t": time.monotonic(), "dwell_s": dwell_s, "phase": dwell_phase})
                 time.sleep(dwell_s)
