@@ -183,6 +183,7 @@ def _start_with_spares(backend, store, rank, launched, spares, timeout, on_loss=
         log.info("rank %d waits as a spare", rank)
         activation = pool.wait_for_claim(store, rank)  # SpareReleased when the job ends first
         m.position, m.world, m.activation = activation.position, activation.world, activation
+        m.world_size = activation.world_size  # the world it joins (no spare is offered after a shrink)
         log.warning("spare %d takes over rank %d in world %d", rank, m.position, m.world)
     else:
         m.position = rank

@@ -208,6 +208,55 @@ def test_a_copy_cut_off_midway_never_becomes_visible_and_the_last_complete_one_s
             r.stop()
 
 
+def test_a_copy_that_fails_to_pack_costs_that_copy_and_the_sender_goes_on(store):
+    """Found by review: the sender caught only OSError, ValueError and KeyError; anything else (a
+    store hiccup reading the holder's address, a layout that does not serialise) killed its
+    thread, and every later optimizer step waited the timeout for a pack nobody made."""
+    secret = Sealer(b"s" * 32, "job")
+    ring = _ring(store, [secret, secret])
+    try:
+        def broken():
+            raise TypeError("Object of type Tensor is not JSON serializable")
+
+        ring[0].offer(3, [("w", torch.zeros(4))], broken)
+        ring[0].wait_packed()
+        assert _wait(lambda: "TypeError" in ring[0].error), ring[0].stats()
+        layout = {"tensors": [["w", [4], "float32"]], "scalars": {}}
+        ring[0].offer(4, [("w", torch.ones(4))], lambda: layout)
+        t = time.perf_counter()
+        ring[0].wait_packed()
+        assert time.perf_counter() - t < 2.0  # the sender is alive: no timeout waited
+        assert _wait(lambda: ring[1].held.get(0, 4) is not None)
+    finally:
+        for r in ring:
+            r.stop()
+
+
+def test_a_frame_that_fails_authentication_is_refused_before_its_body_is_read(store):
+    """Found by review: a holder allocated and read the whole body before checking the header's
+    MAC, so a header claiming a huge size killed its receive thread with a MemoryError. It is now
+    refused at once, and a receive blocked in an accepted connection ends with stop()."""
+    secret = Sealer(b"s" * 32, "job")
+    ring = _ring(store, [secret, secret])
+    try:
+        where = json.loads(store.get(keys.neighbour_address(1)))
+        header = {"source": 0, "frontier": 5, "nbytes": 1 << 50, "digest": "0" * 64, "layout": {}, "mac": "forged"}
+        raw = json.dumps(header).encode()
+        with socket.create_connection((where["host"], where["port"]), timeout=5) as conn:
+            conn.sendall(b"APN1" + struct.pack(">I", len(raw)) + raw)
+            assert conn.recv(1) == b"R" and conn.recv(1) == b""  # refused, and closed
+        ring[0].offer(6, [("w", torch.zeros(4))], lambda: {"tensors": [["w", [4], "float32"]], "scalars": {}})
+        assert _wait(lambda: ring[1].held.get(0, 6) is not None)  # the holder still receives
+        idle = socket.create_connection((where["host"], where["port"]), timeout=5)
+        time.sleep(0.1)
+        ring[1].stop()
+        assert idle.recv(1) == b""  # its accepted connection was closed
+        idle.close()
+    finally:
+        for r in ring:
+            r.stop()
+
+
 def test_replicate_without_spares_is_refused_by_name():
     from accelpact.runtime.attach import _with_spares
 

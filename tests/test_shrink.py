@@ -247,3 +247,44 @@ def test_a_job_that_shrinks_at_a_save_takes_that_save_in_the_smaller_world():
 
     owed = [r for recs in load_traces(job.trace_dir).values() for r in recs if "owed" in r]
     assert sorted(r["step"] for r in owed if r.get("kind") == "checkpoint") == [4, 4], owed  # both who go on
+
+
+def test_no_spare_is_offered_once_the_job_shrank():
+    """Found by review: after a shrink a later loss could be decided a Replace with a spare still
+    waiting, but a spare joins the world it was launched for and its script builds the launch-time
+    groups, so the Replace could only wait out its join and reject. The register withholds the
+    spares once a shrink was decided, and the reject says why."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from accelpact.membership import keys, pool, register
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=5))
+    pool.register(store, 6)  # one spare, still free
+    paired = [dataclass_replace(r, replicas=(r.position % 2, r.position % 2 + 2), on_loss="reject")
+              for r in _hsdp(0, 1, 2)]
+    for r in paired:
+        register.post_presence(store, 7, r)
+    assert register._decide(store, 7, 4, [0, 1, 2], lambda p: {5}).replace  # no shrink yet: the spare takes it
+    store.set(keys.shrunk(), "4")
+    for r in paired:
+        register.post_presence(store, 8, r)
+    d = register._decide(store, 8, 4, [0, 1, 2], lambda p: {5})
+    assert d.outcome == "reject" and any("the job shrank" in why for why in d.reasons), d.reasons
+
+
+def test_the_register_marks_a_shrink_for_the_decisions_after_it():
+    import datetime
+
+    import torch.distributed as dist
+
+    from accelpact.membership import keys, register
+
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=5))
+    for r in _hsdp(0, 1, 2):
+        register.post_presence(store, 3, r)
+    d = register._decide(store, 3, 4, [0, 1, 2], lambda p: {5})
+    assert d.outcome == "shrink" and store.get(keys.shrunk()) == b"4"

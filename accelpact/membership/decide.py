@@ -187,7 +187,8 @@ def agreed_frontier(reports: Sequence[Presence]) -> tuple[int, tuple[int, ...], 
 
 
 def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence], free_spares: Sequence[int],
-                      small_state_at: Mapping[int, Collection[int]], peer_rejected: str = "") -> MembershipDecision:
+                      small_state_at: Mapping[int, Collection[int]], peer_rejected: str = "",
+                      spares_withheld: str = "") -> MembershipDecision:
     """The membership decision of `world` from the survivors' `reports`.
 
     `free_spares`: launch ids of the spares alive and not yet claimed, in the order to use them.
@@ -195,7 +196,8 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     slots; empty: none arrived). `peer_rejected`: the reason of a reject that ended the job while
     this change waited (a peer whose boundary check passed met this change inside its own
     recovery and rejected it): the positions that rejected are gone, but were never lost, and
-    nothing can be rebuilt around them."""
+    nothing can be rebuilt around them. `spares_withheld`: why no spare may be used (then
+    `free_spares` is empty), named among the reasons of a reject."""
     present = tuple(sorted({r.position for r in reports}))
     here = set(present)
     lost = tuple(p for p in range(world_size) if p not in here)
@@ -228,7 +230,8 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
                                       replicas_after=plan.replicas_after, save_owed=owed, **base)
         reasons.extend(f"cannot shrink: {why}" for why in plan.reasons)
     if len(free_spares) < len(lost):
-        reasons.append(f"{len(lost)} rank(s) lost ({list(lost)}) but {len(free_spares)} spare(s) free")
+        withheld = f" ({spares_withheld})" if spares_withheld else ""
+        reasons.append(f"{len(lost)} rank(s) lost ({list(lost)}) but {len(free_spares)} spare(s) free{withheld}")
     assign = dict(zip(lost, free_spares))
     holders: dict[int, tuple[int, ...]] = {}
     source: dict[int, int] = {}

@@ -46,6 +46,11 @@ def agent_of(launch_rank: int) -> str:
     return f"membership/agent/{launch_rank}"
 
 
+def shrunk() -> str:
+    """Set (to the world it built) once a shrink was decided: no spare is offered after it."""
+    return "membership/shrunk"
+
+
 def lost_holders() -> str:
     """The launch ranks of the processes declared lost, appended "r," by each decision."""
     return "membership/lost-holders"

@@ -24,6 +24,11 @@ from .decide import MembershipDecision, Presence, decide_membership
 
 log = logging.getLogger("accelpact.membership")
 
+#: Why no spare is offered once the job shrank: a spare joins with the launch-time world and its
+#: script builds the launch-time groups, not the smaller world's renumbered ones (found by review:
+#: such a Replace could only wait out its join and reject).
+SPARES_AFTER_SHRINK = "the job shrank, and a spare would join the world it was launched for, not the smaller one"
+
 
 class Heartbeat:
     """This position's pulse in the store, from a thread of its own and a store client of its own
@@ -154,14 +159,18 @@ def _decide(store, world, world_size, present, small_state_at, peer_rejected: st
     reports = [Presence.from_json(json.loads(store.get(keys.present(world, p)))) for p in present]
     here = set(present)
     lost = [p for p in range(world_size) if p not in here]
+    shrunk = store.check([keys.shrunk()])
     decision = decide_membership(world=world, world_size=world_size, reports=reports,
-                                 free_spares=pool.free_spares(store),
-                                 small_state_at={p: small_state_at(p) for p in lost}, peer_rejected=peer_rejected)
+                                 free_spares=[] if shrunk else pool.free_spares(store),
+                                 small_state_at={p: small_state_at(p) for p in lost}, peer_rejected=peer_rejected,
+                                 spares_withheld=SPARES_AFTER_SHRINK if shrunk else "")
     value = json.dumps(decision.to_json())
     got = store.compare_set(keys.decision(world), "", value)
     got = got.decode() if isinstance(got, bytes) else got
     if got != value:  # a peer decided first: its value is the decision
         return MembershipDecision.from_json(json.loads(got))
+    if decision.shrink:
+        store.set(keys.shrunk(), str(world + 1))
     if decision.replace or decision.shrink:
         store.add(keys.lost_total(), len(decision.lost))
         # who held each lost position (read before any spare is claimed and writes its own id):

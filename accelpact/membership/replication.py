@@ -46,6 +46,8 @@ from .neighbour import HeldCopies, NeighbourCopy, holder_of
 log = logging.getLogger("accelpact.membership")
 
 _MAGIC = b"APN1"
+#: The largest frame header a holder reads (its layout: ~60 bytes per tensor, so a million tensors).
+MAX_HEADER_BYTES = 64 << 20
 _ACK, _REFUSED = b"K", b"R"
 
 
@@ -111,6 +113,7 @@ class NeighbourReplicator:
         self._conn: socket.socket | None = None
         self._conn_world: int | None = None
         self._closing = False
+        self._accepted: set[socket.socket] = set()  # connections accepted and still read from
         self._server = socket.create_server((local_address(store_host), 0))
         connections.service_port(self._server.getsockname()[1])  # never severed with a gloo group
         host, port = self._server.getsockname()[:2]
@@ -162,7 +165,12 @@ class NeighbourReplicator:
         with self._slot:
             self._closing = True
             self._slot.notify_all()
-        for s in (self._server, self._conn):
+        for conn in list(self._accepted):  # a shutdown wakes the receive blocked in it; a close alone does not
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for s in (self._server, self._conn, *list(self._accepted)):
             if s is not None:
                 try:
                     s.close()
@@ -199,25 +207,35 @@ class NeighbourReplicator:
             return item
 
     def _send_loop(self) -> None:
+        """Pack and send each offer. Whatever one copy meets (the store unreachable for the
+        holder's address, a layout that does not serialise, a socket error) costs that copy
+        alone: a thread that died left every later optimizer step waiting its timeout for a
+        pack nobody would make (found by review)."""
         while (item := self._take()) is not None:
             frontier, moved, describe = item
             t = time.perf_counter()
+            buf = layout = None
             try:
                 buf, layout = self._pack(moved), describe()
+            except Exception as exc:  # noqa: BLE001 - this copy is lost; the cause is kept in `error`
+                self._lost(frontier, exc)
             finally:
                 del moved, item, describe  # the training thread's tensors are not read after this
                 with self._slot:
                     self._packing, torn = False, self._torn
                     self._slot.notify_all()
             self.pack_s += time.perf_counter() - t
-            if torn:
+            if torn or buf is None:
                 continue
             try:
                 self._send(frontier, buf, layout)
-            except (OSError, ValueError, KeyError) as exc:  # one copy lost; the decision sees it is missing
-                self.error = f"copy of F={frontier} to rank {self.holder}: {type(exc).__name__}: {exc}"
-                log.warning("neighbour copy failed: %s", self.error, extra={"position": self.position})
+            except Exception as exc:  # noqa: BLE001 - one copy lost; the decision sees it is missing
+                self._lost(frontier, exc)
                 self._drop_connection()
+
+    def _lost(self, frontier: int, exc: BaseException) -> None:
+        self.error = f"copy of F={frontier} to rank {self.holder}: {type(exc).__name__}: {exc}"
+        log.warning("neighbour copy failed: %s", self.error, extra={"position": self.position})
 
     def _send(self, frontier: int, buf: torch.Tensor, layout: dict) -> None:
         t = time.perf_counter()
@@ -267,10 +285,17 @@ class NeighbourReplicator:
                 conn, _ = self._server.accept()
             except OSError:
                 return  # closed by stop()
+            self._accepted.add(conn)  # stop() closes it: a receive blocked in it then ends
             threading.Thread(target=self._receive_loop, args=(conn,), name="accelpact-neighbour-recv",
                              daemon=True).start()
 
     def _receive_loop(self, conn: socket.socket) -> None:
+        try:
+            self._receive_all(conn)
+        finally:
+            self._accepted.discard(conn)
+
+    def _receive_all(self, conn: socket.socket) -> None:
         with conn:
             while not self._closing:
                 try:
@@ -283,26 +308,29 @@ class NeighbourReplicator:
                     return
 
     def _receive_one(self, conn: socket.socket) -> bool:
+        conn.settimeout(None)  # idle between copies: a sender offers one per update
         first = conn.recv(4)
         if not first:
             return False  # the sender closed between copies
+        conn.settimeout(self.timeout_s)  # inside a frame: a sender that vanished must not hold this thread
         magic = first + _recv_exact(conn, 4 - len(first)) if len(first) < 4 else first
         if magic != _MAGIC:
             raise ValueError(f"not a neighbour copy frame: {magic!r}")
         (length,) = struct.unpack(">I", _recv_exact(conn, 4))
+        if length > MAX_HEADER_BYTES:
+            raise ValueError(f"a neighbour copy header of {length} bytes (at most {MAX_HEADER_BYTES})")
         header = json.loads(_recv_exact(conn, length))
         source, frontier = int(header["source"]), int(header["frontier"])
         authentic = hmac.compare_digest(str(header.get("mac", "")), _frame_mac(self._sealer(), header))
-        nbytes = int(header["nbytes"])
-        if authentic:
-            self._recycle(self.held.begin(source, frontier))
-        data = self._reused.pop() if self._reused and len(self._reused[-1]) == nbytes else bytearray(nbytes)
-        _recv_into(conn, memoryview(data))
-        if not authentic:
+        if not authentic:  # refused before its body is read or any memory is given to it
             conn.sendall(_REFUSED)
             log.warning("refused a neighbour copy claiming rank %d at F=%d: its header fails authentication",
                         source, frontier, extra={"position": self.position})
-            return True
+            return False  # the connection closes: its body is never read
+        nbytes = int(header["nbytes"])
+        self._recycle(self.held.begin(source, frontier))
+        data = self._reused.pop() if self._reused and len(self._reused[-1]) == nbytes else bytearray(nbytes)
+        _recv_into(conn, memoryview(data))
         self._recycle(self.held.complete(NeighbourCopy(source=source, frontier=frontier,
                                                        digest=str(header["digest"]), layout=header["layout"],
                                                        data=data)))

@@ -61,13 +61,15 @@ def go_on_smaller(rt: Runtime, m: Membership, change: MemberChange, undo: bool, 
     mc.restore_frontier(rt, change, undo, clock)
     old_rank, new_rank, new_size = rt.rank, d.renumber[rt.rank], len(d.renumber)
     old_groups, old_gids = dict(rt.data_plane.groups), dict(rt.data_plane.gids)
+    # the new number before the new world: the heartbeat and a failed rebuild's vote then name this
+    # rank's position in world+1, never its old one (another member's there: found by review)
+    _renumber(rt, new_rank, new_size, d.frontier)
     m.world, m.world_size, m.position = change.world + 1, new_size, new_rank
     world.init_world(m.store, m.world, position=new_rank, world_size=new_size, backend=m.backend, timeout=m.timeout,
                      connect_timeout=datetime.timedelta(seconds=mc.join_timeout_s(rt)))
     m.store.set(keys.holder(new_rank), str(m.launch_rank))  # who holds the new position, for a later loss
     rt.recipe = world.translated(rt.recipe, d.renumber)
     built = world.replay(rt.recipe, build_timeout_s=rt.config.control_timeout_s)
-    _renumber(rt, new_rank, new_size, d.frontier)
     mc.trace_event(rt, "world_built", world=m.world, renumbered_from=old_rank)
     clock.lap("rebuild")
     control = mc.rebuild_control_plane(rt)
