@@ -609,3 +609,22 @@ def test_a_member_that_will_vote_against_still_probes_the_rebuilt_groups(monkeyp
     member_change.validate_and_release(rt, SimpleNamespace(store=None, world=1, world_size=2), None, change,
                                        SimpleNamespace(lap=lambda name: None))
     assert probed == [1] and votes == [(False, "rank 0: restore failed")]
+
+
+def test_a_ddp_whose_constructor_cannot_be_told_is_not_offered_a_replace(monkeypatch):
+    """Found by review: torch 2.13's `forward_sync_buffers=False` still syncs buffers at
+    construction while `broadcast_buffers=False` does not, and the object keeps only the former:
+    the survivors mirrored the wrong collective for a spare, and the Replace timed out."""
+    from types import SimpleNamespace
+
+    from accelpact.membership import mirror
+
+    bn = torch.nn.BatchNorm1d(4)
+    plain = torch.nn.Linear(4, 4)
+    cases = [(SimpleNamespace(forward_sync_buffers=True, module=bn), ""),
+             (SimpleNamespace(forward_sync_buffers=False, module=plain), ""),  # no buffers: nothing to sync
+             (SimpleNamespace(forward_sync_buffers=False, module=bn), "cannot be mirrored")]
+    for ddp, expected in cases:
+        monkeypatch.setattr(mirror, "ddp_modules", lambda model, ddp=ddp: [ddp])
+        why = mirror.unmirrorable(torch.nn.Module())
+        assert (expected in why) if expected else why == "", (ddp, why)

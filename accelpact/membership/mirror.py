@@ -16,9 +16,9 @@ leaves the spare's wrapper unlike theirs. DDP does both (torch 2.13,
   afresh (`fresh_reducer`) so that both sides start from the same layout and rebuild together.
 
 FSDP2's ``fully_shard`` and FSDP1 with given process groups run no collective at construction:
-nothing to mirror. Assumed: DDP built with ``init_sync=True`` (the default), and buffers synced at
-init unless ``forward_sync_buffers`` is off (``broadcast_buffers=False``); another construction
-makes the spare and the survivors disagree, which the join timeout turns into a Reject."""
+nothing to mirror. Assumed: DDP built with ``init_sync=True`` (the default). A DDP with buffers and
+their forward sync off is not offered a Replace (`unmirrorable`); another construction makes the
+spare and the survivors disagree, which the join timeout turns into a Reject."""
 
 from __future__ import annotations
 
@@ -31,6 +31,20 @@ from torch.nn.parallel import DistributedDataParallel
 
 def ddp_modules(model: nn.Module) -> list[DistributedDataParallel]:
     return [m for m in model.modules() if isinstance(m, DistributedDataParallel)]
+
+
+def unmirrorable(model: nn.Module) -> str:
+    """Why the survivors cannot mirror a DDP constructor of `model` for a spare ("" when they can).
+    torch 2.13 syncs buffers at construction unless `broadcast_buffers=False` was given, also with
+    `forward_sync_buffers=False`, and the object keeps only the latter: with buffers and forward
+    sync off, whether the spare's constructor broadcasts them cannot be told, and a guess that is
+    wrong mismatches its collectives (found by review)."""
+    for ddp in ddp_modules(model):
+        if not ddp.forward_sync_buffers and any(True for _ in ddp.module.buffers()):
+            return ("a DDP model with buffers and their forward sync off (broadcast_buffers=False or "
+                    "forward_sync_buffers=False): whether its constructor synced them cannot be told, so a "
+                    "spare's constructor cannot be mirrored")
+    return ""
 
 
 def mirror_ddp_construction(ddp: DistributedDataParallel, group: dist.ProcessGroup) -> None:

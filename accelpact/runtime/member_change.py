@@ -105,7 +105,9 @@ def presence_of(rt: Runtime, phase: FailurePhase, at_check: bool = False) -> tup
                                         f"{rt.platform} at {phase} (envelope {rt.envelope_source}; `accelpact qualify` "
                                         "probes it)")
     late = world.groups_made_after_attach(rt.recipe)
-    qualified, unqualified = qualified and not late, "; ".join(x for x in (unqualified, late) if x)
+    unmirrored = mirror.unmirrorable(rt.model)
+    qualified = qualified and not late and not unmirrored
+    unqualified = "; ".join(x for x in (unqualified, late, unmirrored) if x)
     copies, copy_faults = neighbours.audit(rt)
     shard = rt.data_plane.gids.get("shard")
     no_shrink = shrink.shrink_refusal(rt)
