@@ -283,3 +283,15 @@ def test_attach_says_once_why_no_boundary_will_be_deferred(monkeypatch, caplog):
     with caplog.at_level(logging.WARNING, logger="accelpact.runtime"):
         attach._same_settings_everywhere(rt, envelope, "fsdp2", "cpu-gloo", has_data_cursor=True, rewind_refused="")
     assert "synchronously" not in caplog.text
+
+
+def test_a_check_fault_is_refused_with_deferred_boundaries():
+    """Found by review: a deferred boundary's check runs on its own thread, where no after-check
+    hook runs, so `kill@U:check:R` and `miss@U:check:R` never fired and the drill seemed to pass."""
+    import importlib
+
+    attach = importlib.import_module("accelpact.runtime.attach")
+    with pytest.raises(ConfigError, match="miss@3:check:1 strike at a boundary check"):
+        attach._injector("miss@3:check:1", False, 0, 2, 0, Config(boundary="deferred"))
+    assert attach._injector("miss@3:check:1", False, 0, 2, 0, Config()) is not None  # synchronous: it fires
+    assert attach._injector("skip@3:committed:1", False, 0, 2, 0, Config(boundary="deferred")) is not None

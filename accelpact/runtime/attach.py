@@ -249,10 +249,16 @@ def _checkpointing(rt: Runtime, config: Config, rank: int) -> None:
 def _injector(faults, every_attempt: bool, rank: int, world_size: int, attempt: int,
               config: Config) -> FaultInjector | None:
     if faults is None:
-        return FaultInjector.from_env(rank=rank, world_size=world_size, attempt=attempt,
-                                      data_timeout_s=config.data_timeout_s)
-    return FaultInjector.for_attempt(faults, rank=rank, world_size=world_size, attempt=attempt,
-                                     data_timeout_s=config.data_timeout_s, every_attempt=every_attempt)
+        injector = FaultInjector.from_env(rank=rank, world_size=world_size, attempt=attempt,
+                                          data_timeout_s=config.data_timeout_s)
+    else:
+        injector = FaultInjector.for_attempt(faults, rank=rank, world_size=world_size, attempt=attempt,
+                                             data_timeout_s=config.data_timeout_s, every_attempt=every_attempt)
+    checks = [str(f) for f in injector.plan.faults if f.phase == "check"] if injector is not None else []
+    if checks and config.boundary == "deferred":  # a deferred check has no after-check point to strike at
+        raise ConfigError(f"fault(s) {', '.join(checks)} strike at a boundary check, which a deferred boundary "
+                          "(Config.boundary='deferred') runs on its own thread: they would never fire")
+    return injector
 
 
 def _build(model, optimizer, data_state, config: Config, envelope: Envelope | None, profile: str,
