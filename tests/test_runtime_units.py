@@ -348,3 +348,19 @@ def test_a_vote_that_could_not_be_posted_names_its_own_cause_in_the_reject():
     outcome = drive(machine, obs, OneRank()).outcome
     assert outcome.action is RecoveryAction.REJECT
     assert outcome.reasons == ("posting the release vote failed: DistNetworkError: Broken pipe",), outcome.reasons
+
+
+def test_a_failed_late_discovery_travels_with_the_updates_own_error():
+    """Found by review: when FSDP1's first forward failed before its lazy init, the discovery's
+    failure was only logged, and the Rewind then failed in rebind with a bare "KeyError: 'shard'"."""
+    from accelpact.fsm.phases import FailurePhase
+    from accelpact.runtime.late_discovery import discover_late
+
+    def prepare():
+        raise KeyError("shard")
+
+    rt = SimpleNamespace(prepare=prepare)
+    error = RuntimeError("Connection closed by peer")
+    got, phase = discover_late(rt, error, FailurePhase.FORWARD, line_up=False)
+    assert got is error and phase is FailurePhase.FORWARD
+    assert any("rebind plans could not be discovered: KeyError" in note for note in error.__notes__)

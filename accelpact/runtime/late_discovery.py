@@ -21,6 +21,9 @@ def discover_late(rt, error: BaseException | None, phase: FailurePhase | None, *
         log.error("rebind discovery failed: %s: %s", type(exc).__name__, exc)
         if error is None:
             error, phase = exc, FailurePhase.COMMITTED
+        else:  # the update failed too: its error is the boundary's, and carries why rebind cannot work (not
+            # tried again later: every rank lines up after discovery alike, and a retry would be one rank's)
+            error.add_note(f"accelpact: rebind plans could not be discovered: {type(exc).__name__}: {exc}")
     try:
         if line_up:
             rt.control.boundary_check(0)
