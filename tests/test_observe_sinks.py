@@ -297,3 +297,27 @@ def test_a_rejects_span_is_exported_before_the_fail_stop_exit(monkeypatch, capfd
     obs.on_reject(_evidence(action="reject", cause_kind="bug", reasons=["ValueError: bad shape"]))
     out = capfd.readouterr().out  # no close(): the process would exit now
     assert '"name": "accelpact.reject"' in out and '"name": "accelpact.preserve"' in out
+
+
+def test_after_a_shrink_the_replicas_gauge_and_the_straggler_window_are_the_smaller_worlds():
+    """Found by review: both were bound at attach, so after a shrink `accelpact_replicas` kept the
+    old count and the straggler gauges read the discarded window forever."""
+    from accelpact.stragglers import StragglerReport
+
+    now = [10.0]
+    replicas, window = [3], ["old"]
+    reports = {"old": StragglerReport(samples=20, window=20, factor=2.0, p50=(0.1,) * 6, p90=(0.1,) * 6,
+                                      stragglers=(5,)),
+               "new": StragglerReport(samples=0, window=20, factor=2.0, p50=(0.1,) * 4, p90=(0.1,) * 4,
+                                      stragglers=())}
+    position = [5]
+    obs = prom.PrometheusObserver(rank=5, replicas=lambda: replicas[0], clock=lambda: now[0],
+                                  stragglers=lambda: reports[window[0]], position=lambda: position[0])
+    now[0] += 2.0
+    obs.on_commit(1, 0)
+    assert _sample("accelpact_replicas", rank="5") == 3 and _sample("accelpact_straggler", rank="5") == 1
+    replicas[0], window[0], position[0] = 2, "new", 3  # the shrink: fewer replicas, renumbered, a new window
+    obs.on_recovery(_evidence(rank=5, action="shrink", detect_s=0.5, repair_s=0.1))
+    now[0] += 0.1  # within the once-a-second refresh: a recovery makes the next commit read it
+    obs.on_commit(2, 1)
+    assert _sample("accelpact_replicas", rank="5") == 2 and _sample("accelpact_straggler", rank="5") == 0

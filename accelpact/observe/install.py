@@ -53,8 +53,13 @@ def _prometheus(rt: Runtime, env: Mapping[str, str]) -> RecoveryObserver | None:
         log.warning("metrics are configured but prometheus_client is not installed (%s): no metrics "
                     "(pip install prometheus_client, or accelpact[observe])", exc)
         return None
-    replicas = rt.data_plane.gids.get("replicate")
+    def replicas() -> int:  # read at each recovery: a shrink leaves fewer
+        group = rt.data_plane.gids.get("replicate")
+        return len(group.ranks) if group else 1
+
     port = None if config.metrics_port is None else metrics_port(config.metrics_port, rt.rank, env)
-    return PrometheusObserver(rank=rt.rank, replicas=len(replicas.ranks) if replicas else 1, port=port,
+    # `rt.stragglers` looked up at each read: a shrink replaces it (the old window was kept forever)
+    return PrometheusObserver(rank=rt.rank, replicas=replicas, port=port,
                               textfile=config.metrics_textfile, window_s=config.metrics_window_s,
-                              frontier=rt.frontier, generation=rt.generation, stragglers=rt.stragglers.report)
+                              frontier=rt.frontier, generation=rt.generation,
+                              stragglers=lambda: rt.stragglers.report(), position=lambda: rt.rank)

@@ -108,10 +108,11 @@ def textfile_path(template: str, rank: int) -> Path:
 class PrometheusObserver:
     """A `RecoveryObserver` that keeps the rank's metrics current."""
 
-    def __init__(self, *, rank: int, replicas: int, port: int | None = None, textfile: str | None = None,
+    def __init__(self, *, rank: int, replicas: int | Callable[[], int], port: int | None = None,
+                 textfile: str | None = None,
                  window_s: float = 300.0, frontier: int = 0, generation: int = 0,
                  stragglers: Callable[[], StragglerReport] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, position: Callable[[], int] | None = None):
         self.m = process_metrics()
         self.rank, self.label = rank, str(rank)
         self.port = port if port is not None and self.m.serve(port) else None
@@ -123,8 +124,12 @@ class PrometheusObserver:
         self._recovered_at: float | None = None  # a recovery ended; the next commit is the first update
         self._written = 0.0
         self.stragglers = stragglers  # rt.stragglers.report: the same verdict on every rank
+        #: this rank's index in the world now (a shrink renumbers it; the label stays the rank's at attach)
+        self.position = position if position is not None else (lambda r=rank: r)
         self._stragglers_at: float | None = None
-        self.m.replicas.labels(self.label).set(replicas)
+        #: read again after each recovery: a shrink leaves fewer replicas (a number: fixed)
+        self.replicas = replicas if callable(replicas) else (lambda n=replicas: n)
+        self.m.replicas.labels(self.label).set(self.replicas())
         self._gauges(frontier, generation)
 
     def on_commit(self, frontier: int, generation: int) -> None:
@@ -169,6 +174,8 @@ class PrometheusObserver:
         keeps_update = ev.action == "preserve" and ev.phase == "committed"
         self.window.incident(now, lost_s=detect + ev.repair_s if keeps_update else None)
         self._boundary = now
+        self.m.replicas.labels(self.label).set(self.replicas())
+        self._stragglers_at = None  # a shrink starts a new straggler window: read it at the next commit
         self._gauges(ev.frontier, ev.generation)
         if self.textfile is not None:
             self._write(now)
@@ -186,12 +193,13 @@ class PrometheusObserver:
                                        and now - self._stragglers_at < STRAGGLERS_EVERY_S):
             return
         self._stragglers_at = now
-        report = self.stragglers()
-        if report.samples == 0 or self.rank >= len(report.p50):
+        report, me = self.stragglers(), self.position()
+        if report.samples == 0 or me >= len(report.p50):
+            self.m.straggler.labels(self.label).set(0)  # a new window (after a shrink) has named nobody yet
             return
-        self.m.update_seconds.labels(self.label, "0.5").set(report.p50[self.rank])
-        self.m.update_seconds.labels(self.label, "0.9").set(report.p90[self.rank])
-        self.m.straggler.labels(self.label).set(1 if self.rank in report.stragglers else 0)
+        self.m.update_seconds.labels(self.label, "0.5").set(report.p50[me])
+        self.m.update_seconds.labels(self.label, "0.9").set(report.p90[me])
+        self.m.straggler.labels(self.label).set(1 if me in report.stragglers else 0)
 
     def _write(self, now: float) -> None:
         from prometheus_client import write_to_textfile
