@@ -9,6 +9,8 @@ a survivor's presence, in one process."""
 
 from types import SimpleNamespace
 
+import torch
+
 from accelpact.comm import _c10d
 from accelpact.config import Config
 from accelpact.fsm.phases import FailurePhase
@@ -25,7 +27,7 @@ def _survivor(recipe: world.WorldRecipe) -> SimpleNamespace:
         rank=1, frontier=4, opt_step=4, update_index=5, generation=0, _recoveries=1, data_state=None, rewind=rewind,
         data_plane=SimpleNamespace(gids={}), envelope=SimpleNamespace(replace_phases=(FailurePhase.FORWARD,)),
         profile="fsdp2-hsdp", platform="cpu-gloo", envelope_source="test", recipe=recipe, neighbours=None,
-        config=Config(), checkpointer=None)
+        config=Config(), checkpointer=None, model=torch.nn.Linear(2, 2))
 
 
 def test_a_survivor_that_lost_a_member_in_the_save_of_its_frontier_says_the_save_is_owed(monkeypatch):
