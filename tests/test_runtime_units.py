@@ -234,20 +234,15 @@ def test_a_body_run_to_its_end_counts_in_tau_before_its_boundary_check(monkeypat
     assert seen["tau"] == 4
 
 
-def test_a_handler_that_raises_is_its_ranks_vote_not_an_escape_from_the_protocol():
-    """Found by review: `drive` called each handler bare. A user's data_state.load_state_dict that
-    raised AttributeError inside the Rewind's restore left this rank's machine in Replace, posted no
-    vote, and reached the user as a raw error while its peers waited for it in their collectives.
-    The handler's error is now its failure value: this rank votes against release, and the recovery
-    rejects with the cause named."""
+def _drive_one_rank(phase, *, opt_step: int, **handlers):
+    """One recovery of a one-rank world through `drive`: every handler succeeds but those given
+    (name -> function of the effect); returns the outcome."""
     from accelpact.fsm import effects as fx
     from accelpact.fsm.decisions import GroupId
     from accelpact.fsm.driver import Observation
     from accelpact.fsm.machine import RecoveryContext, RecoveryMachine
-    from accelpact.fsm.phases import FailurePhase, RecoveryAction
+    from accelpact.fsm.phases import FailurePhase
     from accelpact.runtime.recovery import drive
-
-    votes = []
 
     class OneRank(fx.Executor):
         def quiesce(self, effect):
@@ -257,7 +252,7 @@ def test_a_handler_that_raises_is_its_ranks_vote_not_an_escape_from_the_protocol
             return [effect.report]
 
         def restore_boundary(self, effect):
-            raise AttributeError("'Loader' object has no attribute 'load_state_dict'")
+            return fx.StepResult(True)
 
         def replace_groups(self, effect):
             return fx.StepResult(True)
@@ -269,22 +264,45 @@ def test_a_handler_that_raises_is_its_ranks_vote_not_an_escape_from_the_protocol
             return fx.StepResult(True)
 
         def vote_release(self, effect):
-            votes.append((effect.ok, effect.reason))
             return "resume" if effect.ok else "reject"
 
         def force_reject(self, effect):
             return "reject"
 
+    executor = OneRank()
+    for name, handler in handlers.items():
+        setattr(executor, name, handler)
     group = (GroupId("replicate", (0,)),)
-    obs = Observation(rank=0, world_size=1, frontier=3, generation=0, opt_step=3,
-                      failure_phase=FailurePhase.BACKWARD, saw_failure=True, failed_groups=group, cause="timeout",
-                      rewind_phases=(FailurePhase.BACKWARD,), rerun_ok=True, rerun_reason="", held_groups=group)
+    rewind = {} if phase is FailurePhase.COMMITTED else {"rewind_phases": (phase,), "rerun_ok": True,
+                                                          "rerun_reason": ""}
+    obs = Observation(rank=0, world_size=1, frontier=3, generation=0, opt_step=opt_step, failure_phase=phase,
+                      saw_failure=True, failed_groups=group, cause="timeout", held_groups=group, **rewind)
     machine = RecoveryMachine(RecoveryContext(0))
     machine.fire("commit_update")
-    driven = drive(machine, obs, OneRank())
-    assert driven.outcome.action is RecoveryAction.REJECT
+    return drive(machine, obs, executor).outcome
+
+
+def test_a_handler_that_raises_is_its_ranks_vote_not_an_escape_from_the_protocol():
+    """Found by review: `drive` called each handler bare. A user's data_state.load_state_dict that
+    raised AttributeError inside the Rewind's restore left this rank's machine in Replace, posted no
+    vote, and reached the user as a raw error while its peers waited for it in their collectives.
+    The handler's error is now its failure value: this rank votes against release, and the recovery
+    rejects with the cause named."""
+    from accelpact.fsm.phases import FailurePhase, RecoveryAction
+
+    votes = []
+
+    def restore(effect):
+        raise AttributeError("'Loader' object has no attribute 'load_state_dict'")
+
+    def vote(effect):
+        votes.append((effect.ok, effect.reason))
+        return "resume" if effect.ok else "reject"
+
+    outcome = _drive_one_rank(FailurePhase.BACKWARD, opt_step=3, restore_boundary=restore, vote_release=vote)
+    assert outcome.action is RecoveryAction.REJECT
     assert votes and votes[0][0] is False and "restore raised AttributeError" in votes[0][1]
-    assert any("restore raised AttributeError" in r for r in driven.outcome.reasons), driven.outcome.reasons
+    assert any("restore raised AttributeError" in r for r in outcome.reasons), outcome.reasons
 
 
 def test_a_reject_without_the_protocol_records_the_phase_the_update_failed_in(monkeypatch):
@@ -308,46 +326,13 @@ def test_a_vote_that_could_not_be_posted_names_its_own_cause_in_the_reject():
     """Found by review: a rank whose vote failed (a broken pipe to the store) forced the reject
     and then recorded "a peer voted against release" in its evidence and incident."""
     from accelpact.fsm import effects as fx
-    from accelpact.fsm.decisions import GroupId
-    from accelpact.fsm.driver import Observation
-    from accelpact.fsm.machine import RecoveryContext, RecoveryMachine
     from accelpact.fsm.phases import FailurePhase, RecoveryAction
-    from accelpact.runtime.recovery import drive
 
-    class OneRank(fx.Executor):
-        def quiesce(self, effect):
-            return fx.GuardVerdict(True)
-
-        def gather_reports(self, effect):
-            return [effect.report]
-
-        def restore_boundary(self, effect):
-            return fx.StepResult(True)
-
-        def replace_groups(self, effect):
-            return fx.StepResult(True)
-
-        def rebind_references(self, effect):
-            return fx.StepResult(True)
-
-        def validate_groups(self, effect):
-            return fx.StepResult(True)
-
-        def vote_release(self, effect):
-            return fx.ControlPlaneFailure("posting the release vote failed: DistNetworkError: Broken pipe")
-
-        def force_reject(self, effect):
-            return "reject"
-
-    group = (GroupId("replicate", (0,)),)
-    obs = Observation(rank=0, world_size=1, frontier=3, generation=0, opt_step=4,
-                      failure_phase=FailurePhase.COMMITTED, saw_failure=True, failed_groups=group, cause="timeout",
-                      held_groups=group)
-    machine = RecoveryMachine(RecoveryContext(0))
-    machine.fire("commit_update")
-    outcome = drive(machine, obs, OneRank()).outcome
+    failure = "posting the release vote failed: DistNetworkError: Broken pipe"
+    outcome = _drive_one_rank(FailurePhase.COMMITTED, opt_step=4,
+                              vote_release=lambda effect: fx.ControlPlaneFailure(failure))
     assert outcome.action is RecoveryAction.REJECT
-    assert outcome.reasons == ("posting the release vote failed: DistNetworkError: Broken pipe",), outcome.reasons
+    assert outcome.reasons == (failure,), outcome.reasons
 
 
 def test_a_failed_late_discovery_travels_with_the_updates_own_error():
