@@ -194,7 +194,8 @@ def test_a_copy_cut_off_midway_never_becomes_visible_and_the_last_complete_one_s
         ring[0].offer(4, [("w", torch.zeros(8))], lambda: {"tensors": [], "scalars": {}})
         assert _wait(lambda: ring[1].held.get(0, 4) is not None)
         where = json.loads(store.get(keys.neighbour_address(1)))
-        header = {"source": 0, "frontier": 5, "nbytes": 1 << 20, "digest": "0" * 64, "layout": {}}
+        header = {"source": 0, "frontier": 5, "nbytes": 1 << 20, "digest": "0" * 64, "layout": {},
+                  "sender": "cut-sender", "seq": 1}  # fresh and authentic: only its body is cut
         from accelpact.membership.replication import _frame_mac
 
         header["mac"] = _frame_mac(secret, header)
@@ -252,6 +253,44 @@ def test_a_frame_that_fails_authentication_is_refused_before_its_body_is_read(st
         ring[1].stop()
         assert idle.recv(1) == b""  # its accepted connection was closed
         idle.close()
+    finally:
+        for r in ring:
+            r.stop()
+
+
+def test_a_frame_sent_again_is_refused_and_an_older_senders_too(store):
+    """Found by review: the frame's MAC had no freshness, so a frame captured on the network and
+    sent again within one attach was taken (the copy of F from before a Rewind could replace the
+    re-run's copy of F, or an old label void every newer copy). Each frame now carries its
+    sender's incarnation and a number, under the MAC."""
+    from accelpact.membership.replication import _frame_mac
+
+    secret = Sealer(b"s" * 32, "job")
+    ring = _ring(store, [secret, secret])
+    where = json.loads(store.get(keys.neighbour_address(1)))
+
+    def frame(frontier: int, sender: str, seq: int, fill: int) -> bytes:
+        body = bytes([fill]) * 16
+        header = {"source": 0, "frontier": frontier, "nbytes": len(body), "digest": "0" * 64,
+                  "layout": {"tensors": [["w", [4], "float32"]], "scalars": {}}, "sender": sender, "seq": seq}
+        header["mac"] = _frame_mac(secret, header)
+        raw = json.dumps(header).encode()
+        return b"APN1" + struct.pack(">I", len(raw)) + raw + body
+
+    def send(raw: bytes) -> bytes:
+        with socket.create_connection((where["host"], where["port"]), timeout=5) as conn:
+            conn.sendall(raw)
+            return conn.recv(1)
+
+    try:
+        first = frame(5, "a", 1, 0xAA)
+        assert send(first) == b"K" and send(frame(5, "a", 2, 0xBB)) == b"K"  # a Rewind's re-run: F=5 again
+        assert bytes(ring[1].held.get(0, 5).data) == b"\xbb" * 16
+        assert send(first) == b"R"  # the same frame again
+        assert bytes(ring[1].held.get(0, 5).data) == b"\xbb" * 16
+        assert send(frame(6, "b", 1, 0xCC)) == b"K"  # a new sender (a spare took rank 0 over)
+        assert send(frame(7, "a", 3, 0xDD)) == b"R"  # the one it replaced, though numbered higher
+        assert ring[1].held.frontiers(0)[-1] == 6
     finally:
         for r in ring:
             r.stop()

@@ -13,7 +13,10 @@ Why a socket of its own, not a process group: the copy must outlive the groups a
 retires and rebuilds, a broken connection must only lose one copy (never a collective's
 peers), and the receiver must be able to tell a complete copy from a partial one. Each frame's
 header is authenticated with the control plane's per-job secret (`control.auth`), so a process
-without it cannot plant a copy that a spare would adopt.
+without it cannot plant a copy that a spare would adopt. It also carries the sender's incarnation
+(drawn at its start) and a sequence number, both under the MAC: a holder accepts from one source
+only increasing numbers of its newest incarnation, so a frame captured on the network and sent
+again (the copy of F from before a Rewind, say, after the re-run's copy of F) is refused.
 
 Memory: a receiver keeps up to `neighbour.KEEP` complete copies per source plus one arriving.
 
@@ -29,6 +32,7 @@ import hmac
 import json
 import logging
 import os
+import secrets
 import socket
 import struct
 import threading
@@ -53,7 +57,7 @@ _ACK, _REFUSED = b"K", b"R"
 
 def _frame_mac(sealer: Any, header: dict) -> str:
     return sealer.mac("neighbour-copy", header["source"], header["frontier"], header["nbytes"], header["digest"],
-                      json.dumps(header["layout"], sort_keys=True))
+                      json.dumps(header["layout"], sort_keys=True), header.get("sender"), header.get("seq"))
 
 
 def local_address(store_host: str) -> str:
@@ -113,6 +117,12 @@ class NeighbourReplicator:
         self._conn: socket.socket | None = None
         self._conn_world: int | None = None
         self._closing = False
+        self._incarnation, self._seq = secrets.token_hex(8), 0  # this sender: what its frames carry
+        #: the receiving side: source -> (its newest sender's incarnation, the last number taken),
+        #: and every incarnation seen of it (an older one is never taken again)
+        self._from: dict[int, tuple[str, int]] = {}
+        self._seen: dict[int, set[str]] = {}
+        self._fresh_lock = threading.Lock()  # one receive thread per connection: a reconnect races
         self._accepted: set[socket.socket] = set()  # connections accepted and still read from
         self._server = socket.create_server((local_address(store_host), 0))
         connections.service_port(self._server.getsockname()[1])  # never severed with a gloo group
@@ -240,8 +250,9 @@ class NeighbourReplicator:
     def _send(self, frontier: int, buf: torch.Tensor, layout: dict) -> None:
         t = time.perf_counter()
         data = buf.numpy()
+        self._seq += 1
         header = {"source": self.position, "frontier": int(frontier), "nbytes": int(buf.numel()),
-                  "digest": transfer.digest(buf), "layout": layout}
+                  "digest": transfer.digest(buf), "layout": layout, "sender": self._incarnation, "seq": self._seq}
         header["mac"] = _frame_mac(self._sealer(), header)
         self.hash_s += time.perf_counter() - t
         t = time.perf_counter()
@@ -322,10 +333,11 @@ class NeighbourReplicator:
         header = json.loads(_recv_exact(conn, length))
         source, frontier = int(header["source"]), int(header["frontier"])
         authentic = hmac.compare_digest(str(header.get("mac", "")), _frame_mac(self._sealer(), header))
-        if not authentic:  # refused before its body is read or any memory is given to it
+        why = "its header fails authentication" if not authentic else self._stale(source, header)
+        if why:  # refused before its body is read or any memory is given to it
             conn.sendall(_REFUSED)
-            log.warning("refused a neighbour copy claiming rank %d at F=%d: its header fails authentication",
-                        source, frontier, extra={"position": self.position})
+            log.warning("refused a neighbour copy claiming rank %d at F=%d: %s", source, frontier, why,
+                        extra={"position": self.position})
             return False  # the connection closes: its body is never read
         nbytes = int(header["nbytes"])
         self._recycle(self.held.begin(source, frontier))
@@ -336,6 +348,22 @@ class NeighbourReplicator:
                                                        data=data)))
         conn.sendall(_ACK)
         return True
+
+    def _stale(self, source: int, header: dict) -> str:
+        """Why an authentic frame is not fresh ("" when it is), taking its number when it is."""
+        sender, seq = str(header.get("sender", "")), header.get("seq")
+        if not isinstance(seq, int):
+            return "it carries no sequence number"
+        with self._fresh_lock:
+            newest, last = self._from.get(source, ("", 0))
+            seen = self._seen.setdefault(source, set())
+            if sender != newest and sender in seen:
+                return f"it comes from an earlier sender of rank {source} (a replayed frame)"
+            if sender == newest and seq <= last:
+                return f"its number {seq} is not above {last}, the last taken from rank {source} (a replayed frame)"
+            seen.add(sender)
+            self._from[source] = (sender, seq)
+        return ""
 
     def _recycle(self, gone: list[NeighbourCopy]) -> None:
         """Keep one evicted copy's memory for the next arrival: a fresh 100 MB buffer costs its
