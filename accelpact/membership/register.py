@@ -104,10 +104,6 @@ def a_member_went_silent(store: dist.Store, world: int, world_size: int, heartbe
                 seen[p] = (value, now)
 
 
-def _beats(store: dist.Store, world: int, positions) -> dict[int, bytes | None]:
-    return {p: beat_of(store, world, p) for p in positions}
-
-
 def post_presence(store: dist.Store, world: int, presence: Presence) -> None:
     try:
         store.set(keys.changing(world), "1")
@@ -146,7 +142,8 @@ def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: f
         now = time.monotonic()
         here = set(present)
         missing = [p for p in range(world_size) if p not in here]
-        for p, beat in _beats(store, world, missing).items():
+        for p in missing:
+            beat = beat_of(store, world, p)
             if p not in last_beat or last_beat[p][0] != beat:
                 last_beat[p] = (beat, now)
         gone = [p for p in missing if now - last_beat[p][1] >= dead_after or liveness.is_dead(last_beat[p][0], world)]

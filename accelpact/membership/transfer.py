@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass
 
@@ -97,20 +98,13 @@ def shared_digest(buf: torch.Tensor, layout: dict) -> str:
     h = hashlib.sha256()
     raw, offset = buf.numpy(), 0
     for name, shape, dtype in layout["tensors"]:
-        n = _numel(shape) * torch.empty((), dtype=getattr(torch, dtype)).element_size()
+        n = math.prod(shape) * getattr(torch, dtype).itemsize
         if is_shared(name):
             h.update(raw[offset:offset + n])
         offset += n
     if offset != buf.numel():
         raise TransferError(f"{buf.numel()} bytes, the layout accounts for {offset}")
     return h.hexdigest()
-
-
-def _numel(shape: list[int]) -> int:
-    n = 1
-    for dim in shape:
-        n *= int(dim)
-    return n
 
 
 def tensor_words(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list[str], list[int]]:

@@ -90,8 +90,9 @@ def evidence_of(rt: Runtime, record: RecoveryRecord, error: BaseException | None
 
 def _hang_stacks(rt: Runtime, update: int) -> dict | None:
     watch = getattr(rt, "hang_watch", None)  # None: the watch is off (Config.hang_watch_fraction=0)
-    deferred = getattr(getattr(rt, "config", None), "boundary", "sync") == "deferred"
-    taken = watch.take(update, also_next=deferred) if watch is not None else None
+    if watch is None:
+        return None
+    taken = watch.take(update, also_next=rt.config.boundary == "deferred")
     return taken.to_dict() if taken is not None else None
 
 
