@@ -18,8 +18,9 @@ from accelpact.fsm.phases import FailurePhase, RecoveryAction
 PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
 
 
-def write(path, *, rewind_phases=("forward", "backward"), fingerprint=None):
-    """A qualified file for cpu-gloo: Preserve at the boundary, Rewind where listed."""
+def write(path, *, rewind_phases=("forward", "backward"), fingerprint=None, requires=()):
+    """A qualified file for cpu-gloo: Preserve at the boundary, Rewind where listed (passed only
+    under `requires`, as `accelpact qualify` records DDP's)."""
     rows = []
     for profile in PROFILES:
         for phase in ("committed", "forward", "backward", "optimizer"):
@@ -29,7 +30,8 @@ def write(path, *, rewind_phases=("forward", "backward"), fingerprint=None):
                 actions = ("rewind", "reject")
             else:
                 actions = ("reject",)
-            rows.append(ef.QualifiedRow("cpu-gloo", profile, phase, actions, {"runs": 1}))
+            evidence = {"runs": 1, "rewind": {"requires": list(requires)}} if "rewind" in actions else {"runs": 1}
+            rows.append(ef.QualifiedRow("cpu-gloo", profile, phase, actions, evidence))
     return ef.write_envelope(path, rows, fingerprint or ef.platform_fingerprint("gloo", "cpu"))
 
 
@@ -91,4 +93,19 @@ def test_an_action_the_file_does_not_qualify_falls_back_to_reject_with_the_reaso
     for r in results:
         assert [h["action"] for h in r["history"]] == ["reject"]
     assert any("envelope does not qualify rewind for phase forward" in why
+               for r in results for why in r["rejected"]), results[0]["rejected"]
+
+
+def test_a_rewind_qualified_only_with_a_pre_step_copy_is_not_taken_by_a_run_without_one(tmp_path):
+    """The file's backward Rewind passed only with Config.step_copy (as DDP's does here): a run
+    without a copy never measured is rejected with the reason, not rewound on trust."""
+    from accelpact.testing.drills import Drill, run_drill
+    from accelpact.testing.spawn import run_world
+
+    path = write(tmp_path / "env.json", rewind_phases=("backward",), requires=("step_copy",))
+    drill = Drill(updates=4, faults="skip@3:backward:1", rewind=True, envelope=str(path), data_timeout_s=1.5)
+    results = run_world(run_drill, 4, drill, timeout_s=150, pg_timeout_s=30)
+    for r in results:
+        assert [h["action"] for h in r["history"]] == ["reject"]
+    assert any("envelope does not qualify rewind for phase backward" in why
                for r in results for why in r["rejected"]), results[0]["rejected"]

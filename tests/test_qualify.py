@@ -182,6 +182,46 @@ def test_written_file_loads_as_the_same_envelope(tmp_path):
     assert set(document["rows"][0]) == {"platform", "profile", "phase", "objective", "actions", "evidence"}
 
 
+def test_an_action_qualified_only_with_a_pre_step_copy_is_withheld_from_a_run_without_one(tmp_path):
+    """The optimizer row's Rewind passed its probe only with Config.step_copy: a run without a copy
+    is not what was measured, so it gets no Rewind there, and attach says why."""
+    from accelpact.fsm.decisions import envelope_facts, envelope_warning
+
+    envelope = ef.load_envelope(written(tmp_path), expect=FP)
+    row = envelope.lookup(ObservationKey("cpu-gloo", "fsdp2-hsdp", FailurePhase.OPTIMIZER))
+    assert row.needs(RecoveryAction.REWIND) == ("step_copy",) and row.needs(RecoveryAction.REJECT) == ()
+    without = envelope_facts(envelope, "cpu-gloo", "fsdp2-hsdp")
+    assert without.rewind_phases == (FailurePhase.FORWARD, FailurePhase.BACKWARD)
+    assert without.withheld == ((FailurePhase.OPTIMIZER, RecoveryAction.REWIND, ("step_copy",)),)
+    assert dict(without.allowed)[FailurePhase.OPTIMIZER] == (RecoveryAction.REJECT,)
+    warning = envelope_warning(without, "fsdp2-hsdp", "envelope.json")
+    assert "rewind in phase optimizer" in warning and "Config.step_copy=True" in warning
+    with_copy = envelope_facts(envelope, "cpu-gloo", "fsdp2-hsdp", met=("step_copy",))
+    assert FailurePhase.OPTIMIZER in with_copy.rewind_phases and not with_copy.withheld
+    assert envelope_warning(with_copy, "fsdp2-hsdp", "envelope.json") is None
+
+
+def test_an_unknown_condition_withholds_its_action_and_a_malformed_one_is_refused(tmp_path):
+    from accelpact.fsm.decisions import envelope_facts, envelope_warning
+
+    path = written(tmp_path)
+
+    def needs(requires):
+        def mutate(document):
+            for row in document["rows"]:
+                if (row["profile"], row["phase"]) == ("fsdp2-hsdp", "backward"):
+                    row["evidence"]["rewind"]["requires"] = requires
+        return mutate
+
+    rewrite(path, needs(["a_newer_condition"]))  # written by a newer accelpact: never assumed met
+    facts = envelope_facts(ef.load_envelope(path, expect=FP), "cpu-gloo", "fsdp2-hsdp", met=("step_copy",))
+    assert FailurePhase.BACKWARD not in facts.rewind_phases
+    assert "a condition this accelpact does not know" in envelope_warning(facts, "fsdp2-hsdp", "f")
+    rewrite(path, needs("step_copy"))
+    with pytest.raises(CorruptEnvelopeError, match="'requires' must be a list of strings"):
+        ef.load_envelope(path, expect=FP)
+
+
 def test_write_is_atomic_and_refuses_rows_it_could_not_read_back(tmp_path):
     path = written(tmp_path)
     before = path.read_text()

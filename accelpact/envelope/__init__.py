@@ -8,7 +8,7 @@
 Importing this package does not import torch (only fingerprinting the running platform does).
 """
 
-from .choice import choose_envelope
+from .choice import choose_envelope, conditions_met
 from .file import (
     EXPECTED_ACTION,
     FORMAT,
@@ -61,6 +61,7 @@ __all__ = [
     "StaleEnvelopeError",
     "UnknownObservationKey",
     "choose_envelope",
+    "conditions_met",
     "compact_evidence",
     "default_envelope_path",
     "envelope_from_results",

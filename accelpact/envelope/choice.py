@@ -30,6 +30,12 @@ _BACKEND_DEVICE = {"cpu-gloo": ("gloo", "cpu"), "cuda-nccl": ("nccl", "cuda")}
 _warned: set[str] = set()  # say it once per process, not at every attach
 
 
+def conditions_met(config: Config) -> tuple[str, ...]:
+    """The envelope conditions (`model.CONDITIONS`) a run under `config` meets: an action a row
+    qualified only under others is withheld from it (`fsm.decisions.envelope_facts`)."""
+    return ("step_copy",) if config.step_copy else ()
+
+
 def choose_envelope(config: Config, platform: str, profile: str, *, rank: int = 0) -> tuple[Envelope, str]:
     """(envelope, where it came from) for `config.envelope`."""
     choice = config.envelope

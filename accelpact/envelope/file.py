@@ -215,7 +215,21 @@ class QualifiedRow:
 
     def to_envelope_row(self) -> EnvelopeRow:
         key = ObservationKey(self.platform, self.profile, FailurePhase(self.phase), self.objective)
-        return EnvelopeRow(key, tuple(RecoveryAction(a) for a in self.actions), compact_evidence(self.evidence))
+        actions = tuple(RecoveryAction(a) for a in self.actions)
+        return EnvelopeRow(key, actions, compact_evidence(self.evidence), requirements(self.evidence, actions))
+
+
+def requirements(evidence: Mapping[str, Any], actions: Iterable[RecoveryAction]
+                 ) -> tuple[tuple[RecoveryAction, tuple[str, ...]], ...]:
+    """(action, conditions) for each of `actions` whose probe evidence says it passed only under
+    conditions ("requires"): the row then qualifies it only where a run meets them."""
+    found = []
+    for action in actions:
+        item = evidence.get(action.value)
+        needs = item.get("requires") if isinstance(item, Mapping) else None
+        if needs:
+            found.append((action, tuple(needs)))
+    return tuple(found)
 
 
 def envelope_from_results(
@@ -487,5 +501,9 @@ def _parse_row(raw: Any, index: int, path: Path, platform: str) -> QualifiedRow:
         raise _corrupt(path, f"{where}: 'reject' must come last in {actions} (it is the fallback)")
     if not isinstance(raw["evidence"], dict):
         raise _corrupt(path, f"{where}: 'evidence' must be an object")
+    for name, item in raw["evidence"].items():
+        needs = item.get("requires", []) if isinstance(item, dict) else []
+        if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
+            raise _corrupt(path, f"{where}: evidence {name!r}: 'requires' must be a list of strings, got {needs!r}")
     return QualifiedRow(raw["platform"], raw["profile"], raw["phase"], tuple(actions), raw["evidence"],
                         raw["objective"])

@@ -17,6 +17,9 @@ from ..timeouts import DerivedTimeouts
 
 OBJECTIVE_BITWISE = "bitwise-continuation"
 PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
+#: What a probe may have needed to pass, and what a run must have for the action to stand: an
+#: action qualified only under a condition the running config lacks is not qualified for it.
+CONDITIONS = {"step_copy": "a pre-step copy (Config.step_copy=True)"}
 #: Where a lost rank's replacement by a spare was measured bitwise here (tests/test_spares.py):
 #: CPU/gloo with FSDP1 HYBRID_SHARD, FSDP2 HSDP and DDP. Never on NCCL (no device here).
 REPLACE_MEASURED = {("cpu-gloo", "fsdp1-hsdp"), ("cpu-gloo", "fsdp2-hsdp"), ("cpu-gloo", "ddp")}
@@ -42,6 +45,13 @@ class EnvelopeRow:
     key: ObservationKey
     actions: tuple[RecoveryAction, ...]  # preferred first
     evidence: str
+    #: (action, conditions) for each action that passed its probe only under those conditions
+    #: (names in `CONDITIONS`; e.g. DDP's Rewind in backward passed only with a pre-step copy)
+    requires: tuple[tuple[RecoveryAction, tuple[str, ...]], ...] = ()
+
+    def needs(self, action: RecoveryAction) -> tuple[str, ...]:
+        """The conditions under which `action` was qualified (empty: none)."""
+        return next((conditions for a, conditions in self.requires if a is action), ())
 
 
 class Envelope:

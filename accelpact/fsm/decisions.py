@@ -8,10 +8,10 @@ so that even a non-deterministic input order could not split the ranks.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..envelope.model import Envelope, ObservationKey, UnknownObservationKey
+from ..envelope.model import CONDITIONS, Envelope, ObservationKey, UnknownObservationKey
 from .phases import FailurePhase, RecoveryAction
 
 
@@ -427,39 +427,56 @@ class EnvelopeFacts:
     not_probed: tuple[FailurePhase, ...] = ()
     #: phases whose row qualifies Replace (a lost rank taken over by a spare, `membership.decide`)
     replace_phases: tuple[FailurePhase, ...] = ()
+    #: (phase, action, unmet conditions): qualified only under conditions this run does not meet
+    withheld: tuple[tuple[FailurePhase, RecoveryAction, tuple[str, ...]], ...] = ()
 
     def describe(self) -> str:
         return "; ".join(f"{phase}: {', '.join(map(str, actions))}" for phase, actions in self.allowed)
 
 
-def envelope_facts(envelope: Envelope, platform: str, profile: str) -> EnvelopeFacts:
+def envelope_facts(envelope: Envelope, platform: str, profile: str, *, met: Collection[str] = ()) -> EnvelopeFacts:
     """Read the envelope for (platform, profile). An unknown key raises UnknownObservationKey:
-    attach refuses a platform or profile the envelope has no rows for, by name."""
+    attach refuses a platform or profile the envelope has no rows for, by name. `met`: the
+    conditions (`envelope.model.CONDITIONS`) this run meets; an action a row qualified only under
+    others is withheld (the probe that passed ran under them, so this run is not qualified)."""
     committed = ObservationKey(platform, profile, FailurePhase.COMMITTED)
     envelope.lookup(committed)
-    rewind, allowed, unprobed, replace = [], [], [], []
+    rewind, allowed, unprobed, replace, withheld = [], [], [], [], []
     for phase in (FailurePhase.FORWARD, FailurePhase.BACKWARD, FailurePhase.OPTIMIZER, FailurePhase.COMMITTED):
         try:
             row = envelope.lookup(ObservationKey(platform, profile, phase))
         except UnknownObservationKey:  # a file without rows for this phase: nothing qualified
             continue
-        allowed.append((phase, row.actions))
+        actions = []
+        for action in row.actions:
+            unmet = tuple(c for c in row.needs(action) if c not in met)
+            if unmet:
+                withheld.append((phase, action, unmet))
+            else:
+                actions.append(action)
+        allowed.append((phase, tuple(actions)))
         if "not_probed" in row.evidence:
             unprobed.append(phase)
-        if phase is not FailurePhase.COMMITTED and RecoveryAction.REWIND in row.actions:
+        if phase is not FailurePhase.COMMITTED and RecoveryAction.REWIND in actions:
             rewind.append(phase)
-        if RecoveryAction.REPLACE in row.actions:
+        if RecoveryAction.REPLACE in actions:
             replace.append(phase)
-    return EnvelopeFacts(envelope.permits(committed, RecoveryAction.PRESERVE), tuple(rewind), tuple(allowed),
-                         tuple(unprobed), tuple(replace))
+    preserve = RecoveryAction.PRESERVE in dict(allowed).get(FailurePhase.COMMITTED, ())
+    return EnvelopeFacts(preserve, tuple(rewind), tuple(allowed), tuple(unprobed), tuple(replace), tuple(withheld))
 
 
 def envelope_warning(facts: EnvelopeFacts, profile: str, source: str) -> str | None:
-    """What a user must hear at attach when the envelope file never measured this model's
-    profile: every failure would then be rejected, where the built-in envelope would preserve."""
-    if not facts.not_probed:
-        return None
-    phases = ", ".join(map(str, facts.not_probed))
-    return (f"the envelope {source} has no measured rows for profile {profile} (phases {phases} were not "
-            f"probed, e.g. by `accelpact qualify --quick`): recoveries there will be rejected. Run "
-            f"`accelpact qualify` (every framework) or set ACCELPACT_ENVELOPE=builtin")
+    """What a user must hear at attach: the envelope file never measured this model's profile
+    (every failure would then be rejected, where the built-in envelope would preserve), or it
+    qualified an action only under a condition this run's config does not meet."""
+    said = []
+    if facts.not_probed:
+        phases = ", ".join(map(str, facts.not_probed))
+        said.append(f"the envelope {source} has no measured rows for profile {profile} (phases {phases} were not "
+                    f"probed, e.g. by `accelpact qualify --quick`): recoveries there will be rejected. Run "
+                    f"`accelpact qualify` (every framework) or set ACCELPACT_ENVELOPE=builtin")
+    for phase, action, unmet in facts.withheld:
+        needs = " and ".join(CONDITIONS.get(c, f"{c!r}, a condition this accelpact does not know") for c in unmet)
+        said.append(f"the envelope {source} qualifies {action} in phase {phase} for {profile} only with {needs}, "
+                    f"which this run does not have: failures there will be rejected")
+    return "; ".join(said) or None

@@ -21,7 +21,7 @@ from ..comm import _c10d
 from ..comm.nccl_env import nccl_version, refuse_unfit
 from ..config import Config
 from ..control import ControlPlane
-from ..envelope import Envelope, choose_envelope
+from ..envelope import Envelope, choose_envelope, conditions_met
 from ..errors import ConfigError, RestartBudgetExceeded, UnsupportedModelError
 from ..faults import FaultInjector, FaultPlan
 from ..fsm.decisions import EnvelopeFacts, envelope_facts, envelope_warning
@@ -268,7 +268,8 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
         envelope, source = choose_envelope(config, platform, profile, rank=rank)
     else:
         source = "given to attach"
-    facts = envelope_facts(envelope, platform, profile)  # an unknown platform/profile is refused by name
+    # an unknown platform/profile is refused by name; an action qualified under conditions this config lacks is not
+    facts = envelope_facts(envelope, platform, profile, met=conditions_met(config))
     warning = envelope_warning(facts, profile, source)
     if warning and rank == 0:
         log.warning(warning)
