@@ -296,13 +296,16 @@ def _fault_time(recs: Sequence[Mapping[str, Any]], observe: Mapping[str, Any], r
     At a committed boundary the rank's boundary check started `detect_s` before its observe
     record. Inside an update the exception surfaced only after the data-plane timeout and the
     precise instant is not recorded, so the start of that update (the previous commit) is used:
-    an upper bound on detection, never an underestimate.
+    an upper bound on detection, never an underestimate. A deferred boundary's commit is taken
+    during the next update, `late_s` after the update it commits ended: that end is the start.
     """
     if rec.get("failure_phase") == "committed":
         return float(observe["t"]) - float(rec.get("detect_s", 0.0))
     before = [r for r in recs if r.get("kind") in ("edge", "plans", "config") and r["t"] <= observe["t"]
               and (r.get("kind") != "edge" or r.get("action") in ("commit_update", "resume_training"))]
-    return float(before[-1]["t"]) if before else float(observe["t"]) - float(rec.get("detect_s", 0.0))
+    if not before:
+        return float(observe["t"]) - float(rec.get("detect_s", 0.0))
+    return float(before[-1]["t"]) - float(before[-1].get("late_s", 0.0))
 
 
 def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:

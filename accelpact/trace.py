@@ -68,7 +68,11 @@ class TraceWriter:
                 pass
 
     def edge(self, *, seq: int, action: str, src: str, dst: str, frontier: int, generation: int,
-             refs: dict[str, int], **extra: Any) -> None:
+             refs: dict[str, int], late_s: float = 0.0, **extra: Any) -> None:
+        """`late_s` > 0: what the edge records happened that long before it was taken (a deferred
+        boundary commits its update during the next one); written only then."""
+        if late_s > 0:
+            extra["late_s"] = round(late_s, 6)
         self.write(
             {
                 "kind": "edge",

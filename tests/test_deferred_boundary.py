@@ -103,6 +103,16 @@ def test_deferred_boundaries_rewind_what_they_meet_and_end_bitwise_equal(tmp_pat
         assert r["deferral"]["deferred"] >= 6 and r["deferral"]["joined"] == 0
         assert r["deferral"]["on_thread"] == r["deferral"]["deferred"]  # every check ran off the training thread
     assert_valid_run(tmp_path / "trace")
+    # update 4's commit is taken after update 5 timed out: its edge says how late, and the report
+    # times update 5's fault from update 4's end (the hang is detection, not update 4's time)
+    from accelpact.run_report import load_traces, summarize
+
+    traces = load_traces(tmp_path / "trace")
+    for rank in (0, 1, 3):
+        (late,) = [r["late_s"] for r in traces[rank] if r.get("action") == "commit_update" and r["F"] == 4]
+        assert late >= 1.0, late  # the data timeout
+    rewind_of_5 = [rec for rec in summarize(traces).recoveries if rec.frontier_before == 4]
+    assert rewind_of_5 and rewind_of_5[0].detect_s >= 1.0, rewind_of_5
 
 
 JOINS = [
@@ -199,7 +209,7 @@ def test_an_interrupted_settle_keeps_its_boundary_for_the_next_one():
     commits = []
     pending = PendingBoundary(update=4, ticket=1, posted=0.0)
     rt = SimpleNamespace(deferral=DeferralCounts(pending=pending, checks=InterruptedOnce()),
-                         config=SimpleNamespace(control_timeout_s=1.0), _commit=lambda: commits.append(4))
+                         config=SimpleNamespace(control_timeout_s=1.0), _commit=lambda late_s: commits.append(4))
     with pytest.raises(KeyboardInterrupt):
         settle(rt)
     assert rt.deferral.pending is pending and commits == []

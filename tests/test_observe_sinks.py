@@ -321,3 +321,48 @@ def test_after_a_shrink_the_replicas_gauge_and_the_straggler_window_are_the_smal
     now[0] += 0.1  # within the once-a-second refresh: a recovery makes the next commit read it
     obs.on_commit(2, 1)
     assert _sample("accelpact_replicas", rank="5") == 2 and _sample("accelpact_straggler", rank="5") == 0
+
+
+def test_a_deferred_commit_is_timed_to_its_updates_end_so_a_hang_after_it_counts_as_detection():
+    """Found by review (left out last round): with deferred boundaries update 2 is agreed during
+    update 3; when update 3 hangs, its commit came after the hang, so the hang counted as update
+    2's productive time and its detection as ~0."""
+    now = [100.0]
+    obs = prom.PrometheusObserver(rank=11, replicas=1, window_s=60.0, clock=lambda: now[0])
+    now[0] += 1.0
+    obs.on_commit(1, 0)  # synchronous: at its end
+    now[0] = 103.8  # update 2's body ended at 102.0; update 3 hung until its data timeout
+    observers = Observers()
+    observers.add(obs)
+    observers.commit(2, 0, late_s=1.8)
+    now[0] = 104.0
+    obs.on_recovery(_evidence(rank=11, action="rewind", phase="forward", detect_s=0.001, repair_s=0.2,
+                              frontier=2, generation=1))
+    assert _sample("accelpact_incident_lost_seconds_sum", rank="11", stage="detect") == pytest.approx(1.8)
+    assert _sample("accelpact_goodput_ratio", rank="11") == pytest.approx(2.0 / 4.0)
+    assert _sample("accelpact_committed_updates_total", rank="11") == 2
+
+
+def test_an_observer_without_on_late_commit_hears_a_late_commit_as_a_commit():
+    heard = []
+
+    class Plain:
+        def on_commit(self, frontier, generation):
+            heard.append(("commit", frontier))
+
+        def on_recovery(self, evidence): ...
+
+        def on_reject(self, evidence): ...
+
+        def close(self): ...
+
+    class Timing(Plain):
+        def on_late_commit(self, frontier, generation, late_s):
+            heard.append(("late", frontier, late_s))
+
+    observers = Observers()
+    observers.add(Plain())
+    observers.add(Timing())
+    observers.commit(3, 0, late_s=0.25)
+    observers.commit(4, 0)
+    assert heard == [("commit", 3), ("late", 3, 0.25), ("commit", 4), ("commit", 4)]

@@ -291,3 +291,29 @@ def test_a_trace_write_that_fails_stops_the_trace_not_the_run(tmp_path, caplog):
         writer.write({"kind": "observe"})  # nothing more is attempted
     assert not writer.enabled and "No space left on device" in writer.failed
     assert caplog.text.count("stopped at a failed write") == 1
+
+
+def test_a_deferred_commit_taken_during_a_hung_update_times_the_fault_from_its_updates_end():
+    """With deferred boundaries update 4 is committed while update 5 runs; when update 5 hangs, the
+    commit edge is written after the hang (t=6.9). Detection was measured from there (0.1 s);
+    the update ended at 5.0 (the edge's late_s), so the hang counts: 2.0 s."""
+    traces = {}
+    for rank in (0, 1):
+        recs = [{"kind": "attach", "attempt": 0, "t": 0.0}] + [_commit(rank, f, float(f)) for f in (1, 2, 3)]
+        recs += [dict(_commit(rank, 4, 6.9), late_s=1.9), _observe(7.0, 5, "forward"),
+                 _recovery(7.1, 5, 1, "rewind", "forward", 4)]
+        recs += [_commit(rank, 5, 8.0)]
+        traces[rank] = recs
+    (rec,) = summarize(traces).recoveries
+    assert rec.detect_s == pytest.approx(2.0) and rec.rto_s == pytest.approx(2.1)
+
+
+def test_a_trace_records_how_late_a_deferred_commit_was_taken(tmp_path):
+    trace = TraceWriter(str(tmp_path), 0, 0)
+    refs = {"replicate": 0}
+    trace.edge(seq=0, action="commit_update", src="Train", dst="Train", frontier=1, generation=0, refs=refs)
+    trace.edge(seq=0, action="commit_update", src="Train", dst="Train", frontier=2, generation=0, refs=refs,
+               late_s=0.25)
+    trace.close()
+    edges = [r for r in load_traces(tmp_path)[0] if r.get("kind") == "edge"]
+    assert "late_s" not in edges[0] and edges[1]["late_s"] == 0.25

@@ -133,13 +133,20 @@ class PrometheusObserver:
         self._gauges(frontier, generation)
 
     def on_commit(self, frontier: int, generation: int) -> None:
+        self.on_late_commit(frontier, generation, 0.0)
+
+    def on_late_commit(self, frontier: int, generation: int, late_s: float) -> None:
+        """The update ended `late_s` ago (a deferred boundary, agreed in the next update): it is
+        timed to its end, so what the next update spent before it failed (a hang, say) counts as
+        that failure's detection, not as this update's productive time."""
         now = self.clock()
+        ended = max(now - late_s, self._boundary)
         self.m.committed.labels(self.label).inc()
         if self._recovered_at is not None:
-            self.m.lost.labels(self.label, "first_update").observe(now - self._recovered_at)
+            self.m.lost.labels(self.label, "first_update").observe(ended - self._recovered_at)
             self._recovered_at = None
-        self.window.commit(now)
-        self._boundary = now
+        self.window.commit(ended)
+        self._boundary = ended
         self._gauges(frontier, generation)
         self._straggler_gauges(now)
         if self.textfile is not None and now - self._written >= TEXTFILE_EVERY_S:

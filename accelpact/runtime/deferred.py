@@ -100,7 +100,7 @@ def settle(rt, error: BaseException | None = None, *, rerun: bool = True) -> boo
         rt._reject_without_protocol(f"control plane failed at the deferred boundary of update {pending.update}: "
                                     f"{pending.failure}", error or pending.failure)
     if pending.flag == 0:
-        rt._commit()
+        rt._commit(time.perf_counter() - pending.posted)  # timed from its body's end (`Observers.commit`)
         return False
     _join(rt, pending, error, rerun=rerun)
     return True
@@ -115,7 +115,7 @@ def settle_before_step(rt) -> None:
         return
     if _agreed_flag(rt, pending) == 0:
         rt.deferral.pending = None
-        rt._commit()
+        rt._commit(time.perf_counter() - pending.posted)
         return
     raise PeerNeedsRecovery(f"the boundary of update {pending.update} is not clean "
                             f"({pending.failure or 'a peer needs its recovery'}): update {rt.update_index} "

@@ -89,7 +89,9 @@ class RecoveryObserver(Protocol):
         """The runtime closes: flush what is buffered.
 
         Optional, looked up by name: `on_checkpoint(step, error)`, after every checkpoint save
-        (`error` None: published; else why not, whether the job went on or fails stop)."""
+        (`error` None: published; else why not, whether the job went on or fails stop);
+        `on_late_commit(frontier, generation, late_s)`, instead of `on_commit` when a deferred
+        boundary commits its update `late_s` seconds after the update's body ended."""
 
 
 class Observers:
@@ -103,8 +105,19 @@ class Observers:
             raise TypeError(f"{type(observer).__name__} is not a RecoveryObserver")
         self.items.append(observer)
 
-    def commit(self, frontier: int, generation: int) -> None:
-        self._each("on_commit", frontier, generation)
+    def commit(self, frontier: int, generation: int, late_s: float = 0.0) -> None:
+        """`late_s` > 0: a deferred boundary agreed the update that long after its body ended (in
+        the next update, or after the next update failed). An observer that times updates gets
+        it through `on_late_commit` if it has one: without it, a hang in the next update would
+        count as the committed update's time (productive) instead of as detection."""
+        if late_s <= 0:
+            self._each("on_commit", frontier, generation)
+            return
+        for observer in self.items:
+            if hasattr(observer, "on_late_commit"):
+                self._call(observer, "on_late_commit", frontier, generation, late_s)
+            else:
+                self._call(observer, "on_commit", frontier, generation)
 
     def recovered(self, evidence: Evidence) -> None:
         self._each("on_recovery", evidence)
@@ -122,7 +135,11 @@ class Observers:
         for observer in self.items:
             if optional and not hasattr(observer, method):
                 continue
-            try:
-                getattr(observer, method)(*args)
-            except Exception:  # telemetry never fails training; the traceback is kept in the log
-                log.warning("observer %s.%s failed", type(observer).__name__, method, exc_info=True)
+            self._call(observer, method, *args)
+
+    @staticmethod
+    def _call(observer: RecoveryObserver, method: str, *args: object) -> None:
+        try:
+            getattr(observer, method)(*args)
+        except Exception:  # telemetry never fails training; the traceback is kept in the log
+            log.warning("observer %s.%s failed", type(observer).__name__, method, exc_info=True)

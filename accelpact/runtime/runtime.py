@@ -1,10 +1,10 @@
 """The runtime shell: trainer hooks, the committed boundary, `rt.step` / `rt.update`, `close`.
 
-It owns the rank's accounting (F, g, tau, the update in flight) and the order of things at a
-boundary. The rest is a collaborator handed to it by `attach`: the data plane (groups, probes, rebind
-plans, standbys), the control plane, the trace, the envelope's facts, the rewind state, the
-checkpointer, update listeners. A recovery is the pure driver stepped against a `RecoveryExecutor`
-(`recovery.drive`); a Reject raises `RecoveryRejected`, which `fail_stop` (the edge) exits on."""
+It owns the rank's accounting (F, g, tau, the update in flight) and the order of things at a boundary. The
+rest is a collaborator handed to it by `attach`: the data plane (groups, probes, rebind plans, standbys), the
+control plane, the trace, the envelope's facts, the rewind state, the checkpointer, update listeners. A
+recovery is the pure driver stepped against a `RecoveryExecutor` (`recovery.drive`); a Reject raises
+`RecoveryRejected`, which `fail_stop` (the edge) exits on."""
 
 from __future__ import annotations
 
@@ -76,7 +76,7 @@ class Runtime:
         self.observers = Observers()  # exporters of commits, recoveries, rejects (accelpact.observe)
         self.stragglers = StragglerWatch(control, config, rank=rank, world_size=world_size)  # .report(): p50/p90
         self.timeouts = self.hang_watch = self.link_wait = None  # attach: DerivedTimeouts, HangWatch; runtime.link_wait
-        self._recoveries, self._rewound, self._plans_deferred = 0, False, False
+        self._recoveries, self._rewound, self._plans_deferred, self._late = 0, False, False, {}
         self.deferral = DeferralCounts()  # a boundary agreed one step late (Config.boundary)
         self.membership = self.heartbeat = self.replicator = self.neighbours = None  # set by attach under ACCELPACT_SPARES
         self.recipe, self.origin_names = None, {}  # what a rebuilt world replays (membership.world)
@@ -174,8 +174,7 @@ class Runtime:
         return self.checkpointer.restore()
 
     def close(self) -> None:
-        """Agree a deferred boundary; then, also if that failed, remove every hook, close trace
-        and control plane (attach may follow)."""
+        """Agree a deferred boundary; then, even if that failed, detach: hooks, trace, control plane."""
         try:
             self.settle()
         finally:
@@ -228,12 +227,13 @@ class Runtime:
         bug = error if error is not None and not fault else None
         self._recover(error, phase, saw, failed, cause, time.perf_counter() - t_detect, bug)
 
-    def _commit(self) -> None:
+    def _commit(self, late_s: float = 0.0) -> None:  # late_s: a deferred boundary, after the body ended
         record_train(self)  # under membership: update F+1 trained from F in this world
         self.frontier += 1
         self.opt_step = self.frontier  # tau counts updates: a step GradScaler skipped (inf grads) ended one too
+        self._late = {"commit_update": late_s}  # on its edge: run_report times the update to its end
         self.machine.fire("commit_update")
-        self.observers.commit(self.frontier, self.generation)
+        self.observers.commit(self.frontier, self.generation, late_s)
         after_commit(self)  # replica digests (every Config.digest_every), then the checkpoint: may reject
 
     # ---------------------------------------------------------------- recovery ----------------
@@ -295,5 +295,5 @@ class Runtime:
     def _on_edge(self, trigger: str, src: str, dst: str) -> None:
         self.trace.edge(seq=self.control.seq, action=trigger, src=src, dst=dst, frontier=self.frontier,
                         generation=self.generation, refs=dict(self.data_plane.ref_generation),
-                        update=self.update_index, tau=self.opt_step)
+                        update=self.update_index, tau=self.opt_step, late_s=self._late.get(trigger, 0.0))
 
