@@ -210,3 +210,42 @@ def test_teardown_goes_on_past_a_command_that_timed_out(tmp_path, monkeypatch):
     assert deleted == [spec.node_ns(0), spec.node_ns(1)]
     assert not owner.exists() and not topo.live
     assert len(problems) == 1 and "timed out" in problems[0] and spec.switch_ns in problems[0]
+
+
+# ------------------------------------------------------- 6. a teardown that leaves something behind
+
+
+def _fabric_that_leaks(monkeypatch):
+    import contextlib
+
+    from accelpact.chaos import campaign
+
+    @contextlib.contextmanager
+    def leaky(spec):
+        try:
+            yield SimpleNamespace(spec=spec)
+        finally:
+            raise topology.TeardownIncomplete("teardown incomplete: netns apcX-n0 still there")
+
+    monkeypatch.setattr(campaign, "emulated_nodes", leaky)
+    return campaign
+
+
+def test_a_scenario_that_ran_keeps_its_result_when_its_fabric_is_not_wholly_torn_down(monkeypatch):
+    """Found in the last round's notes: the teardown's TopologyError left `make chaos` without any
+    scenario's result and without summary.json. The leak is recorded and fails the campaign."""
+    campaign = _fabric_that_leaks(monkeypatch)
+    incomplete: list[str] = []
+    with campaign._fabric(None, 2, incomplete) as topo:
+        assert topo.spec.nodes == 2
+    assert incomplete == ["teardown incomplete: netns apcX-n0 still there"]
+    with pytest.raises(topology.TeardownIncomplete) as err:  # the scenario failed too: nothing is swallowed
+        with campaign._fabric(None, 2, []):
+            raise ValueError("the job could not start")
+    assert isinstance(err.value.__context__, ValueError)
+    ok = ScenarioResult("s", [], "IDENTICAL", True, [0, 0], {}, 0, "")
+    leaked = ScenarioResult("s", [], "IDENTICAL", True, [0, 0], {}, 0, "", fabric_error=incomplete[0])
+    assert print_summary([ok], Path("."), log=lambda *_: None)
+    lines: list[str] = []
+    assert not print_summary([ok, leaked], Path("."), log=lines.append)
+    assert any("not wholly torn down after s" in line for line in lines)

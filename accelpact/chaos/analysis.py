@@ -96,6 +96,7 @@ class ScenarioResult:
     restarts: int
     trace_dir: str
     message: str = ""
+    fabric_error: str = ""  # the emulated fabric was not wholly torn down after the run (its result stands)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -460,6 +461,7 @@ class NodeLossResult:
     barrier_waits_s: list[float] = field(default_factory=list)  # surviving agents at torchrun's exit barrier
     barrier_errors: int = 0
     message: str = ""
+    fabric_error: str = ""  # the emulated fabric was not wholly torn down after the run (its result stands)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -31,7 +31,7 @@ import json
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -52,7 +52,7 @@ from .job import Job, JobSpec
 from .nemesis import Cut, CutMethod, Nemesis, format_schedule, method_available, parse_schedule, plan_random
 from .nodeloss import LossMethod, NodeLoss, Reaper, parse_loss
 from .qualified import AUTO, EnvelopePlan, EnvelopeUnavailable, resolve_envelope
-from .topology import ChaosUnavailable, Topology, TopologySpec, emulated_nodes, preflight
+from .topology import ChaosUnavailable, TeardownIncomplete, Topology, TopologySpec, emulated_nodes, preflight
 
 __all__ = ["NodeLossScenario", "Scenario", "default_campaign", "default_node_loss", "length_classes", "main",
            "run_campaign", "run_node_loss", "run_node_losses", "run_scenario"]
@@ -133,6 +133,24 @@ def default_campaign(seed: int = 7, *, quick: bool = False, envelope: str | None
     ]
 
 
+@contextlib.contextmanager
+def _fabric(topo: Topology | None, nodes: int, incomplete: list[str]) -> Iterator[Topology]:
+    """`topo`, or a fresh fabric of `nodes` nodes torn down whatever happens. A teardown that left
+    something behind after the scenario ran is appended to `incomplete` instead of raised: the
+    scenario's result stands (its report says so, and the campaign fails), where raising lost it
+    and every earlier scenario's, and the summary with them."""
+    if topo is not None:
+        yield topo
+        return
+    try:
+        with emulated_nodes(TopologySpec.fresh(nodes=nodes)) as fresh:
+            yield fresh
+    except TeardownIncomplete as exc:
+        if exc.__context__ is not None:  # the scenario failed too: its error, with this one chained, goes up
+            raise
+        incomplete.append(str(exc))
+
+
 def run_scenario(sc: Scenario, out: Path, *, topo: Topology | None = None, log=print) -> ScenarioResult:
     """One scenario, on `topo` or on a fresh fabric of its own (then torn down whatever happens)."""
     root = out / sc.name
@@ -140,9 +158,8 @@ def run_scenario(sc: Scenario, out: Path, *, topo: Topology | None = None, log=p
         shutil.rmtree(root)
     log(f"\n== {sc.name}: {format_schedule(sc.cuts)}  ({sc.expect})")
     t0 = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        if topo is None:
-            topo = stack.enter_context(emulated_nodes(TopologySpec.fresh()))
+    incomplete: list[str] = []
+    with _fabric(topo, 2, incomplete) as topo:
         with Job(topo, sc.job, root) as job:
             nemesis = Nemesis(topo.spec, sc.cuts, marks_dir=job.paths.marks, log_path=job.paths.nemesis_log,
                               job_alive=job.alive).start()
@@ -155,6 +172,9 @@ def run_scenario(sc: Scenario, out: Path, *, topo: Topology | None = None, log=p
         report.message = (report.message + f"; killed after {sc.timeout_s:.0f}s").lstrip("; ")
     if nemesis.error is not None:
         report.message = (report.message + f"; nemesis error: {nemesis.error!r}").lstrip("; ")
+    report.fabric_error = "; ".join(incomplete)
+    if incomplete:
+        report.message = (report.message + f"; {report.fabric_error}").lstrip("; ")
     (root / "report.json").write_text(json.dumps(report.to_dict() | {"scenario": asdict(sc),
                                                                       "wall_s": time.monotonic() - t0},
                                                  indent=2, default=str))
@@ -229,9 +249,8 @@ def run_node_loss(sc: NodeLossScenario, out: Path, *, topo: Topology | None = No
         shutil.rmtree(root)
     log(f"\n== {sc.name}: {sc.loss.spec()}, {sc.nodes} nodes ({sc.job.spare_nodes} spare)  ({sc.expect})")
     t0 = time.monotonic()
-    with contextlib.ExitStack() as stack:
-        if topo is None:
-            topo = stack.enter_context(emulated_nodes(TopologySpec.fresh(nodes=sc.nodes)))
+    incomplete: list[str] = []
+    with _fabric(topo, sc.nodes, incomplete) as topo:
         if topo.spec.nodes != sc.nodes:
             raise ValueError(f"scenario {sc.name} needs {sc.nodes} nodes, the fabric has {topo.spec.nodes}")
         with Job(topo, sc.job, root) as job:
@@ -247,6 +266,9 @@ def run_node_loss(sc: NodeLossScenario, out: Path, *, topo: Topology | None = No
         report.message = (report.message + f"; killed after {sc.timeout_s:.0f}s").lstrip("; ")
     if reaper.error is not None:
         report.message = (report.message + f"; reaper error: {reaper.error!r}").lstrip("; ")
+    report.fabric_error = "; ".join(incomplete)
+    if incomplete:
+        report.message = (report.message + f"; {report.fabric_error}").lstrip("; ")
     (root / "report.json").write_text(json.dumps(report.to_dict() | {"scenario": asdict(sc), "wall_s": wall},
                                                  indent=2, default=str))
     log(f"   {wall:.0f}s\n" + format_node_loss(report))
@@ -260,7 +282,7 @@ def run_node_losses(scenarios: Sequence[NodeLossScenario], out: Path, *, budget_
 
 
 def node_loss_ok(r: NodeLossResult) -> bool:
-    return r.outcome == "replace" and r.completed and r.bitwise == "IDENTICAL"
+    return r.outcome == "replace" and r.completed and r.bitwise == "IDENTICAL" and not r.fabric_error
 
 
 def landing_summary(reports: Sequence[ScenarioResult]) -> str:
@@ -303,7 +325,11 @@ def print_summary(reports: Sequence[ScenarioResult], out: Path, log=print, *, en
     different = [r.name for r in reports if r.bitwise.startswith("DIFFERENT")]
     if different:
         log(f"FAILED: end state bitwise DIFFERENT from the reference in {', '.join(different)}")
-    return not different and all(not c.same_node_replaced for r in reports for c in r.cuts)
+    leaked = [r.name for r in reports if r.fabric_error]
+    if leaked:
+        log(f"FAILED: the emulated fabric was not wholly torn down after {', '.join(leaked)} (the next run reaps "
+            "what is left)")
+    return not different and not leaked and all(not c.same_node_replaced for r in reports for c in r.cuts)
 
 
 def parse_settings(items: Sequence[str]) -> tuple[tuple[str, str], ...]:

@@ -32,6 +32,7 @@ __all__ = [
     "ChaosUnavailable",
     "OWNER_DIR",
     "Topology",
+    "TeardownIncomplete",
     "TopologyError",
     "TopologySpec",
     "emulated_nodes",
@@ -51,6 +52,11 @@ class ChaosUnavailable(AccelPactError, RuntimeError):
 
 class TopologyError(AccelPactError, RuntimeError):
     """An `ip` command that builds or changes the emulated fabric failed."""
+
+
+class TeardownIncomplete(TopologyError):
+    """The fabric was used and then not wholly removed (`reap_stale` takes what is left next time):
+    what ran on it stands, so a campaign records it against the scenario instead of losing it."""
 
 
 def preflight() -> None:
@@ -286,7 +292,7 @@ def emulated_nodes(spec: TopologySpec | None = None, *, nodes: int = 2) -> Itera
         try:
             problems = topo.down()
             if problems:
-                raise TopologyError("teardown incomplete: " + "; ".join(problems))
+                raise TeardownIncomplete("teardown incomplete: " + "; ".join(problems))
         finally:
             restore()
 
