@@ -554,3 +554,67 @@ def test_a_hook_on_a_parameter_that_holds_the_group_is_found_and_rebound():
     plan.rebind(new)
     plan.prove()
     assert next(iter(model.weight._backward_hooks.values()))() is new
+
+
+def test_dtensor_caches_are_decided_once_after_every_group_of_a_recovery_is_rebound(monkeypatch):
+    """Found by review: the decision ran after each plan. A Rewind replaces every group; while the
+    replicate group's plan ran, the user's own mesh (outside the plans) still named the shard group
+    whose plan had not run yet, counted as stale, and the caches were dropped (14x first update)."""
+    import copy
+
+    from accelpact.rebind import mesh as mesh_rule
+
+    dropped = []
+    monkeypatch.setattr(mesh_rule, "clear_dtensor_sharding_caches", lambda: dropped.append(True))
+
+    def recovery(decided_once: bool):
+        model, optimizer, groups = wrapped("fsdp2", 2)
+        root = model._get_fsdp_state()._fsdp_param_group.mesh_info.mesh
+        plans = [discover(model, g, extra={"optimizer": optimizer}) for g in (groups.replicate, groups.shard)]
+        users = copy.copy(root)  # the user's mesh, naming both groups, reached by no plan
+        users.__dict__["_dim_group_names"] = list(root._dim_group_names)
+        retired = [groups.replicate.group_name, groups.shard.group_name]  # the replace phase retired both
+        monkeypatch.setattr(mesh_rule, "retired_group_names", lambda: retired)
+        successors = [dist.new_group([0, 2]), dist.new_group([0, 1])]
+        mesh_rule.CACHE_DECISIONS.clear()  # a bounded deque: only this recovery's decisions
+        with mesh_rule.one_cache_decision() if decided_once else contextlib.nullcontext():
+            for plan, new in zip(plans, successors):
+                plan.rebind(new)
+        assert users._dim_group_names == [s.group_name for s in successors]  # followed either way
+        return [d[:2] for d in mesh_rule.CACHE_DECISIONS]
+
+    import contextlib
+
+    assert recovery(decided_once=False) == [("dropped", 1), ("kept", 0)] and dropped == [True]  # as before the fix
+    dropped.clear()
+    assert recovery(decided_once=True) == [("kept", 0)] and dropped == []
+
+
+def test_a_group_rebuilt_under_its_own_name_does_not_count_as_retired_for_the_caches(monkeypatch):
+    """A world rebuilt around a spare re-creates every group under its name: a mesh naming it
+    resolves to the successor, so it is no reason to drop DTensor's caches."""
+    from types import SimpleNamespace
+
+    from accelpact.rebind import mesh as mesh_rule
+
+    dropped = []
+    monkeypatch.setattr(mesh_rule, "clear_dtensor_sharding_caches", lambda: dropped.append(True))
+    monkeypatch.setattr(mesh_rule, "retired_group_names", lambda: ["world0:replicate"])
+    holder = SimpleNamespace(_dim_group_names=["world0:replicate"])
+    monkeypatch.setattr(mesh_rule, "live_meshes", lambda: [holder])
+    mesh_rule._decide([("world0:replicate", "world0:replicate", frozenset())])
+    assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("kept", 0) and dropped == []
+    mesh_rule._decide([("world0:replicate", "accelpact:replicate:g1", frozenset())])
+    assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("dropped", 1) and dropped == [True]
+
+
+def test_a_group_without_a_rebind_plan_is_named_in_the_vote():
+    from types import SimpleNamespace
+
+    from accelpact.fsm.effects import RebindReferences
+    from accelpact.runtime.rebinding import rebind_references
+
+    plane = SimpleNamespace(plans={"shard": object()}, install=lambda *a, **k: None)
+    got = rebind_references(plane, RebindReferences(("replicate",), 3), {"replicate": (object(), object())},
+                            rebind=True, counts={})
+    assert not got.ok and "no rebind plan for group 'replicate'" in got.reason and "['shard']" in got.reason

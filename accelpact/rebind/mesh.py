@@ -27,12 +27,14 @@ copied mesh the plans do not reach is found, and that the tracker sees what a he
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
 import logging
 import time
 import weakref
 from collections import deque
+from collections.abc import Iterator
 
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -41,7 +43,7 @@ from accelpact.comm.lifecycle import retired_group_names
 from accelpact.rebind.rule import RuleContext
 from accelpact.rebind.sites import Access, Site
 
-__all__ = ["MeshRule"]
+__all__ = ["MeshRule", "one_cache_decision"]
 
 log = logging.getLogger("accelpact.rebind")
 
@@ -83,13 +85,49 @@ def keep_or_drop_sharding_caches(replaced: str, ours: frozenset[int] = frozenset
                                  successor: str | None = None) -> None:
     """Keep DTensor's sharding caches unless a live mesh still names `replaced` or a retired group.
     `ours`: the meshes the plans reach (ids); their tables are rewritten by the plan of each
-    replaced group and checked by its proof, so only a mesh outside them can be stale here (a
-    2-D mesh still names the other group until that group's plan has run). A live mesh outside
-    them that names `replaced` is first pointed at `successor` (`follow_successor`)."""
-    start = time.perf_counter()
+    replaced group and checked by its proof, so only a mesh outside them can be stale here. A
+    live mesh outside them that names `replaced` is first pointed at `successor`
+    (`follow_successor`). Inside `one_cache_decision` the decision waits for the last plan."""
     if successor is not None:
         FOLLOWED.append(follow_successor(replaced, successor, ours))
-    stale = [m for m in meshes_naming({replaced, *retired_group_names()}) if id(m) not in ours]
+    if _BATCH is not None:
+        _BATCH.append((replaced, successor, ours))
+        return
+    _decide([(replaced, successor, ours)])
+
+
+@contextlib.contextmanager
+def one_cache_decision() -> Iterator[None]:
+    """Rebind several groups, then decide about DTensor's caches once. Deciding after each plan,
+    a mesh outside the plans that names a group whose plan had not run yet (the user's
+    ``mesh["shard"]`` while ``replicate`` is rebound: a Rewind replaces every group) counted as
+    stale, and the caches were dropped: the first update after the recovery ran cold (14x)."""
+    global _BATCH
+    if _BATCH is not None:  # nested: the outer one decides
+        yield
+        return
+    _BATCH = []
+    try:
+        yield
+    finally:
+        batch, _BATCH = _BATCH, None
+        if batch:
+            _decide(batch)
+
+
+#: (replaced, successor, ours) of each plan rebound inside `one_cache_decision`; None outside it
+_BATCH: list[tuple[str, str | None, frozenset[int]]] | None = None
+
+
+def _decide(batch: list[tuple[str, str | None, frozenset[int]]]) -> None:
+    """Drop the caches if a live mesh outside the plans names a group that no longer is: one
+    replaced here or retired before, unless it was re-created under its name (a world rebuilt
+    around a spare keeps every name; such a mesh resolves its name to the successor)."""
+    start = time.perf_counter()
+    ours = frozenset().union(*(o for _, _, o in batch))
+    successors = {s for _, s, _ in batch if s is not None}
+    gone = ({r for r, _, _ in batch} | set(retired_group_names())) - successors
+    stale = [m for m in meshes_naming(gone) if id(m) not in ours]
     if stale:
         clear_dtensor_sharding_caches()
         log.info("dropped DTensor's sharding caches: %d live mesh(es) still name a retired group", len(stale))
