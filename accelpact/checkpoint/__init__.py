@@ -8,6 +8,7 @@ whose every byte matches its manifest, falling back past anything torn or tamper
 from .appstate import AppState, Stateful, capture_rng_state, restore_rng_state
 from .attempts import AttemptLog, AttemptRecord, check_restart_budget, restart_count, updates_replayed
 from .errors import (
+    CheckpointDurabilityError,
     CheckpointError,
     CheckpointExistsError,
     CheckpointLayoutError,
@@ -27,6 +28,7 @@ __all__ = [
     "AppState",
     "AttemptLog",
     "AttemptRecord",
+    "CheckpointDurabilityError",
     "CheckpointError",
     "CheckpointExistsError",
     "CheckpointLayoutError",

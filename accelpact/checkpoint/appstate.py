@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -151,7 +151,9 @@ class AppState:
 
     ``frontier`` is the committed frontier F (updates committed); ``opt_step`` is tau, optimizer
     steps applied. ``data_state``, ``scheduler`` and ``scaler`` are optional Stateful objects;
-    ``extra`` carries small weights_only-safe values. RNG streams are captured when saving.
+    ``stateful`` are more of them in a fixed order (the runtime's schedulers and scalers, which a
+    Rewind also puts back), checked by count and type at restore; ``extra`` carries small
+    weights_only-safe values. RNG streams are captured when saving.
     """
 
     frontier: int = 0
@@ -159,10 +161,12 @@ class AppState:
     data_state: Stateful | None = None
     scheduler: Stateful | None = None
     scaler: Stateful | None = None
+    stateful: tuple[Stateful, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     rng: bool = True
 
     _COMPONENTS = ("data_state", "scheduler", "scaler")
+    _LABELS = {"data_state": "data cursor", "scheduler": "scheduler", "scaler": "scaler"}
 
     def capture(self) -> dict[str, Any]:
         """Snapshot for the per-rank file; raises CheckpointSaveError if not weights_only-safe."""
@@ -172,6 +176,7 @@ class AppState:
             "opt_step": int(self.opt_step),
             "rng": capture_rng_state() if self.rng else None,
             "extra": dict(self.extra),
+            "stateful": [{"type": type(obj).__name__, "state": obj.state_dict()} for obj in self.stateful],
         }
         for name in self._COMPONENTS:
             obj = getattr(self, name)
@@ -187,23 +192,65 @@ class AppState:
         missing = [n for n in self._COMPONENTS if getattr(self, n) is not None and state.get(n) is None]
         if missing:
             return f"checkpoint has no saved state for {', '.join(missing)} given to AppState"
+        why = self._stateful_problem(state.get("stateful"))
+        if why:
+            return why
         if self.rng:
             if state.get("rng") is None:
                 return "checkpoint was saved without RNG state but AppState.rng is True"
             return rng_problem(state["rng"])
         return None
 
+    def _stateful_problem(self, saved: Any) -> str | None:
+        """Why the saved schedulers/scalers do not fit ``self.stateful`` one for one, or None. A
+        checkpoint written before they were saved has none (None): :meth:`restore` warns instead."""
+        if saved is None:
+            return None
+        if not isinstance(saved, list) or not all(isinstance(s, dict) and {"type", "state"} <= s.keys()
+                                                  for s in saved):
+            return f"the checkpoint's schedulers/scalers entry is malformed ({type(saved).__name__})"
+        kept = [str(s["type"]) for s in saved]
+        live = [type(obj).__name__ for obj in self.stateful]
+        if kept != live:
+            return (f"checkpoint holds the state of {len(kept)} scheduler(s)/scaler(s) ({', '.join(kept) or 'none'}), "
+                    f"this run steps {len(live)} ({', '.join(live) or 'none'}): pass the same schedulers and "
+                    "scalers, in the same order, as the run that saved it")
+        return None
+
     def restore(self, state: Mapping[str, Any]) -> None:
-        """Apply a snapshot; every component this AppState has must be present in it."""
+        """Apply a snapshot; every component this AppState has must be present in it. A failure
+        names the component that raised it (its cause chained)."""
         why = self.problem(state)
         if why:
             raise CheckpointLoadError(why)
         for name in self._COMPONENTS:
             obj = getattr(self, name)
             if obj is not None:
-                obj.load_state_dict(state[name])
+                _load_component(f"{self._LABELS[name]} ({type(obj).__name__})", obj.load_state_dict, state[name])
+        self._restore_stateful(state.get("stateful"))
         if self.rng:
-            restore_rng_state(state["rng"])
+            _load_component("RNG state", restore_rng_state, state["rng"])
         self.frontier = int(state["frontier"])
         self.opt_step = int(state["opt_step"])
         self.extra = dict(state.get("extra") or {})
+
+    def _restore_stateful(self, saved: list[dict[str, Any]] | None) -> None:
+        if saved is None:
+            if self.stateful:
+                names = ", ".join(type(obj).__name__ for obj in self.stateful)
+                log_event(logging.WARNING, "checkpoint.stateful_not_saved",
+                          f"the scheduler/scaler state ({names}) was not in the checkpoint (written before "
+                          "it was saved): they keep their state from before the restore", objects=names)
+            return
+        for i, (obj, entry) in enumerate(zip(self.stateful, saved, strict=True)):
+            _load_component(f"scheduler/scaler {i} ({type(obj).__name__})", obj.load_state_dict, entry["state"])
+
+
+def _load_component(what: str, load: Callable[[Any], Any], saved: Any) -> None:
+    """Apply one component's saved state, naming the component in the error: 'KeyError: pos'
+    alone does not say whether the data cursor, a scheduler or the RNG refused its state."""
+    try:
+        load(saved)
+    except Exception as exc:
+        raise CheckpointLoadError(f"restoring the {what} from the checkpoint failed: "
+                                  f"{type(exc).__name__}: {exc}") from exc

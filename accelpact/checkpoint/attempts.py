@@ -115,12 +115,14 @@ class AttemptLog:
         if not self.path.is_file():
             return []
         out = []
-        for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), 1):
+        # bytes, decoded line by line: one torn or foreign line of non-UTF-8 bytes is skipped like any
+        # other unreadable line, instead of failing the budget check of every later attempt
+        for lineno, line in enumerate(self.path.read_bytes().splitlines(), 1):
             if not line.strip():
                 continue
             try:
-                rec = AttemptRecord.from_dict(json.loads(line))
-            except (json.JSONDecodeError, TypeError) as exc:
+                rec = AttemptRecord.from_dict(json.loads(line.decode("utf-8")))
+            except (UnicodeDecodeError, json.JSONDecodeError, TypeError) as exc:
                 log_event(logging.WARNING, "checkpoint.attempt.bad_line", "skipping unreadable attempts line",
                           path=str(self.path), line=lineno, error=str(exc))
                 continue

@@ -10,7 +10,7 @@ plane group is the natural choice for ``group``.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import torch.distributed as dist
 
@@ -54,11 +54,28 @@ class Comm:
         if self.enabled:
             self.all_gather(None)  # an object collective: works on Gloo and NCCL groups alike
 
-    def agree(self, local_error: str | None, what: str, exc: type[CheckpointError] = CheckpointError) -> None:
-        """Raise ``exc`` on every rank if any rank reports an error (a barrier otherwise)."""
-        errors = self.all_gather(local_error)
+    def agree(self, local_error: BaseException | str | None, what: str,
+              exc: type[CheckpointError] = CheckpointError) -> None:
+        """Raise ``exc`` on every rank if any rank reports an error (a barrier otherwise). The peers
+        get each failed rank's error as text; a rank that failed with an exception raises ``exc``
+        from it, so its own traceback keeps the original."""
+        errors = self.all_gather(describe(local_error))
         failed = [(r, e) for r, e in enumerate(errors) if e]
         if failed:
             detail = "; ".join(f"rank {r}: {e}" for r, e in failed)
-            raise exc(f"{what} failed on {len(failed)} of {self.world_size} rank(s): {detail}",
-                      ranks=[r for r, _ in failed], agreed=True)
+            raise_from_local(exc(f"{what} failed on {len(failed)} of {self.world_size} rank(s): {detail}",
+                                 ranks=[r for r, _ in failed], agreed=True), local_error)
+
+
+def describe(error: BaseException | str | None) -> str | None:
+    """An error as the text the ranks exchange: 'Type: message' for an exception."""
+    if isinstance(error, BaseException):
+        return f"{type(error).__name__}: {error}"
+    return error
+
+
+def raise_from_local(error: BaseException, local: BaseException | str | None) -> NoReturn:
+    """Raise the agreed ``error``, chained to this rank's own exception when it had one."""
+    if isinstance(local, BaseException):
+        raise error from local
+    raise error

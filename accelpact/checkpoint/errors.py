@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from ..errors import CheckpointError, RestartBudgetExceeded
 
 __all__ = [
+    "CheckpointDurabilityError",
     "CheckpointError",
     "CheckpointExistsError",
     "CheckpointLayoutError",
@@ -36,6 +37,15 @@ class CheckpointExistsError(CheckpointError, FileExistsError):
 
 class CheckpointSaveError(CheckpointError):
     """A save failed on at least one rank; nothing was published."""
+
+
+class CheckpointDurabilityError(CheckpointError):
+    """A save's step was renamed into place, so it is published (loaders see it and verify it like
+    any step), but what follows the rename failed (the fsync of the root, the re-check of the
+    step): its entry in the root may not survive a crash. Not a CheckpointSaveError, whose claim
+    is that nothing was published; the step is not moved aside to make that claim true either,
+    since moving it is another rename whose durability hangs on the fsync that just failed.
+    latest.json and retention are skipped: no older step is deleted on the strength of this one."""
 
 
 def agreed_failure(exc: BaseException) -> bool:

@@ -25,8 +25,9 @@ import torch.distributed as dist
 
 from .appstate import AppState
 from .attempts import restart_count
-from .collective import Comm
+from .collective import Comm, raise_from_local
 from .errors import (
+    CheckpointDurabilityError,
     CheckpointError,
     CheckpointExistsError,
     CheckpointLayoutError,
@@ -48,7 +49,9 @@ from .publish import (
     latest_pointer,
     loadability_problem,
     prepare_tmp,
+    published_not_durable,
     raise_gathered,
+    set_aside,
     stray_tmp_dirs,
     utc_now,
     write_latest,
@@ -97,15 +100,18 @@ def _err(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _agreed(comm: Comm, outcome: tuple | None, failure: str) -> tuple:
-    """Broadcast rank 0's ("ok" | "exists" | "error", detail, extra) and raise the same error on
-    every rank, so no rank carries on with a save that another abandoned."""
+def _agreed(comm: Comm, outcome: tuple | None, failure: str, local: BaseException | None = None) -> tuple:
+    """Broadcast rank 0's ("ok" | "exists" | "published_not_durable" | "error", detail, extra) and
+    raise the same error on every rank, so no rank carries on with a save that another abandoned;
+    `local`: this rank's own exception behind it, chained."""
     outcome = comm.broadcast(outcome)
     assert outcome is not None
     if outcome[0] == "exists":
-        raise CheckpointExistsError(outcome[1], agreed=True)
+        raise_from_local(CheckpointExistsError(outcome[1], agreed=True), local)
+    if outcome[0] == "published_not_durable":
+        raise_from_local(CheckpointDurabilityError(outcome[1], agreed=True), local)
     if outcome[0] != "ok":
-        raise CheckpointSaveError(f"{failure}: {outcome[1]}", agreed=True)
+        raise_from_local(CheckpointSaveError(f"{failure}: {outcome[1]}", agreed=True), local)
     return outcome
 
 
@@ -153,6 +159,9 @@ class CheckpointManager:
         self.group = group
         self.attempt = str(restart_count() if attempt is None else attempt)
         self._hashed: dict[str, tuple] = {}  # step dir name -> file fingerprint when it last verified
+        #: step dir name -> why this process refused it (a restore, `published_problem`): a save of
+        #: that step sets it aside (`_set_aside_refused`) instead of refusing to overwrite it
+        self._refused: dict[str, str] = {}
         if key is not None and not key:  # a secret that expanded to nothing: never sign with it silently
             raise ValueError("the checkpoint key is empty (pass None for unsigned checkpoints)")
         self._key = (hashlib.sha256(key.encode() if isinstance(key, str) else key).digest()
@@ -204,8 +213,9 @@ class CheckpointManager:
     ) -> SaveResult:
         """Collectively save and publish ``step-<step>``; every rank must call it with the same step.
 
-        Raises CheckpointExistsError (all ranks) if the step is already published, and
-        CheckpointSaveError (all ranks) if any rank fails; nothing is published then.
+        Raises CheckpointExistsError (all ranks) if the step is already published and was not
+        refused, CheckpointSaveError (all ranks) if any rank fails, nothing being published then,
+        and CheckpointDurabilityError (all ranks) if what follows the publishing rename fails.
         """
         t0 = time.perf_counter()
         comm = self._comm()
@@ -220,6 +230,7 @@ class CheckpointManager:
             raise CheckpointSaveError(f"ranks disagree on the step to save: {[s for s, _ in seen]}", agreed=True)
 
         prep: tuple[str, Any, Any] | None = None
+        prep_exc: Exception | None = None
         if comm.is_coordinator:
             try:
                 stray = stray_tmp_dirs(self.root)
@@ -228,12 +239,13 @@ class CheckpointManager:
                     failures = delete_steps(self.root, cleaned)
                     log_event(WARNING, "checkpoint.tmp_cleaned", "removed unpublished save directories",
                               root=str(self.root), dirs=list(cleaned), failures=failures)
+                self._set_aside_refused(step)
                 prep = ("ok", str(prepare_tmp(self.root, step, self.attempt)), cleaned)
             except CheckpointExistsError as exc:
-                prep = ("exists", str(exc), ())
-            except Exception as exc:  # noqa: BLE001 - reported to every rank below
-                prep = ("error", _err(exc), ())
-        prep = _agreed(comm, prep, f"rank 0 could not prepare step {step} under {self.root}")
+                prep, prep_exc = ("exists", str(exc), ()), exc
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below, chained on this one
+                prep, prep_exc = ("error", _err(exc), ()), exc
+        prep = _agreed(comm, prep, f"rank 0 could not prepare step {step} under {self.root}", prep_exc)
         tmp, cleaned = Path(prep[1]), prep[2]
 
         # Every rank: shards (DCP raises on every rank if any rank fails) and its own state file.
@@ -243,15 +255,15 @@ class CheckpointManager:
             self._drop_unpublished(comm, tmp)  # an unpublished step directory is never left behind
             raise CheckpointSaveError(f"DCP save of step {step} into {tmp} failed: {_err(exc)}",
                                       agreed=agreed_failure(exc)) from exc
-        local = None
+        local: Exception | None = None
         try:
             payload = {"rank": comm.rank, "world_size": comm.world_size, "step": step, "run_id": self.run_id,
                        "attempt": self.attempt, "app": app_state.capture()}
             buf = io.BytesIO()
             torch.save(payload, buf)
             write_durable(tmp / rank_state_name(comm.rank), buf.getvalue())
-        except Exception as exc:  # noqa: BLE001 - gathered, raised on every rank
-            local = _err(exc)
+        except Exception as exc:  # noqa: BLE001 - gathered, raised on every rank (chained on this one)
+            local = exc
         try:
             comm.agree(local, f"writing rank state for step {step}", CheckpointSaveError)
         except CheckpointSaveError:
@@ -262,9 +274,9 @@ class CheckpointManager:
         local_entries, local = [], None
         try:
             local_entries = hash_stripe(tmp, comm.rank, comm.world_size)
-        except Exception as exc:  # noqa: BLE001
-            local = _err(exc)
-        gathered = comm.all_gather((local_entries, local))
+        except Exception as exc:  # noqa: BLE001 - gathered, raised on every rank (chained on this one)
+            local = exc
+        gathered = comm.all_gather((local_entries, None if local is None else _err(local)))
         t_hashed = time.perf_counter()
 
         result: tuple[str, Any, Any] | None = None
@@ -286,7 +298,7 @@ class CheckpointManager:
                 )
                 name = step_dir_name(step)
                 commit_and_publish(tmp, self.root / name, manifest, self._key)
-                self._hashed[name] = _published_fingerprint(self.root / name)
+                self._hashed[name] = _published_fingerprint(self.root / name, step)
                 try:
                     write_latest(self.root, latest_pointer(manifest, name))
                 except OSError as exc:  # the step is published; the pointer is only a hint
@@ -295,11 +307,13 @@ class CheckpointManager:
                 deleted = self._retain()
                 result = ("ok", (manifest.total_bytes, len(entries)), deleted)
             except CheckpointExistsError as exc:
-                result = ("exists", str(exc), ())
-            except Exception as exc:  # noqa: BLE001 - reported to every rank below
-                result = ("error", _err(exc), ())
+                result, local = ("exists", str(exc), ()), exc
+            except CheckpointDurabilityError as exc:
+                result, local = ("published_not_durable", str(exc), ()), exc
+            except Exception as exc:  # noqa: BLE001 - reported to every rank below, chained on this one
+                result, local = ("error", _err(exc), ()), local or exc
         try:
-            result = _agreed(comm, result, f"publishing step {step} failed on rank 0")
+            result = _agreed(comm, result, f"publishing step {step} failed on rank 0", local)
         except CheckpointSaveError:
             self._drop_unpublished(comm, tmp)
             raise
@@ -314,6 +328,42 @@ class CheckpointManager:
             log_event(INFO, "checkpoint.saved", f"published step {step}", path=report.path, bytes=nbytes,
                       files=nfiles, seconds=round(report.seconds, 4), deleted=list(deleted))
         return report
+
+    def _set_aside_refused(self, step: int) -> None:
+        """(rank 0) Rename an existing ``step-F`` aside when it was refused (by a restore or
+        `published_problem` in this process, or its structure fails now), so that F is saved again:
+        refusing to overwrite it forever made one corrupt step a restart loop (the replay reaches F,
+        its save fails, the job fails stop, restores the older step again). A step that verifies
+        stays, and the save is refused as before (CheckpointExistsError)."""
+        name = step_dir_name(step)
+        if not (self.root / name).exists():
+            return
+        why = self._refused.get(name)
+        if why is None:
+            verdict = self._verify(name, hash_files=False)
+            why = None if verdict.ok else verdict.reason
+        if why is None:
+            return
+        aside = set_aside(self.root, step, self.attempt)
+        self._refused.pop(name, None)
+        self._hashed.pop(name, None)
+        log_event(WARNING, "checkpoint.refused_set_aside", f"refused step {step} renamed aside to save it again",
+                  root=str(self.root), candidate=name, moved_to=aside, reason=why)
+
+    def published_problem(self, step: int) -> str | None:
+        """(every rank) Why the published ``step-<step>`` would be refused by a restore, or None:
+        its structure and every rank's stripe of its digests, as a restore checks them. Remembered
+        when refused, so that the next save of ``step`` sets it aside. For a save refused with
+        CheckpointExistsError: is the step already there one to rely on?"""
+        comm = self._comm()
+        name = step_dir_name(step)
+        why = self._hashes_agreed(comm, name)
+        if why is not None:
+            self._refused[name] = why
+            if comm.is_coordinator:
+                log_event(WARNING, "checkpoint.refused", "published step refused", root=str(self.root),
+                          candidate=name, reason=why)
+        return why
 
     @staticmethod
     def _drop_unpublished(comm: Comm, tmp: Path) -> None:
@@ -345,6 +395,7 @@ class CheckpointManager:
         try:
             listing = classify_entries(os.listdir(self.root))
             verdicts = [(step, name, self._retention_verdict(name)) for step, name in listing.steps]
+            verdicts += [(step, name, False) for step, name in listing.refused]  # set aside: known bad
             plan = retention_plan(verdicts, self.keep, self.keep_every)
             failures = delete_steps(self.root, plan.delete)
             for name in plan.delete:
@@ -370,8 +421,7 @@ class CheckpointManager:
         if listing.tmps:
             log_event(INFO, "checkpoint.tmp_ignored", "ignoring unpublished save directories",
                       root=str(self.root), dirs=list(listing.tmps))
-        latest_path = self.root / LATEST_NAME
-        latest_raw = latest_path.read_bytes() if latest_path.is_file() else None
+        latest = _read_latest(self.root / LATEST_NAME)
 
         def verify(name: str) -> Verdict:
             if name in refused:  # logged when the ranks refused it
@@ -385,14 +435,14 @@ class CheckpointManager:
         sel = select_candidate(listing.candidates, verify, run_id=self.run_id, world_size=self.world_size,
                                layout=self.layout)
         if sel.outcome is Outcome.NO_CHECKPOINT:
-            if latest_raw is None:
+            if latest is None:
                 return sel
             # A pointer survives but no step does: something was published and is gone. Refuse to
             # start fresh silently.
-            step, problem = parse_latest(latest_raw)
+            step, problem = latest
             reason = problem or f"latest.json points at step {step}, but no published step directory exists"
             return Selection(Outcome.NONE_VERIFIED, (Refusal(LATEST_NAME, reason),))
-        note = judge_latest(parse_latest(latest_raw), sel)
+        note = judge_latest(latest or parse_latest(None), sel)
         if note:
             log_event(WARNING, "checkpoint.latest_ignored", "latest.json is not the step restored",
                       root=str(self.root), note=note, chosen=sel.name)
@@ -441,13 +491,14 @@ class CheckpointManager:
         t0 = time.perf_counter()
         comm = self._comm()
         refused: dict[str, str] = {}  # candidates whose content the ranks' digests refused
+        scan_exc: Exception | None = None
         while True:  # each round refuses one more candidate, or ends
             sel: Selection | tuple[str, str] | None = None
             if comm.is_coordinator:
                 try:
                     sel = self._select(refused)
-                except Exception as exc:  # noqa: BLE001 - reported to every rank below
-                    sel = ("error", _err(exc))
+                except Exception as exc:  # noqa: BLE001 - reported to every rank below, chained on this one
+                    sel, scan_exc = ("error", _err(exc)), exc
             sel = comm.broadcast(sel)
             if isinstance(sel, tuple) or sel.outcome is not Outcome.SELECTED:
                 break
@@ -461,8 +512,9 @@ class CheckpointManager:
                           candidate=sel.name, reason=why)
         t_verified = time.perf_counter()
         if isinstance(sel, tuple):
-            raise CheckpointLoadError(f"rank 0 could not scan {self.root}: {sel[1]}")
+            raise_from_local(CheckpointLoadError(f"rank 0 could not scan {self.root}: {sel[1]}"), scan_exc)
         assert sel is not None
+        self._refused.update((r.candidate, r.reason) for r in sel.refusals)  # a save of that step sets it aside
         if sel.outcome is Outcome.NO_CHECKPOINT:
             if comm.is_coordinator:
                 log_event(INFO, "checkpoint.none", "no checkpoint to restore: fresh start", root=str(self.root))
@@ -479,21 +531,21 @@ class CheckpointManager:
 
         # Every rank reads its own (verified) state file and checks it fits, before touching the model.
         payload: dict[str, Any] = {}
-        local = None
+        local: Exception | str | None = None
         try:
             payload = torch.load(path / rank_state_name(comm.rank), map_location="cpu", weights_only=True)
             local = _rank_payload_problem(payload, comm.rank, comm.world_size, sel.step, self.run_id)
             local = local or app_state.problem(payload["app"])
-        except Exception as exc:  # noqa: BLE001
-            local = _err(exc)
+        except Exception as exc:  # noqa: BLE001 - gathered, raised on every rank (chained on this one)
+            local = exc
         comm.agree(local, f"reading rank state of {sel.name}", CheckpointLoadError)
 
         local = None
         try:
             load_shards(path / SHARDS_DIR, model, optimizer, comm)
-            app_state.restore(payload["app"])
+            app_state.restore(payload["app"])  # its errors name the component (data cursor, scheduler...)
         except Exception as exc:  # noqa: BLE001 - DCP already agrees on its own failures; this covers the rest
-            local = _err(exc)
+            local = exc
         comm.agree(local, f"restoring {sel.name} (model, optimizer, app state)", CheckpointLoadError)
 
         manifest = verify_step_dir(path, hash_files=False, key=self._key).manifest
@@ -519,13 +571,29 @@ class CheckpointManager:
         return sorted(step for step, name in listing.steps if self._verify(name).ok)
 
 
-def _published_fingerprint(path: Path) -> tuple:
-    """Fingerprint of a step just published from freshly computed digests (sizes re-checked)."""
-    fingerprint = tree_fingerprint(path)
+def _published_fingerprint(path: Path, step: int) -> tuple:
+    """Fingerprint of a step just published from freshly computed digests (sizes re-checked). It
+    is published by now: a failure here is a CheckpointDurabilityError, not a failed save."""
+    try:
+        fingerprint = tree_fingerprint(path)
+    except OSError as exc:
+        raise published_not_durable(path, step, "reading its files back failed", exc) from exc
     verdict = verify_step_dir(path, hash_files=False)
     if not verdict.ok:
-        raise CheckpointSaveError(f"step just published at {path} does not verify: {verdict.reason}")
+        problem = CheckpointError(verdict.reason)
+        raise published_not_durable(path, step, "it does not verify", problem) from problem
     return fingerprint
+
+
+def _read_latest(path: Path) -> tuple[int | None, str | None] | None:
+    """(step, problem) of latest.json, or None when there is none. A pointer that cannot be read
+    (EIO) is a problem noted like a torn one: it is a hint, and must not stop the restore."""
+    try:
+        return parse_latest(path.read_bytes())
+    except (FileNotFoundError, IsADirectoryError):
+        return None
+    except OSError as exc:
+        return None, f"latest.json unreadable ({type(exc).__name__}: {exc})"
 
 
 def _rank_payload_problem(payload: Any, rank: int, world_size: int, step: int, run_id: str) -> str | None:

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 STEP_PREFIX = "step-"
 STEP_DIGITS = 12
 TMP_MARK = ".tmp-"
+#: a published step set aside because it was refused, so that its step can be saved again
+REFUSED_MARK = ".refused-"
 
 MANIFEST_NAME = "manifest.json"
 COMMITTED_NAME = "COMMITTED"
@@ -22,6 +24,7 @@ RANK_STATE_DIR = "rank-state"
 
 _STEP_RE = re.compile(r"^step-(\d+)$")
 _TMP_RE = re.compile(r"^step-(\d+)\.tmp-([A-Za-z0-9_.-]+)$")
+_REFUSED_RE = re.compile(r"^step-(\d+)\.refused-([A-Za-z0-9_.-]+)$")
 _ATTEMPT_RE = re.compile(r"^[A-Za-z0-9_-]+$")
 
 
@@ -40,6 +43,13 @@ def tmp_dir_name(step: int, attempt: str | int) -> str:
     return f"{step_dir_name(step)}{TMP_MARK}{tag}"
 
 
+def refused_dir_name(step: int, tag: str) -> str:
+    """Where a refused step directory is set aside: never loaded, aged out by retention."""
+    if not _ATTEMPT_RE.match(tag):
+        raise ValueError(f"refusal tag {tag!r} must match [A-Za-z0-9_-]+")
+    return f"{step_dir_name(step)}{REFUSED_MARK}{tag}"
+
+
 def rank_state_name(rank: int) -> str:
     """Relative path of one rank's application-state file inside a step directory."""
     return f"{RANK_STATE_DIR}/rank-{rank:05d}.pt"
@@ -56,6 +66,12 @@ def is_tmp_dir_name(name: str) -> bool:
     return _TMP_RE.match(name) is not None
 
 
+def parse_refused_dir_name(name: str) -> int | None:
+    """Step of a refused directory set aside (`refused_dir_name`), or None when ``name`` is not one."""
+    m = _REFUSED_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
 @dataclass(frozen=True)
 class RootListing:
     """A checkpoint root's entries, sorted into what the loader may consider and what it ignores."""
@@ -63,6 +79,7 @@ class RootListing:
     steps: tuple[tuple[int, str], ...]  # (step, name), newest first
     tmps: tuple[str, ...]
     others: tuple[str, ...]
+    refused: tuple[tuple[int, str], ...] = ()  # (step, name) of refused steps set aside, newest first
 
     @property
     def candidates(self) -> tuple[str, ...]:
@@ -70,17 +87,22 @@ class RootListing:
 
 
 def classify_entries(names: Iterable[str]) -> RootListing:
-    """Split directory entry names into published steps (newest first), tmp dirs and the rest."""
+    """Split directory entry names into published steps (newest first), tmp dirs, refused steps
+    set aside, and the rest."""
     steps: list[tuple[int, str]] = []
+    refused: list[tuple[int, str]] = []
     tmps: list[str] = []
     others: list[str] = []
     for name in names:
-        step = parse_step_dir_name(name)
+        step, aside = parse_step_dir_name(name), parse_refused_dir_name(name)
         if step is not None:
             steps.append((step, name))
+        elif aside is not None:
+            refused.append((aside, name))
         elif is_tmp_dir_name(name):
             tmps.append(name)
         else:
             others.append(name)
     steps.sort(reverse=True)
-    return RootListing(tuple(steps), tuple(sorted(tmps)), tuple(sorted(others)))
+    refused.sort(reverse=True)
+    return RootListing(tuple(steps), tuple(sorted(tmps)), tuple(sorted(others)), tuple(refused))

@@ -1,6 +1,7 @@
 """The publish protocol's file-system steps (rank 0 unless stated), in the order they run.
 
-1. ``prepare_tmp``: refuse an existing step, clean stray tmp dirs, create ``step-F.tmp-<attempt>``.
+1. ``prepare_tmp``: refuse an existing step, clean stray tmp dirs, create ``step-F.tmp-<attempt>``
+   (an existing ``step-F`` that was refused is first renamed aside by ``set_aside``, see the manager);
 2. every rank writes its DCP shards and its rank-state file (fsynced) into the tmp dir;
 3. every rank hashes a stripe of the files (``hash_stripe``); rank 0 gathers them and runs
    ``loadability_problem`` (every file DCP's metadata references, and every rank's state file,
@@ -10,7 +11,8 @@
 5. ``write_latest``: latest.json, a pointer only, replaced atomically;
 6. retention deletes what ``retention_plan`` names.
 A crash before (4)'s rename leaves only a tmp dir, which no loader considers; a crash after it
-leaves a complete, verifiable step whatever latest.json says.
+leaves a complete, verifiable step whatever latest.json says. A failure after the rename is a
+CheckpointDurabilityError, not a CheckpointSaveError: the step is published, whatever else failed.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from collections.abc import Collection, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from .errors import CheckpointExistsError, CheckpointSaveError
+from .errors import CheckpointDurabilityError, CheckpointExistsError, CheckpointSaveError
 from .fsio import (
     atomic_replace,
     digest_file,
@@ -40,6 +42,7 @@ from .naming import (
     SHARDS_DIR,
     classify_entries,
     rank_state_name,
+    refused_dir_name,
     step_dir_name,
     tmp_dir_name,
 )
@@ -70,6 +73,17 @@ def prepare_tmp(root: Path, step: int, attempt: str) -> Path:
     (tmp / RANK_STATE_DIR).mkdir()
     fsync_dir(root)
     return tmp
+
+
+def set_aside(root: Path, step: int, attempt: str) -> str:
+    """Rename the published ``step-F`` to ``step-F.refused-<attempt>-<time>`` (made durable), so that
+    F can be saved again; returns the new name. Renamed rather than deleted: it is the evidence of
+    what went wrong, and retention ages it out like any refused step."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
+    aside = refused_dir_name(step, f"{attempt}-{stamp}")
+    os.rename(root / step_dir_name(step), root / aside)
+    fsync_dir(root)
+    return aside
 
 
 def hash_stripe(tmp: Path, rank: int, world_size: int) -> list[FileEntry]:
@@ -115,7 +129,8 @@ def loadability_problem(entries: Collection[FileEntry], referenced: Collection[s
 
 def commit_and_publish(tmp: Path, final: Path, manifest: Manifest, key: bytes | None = None) -> None:
     """Write manifest + COMMITTED (signed with `key` if given), make the tree durable, then
-    atomically rename tmp -> final."""
+    atomically rename tmp -> final and make the rename durable. A failure of that last fsync is a
+    CheckpointDurabilityError: the step is published by then."""
     raw = manifest.to_json().encode("utf-8")
     write_durable(tmp / MANIFEST_NAME, raw)
     write_durable(tmp / COMMITTED_NAME, committed_marker(manifest.step, raw, key).encode("utf-8"))
@@ -123,7 +138,18 @@ def commit_and_publish(tmp: Path, final: Path, manifest: Manifest, key: bytes | 
     if final.exists():  # rename(2) would silently replace an empty directory
         raise CheckpointExistsError(f"{final} appeared while step {manifest.step} was being saved")
     os.rename(tmp, final)
-    fsync_dir(final.parent)
+    try:
+        fsync_dir(final.parent)
+    except OSError as exc:
+        raise published_not_durable(final, manifest.step, f"the fsync of {final.parent} failed", exc) from exc
+
+
+def published_not_durable(final: Path, step: int, what: str, exc: BaseException) -> CheckpointDurabilityError:
+    """The error of a failure after the publishing rename (see CheckpointDurabilityError)."""
+    return CheckpointDurabilityError(
+        f"step {step} is published at {final}, but {what} after the rename: {type(exc).__name__}: {exc}; "
+        "it may not survive a crash (a restore verifies it like any step); latest.json and retention were "
+        "skipped", path=str(final), step=step)
 
 
 def latest_pointer(manifest: Manifest, name: str) -> dict[str, object]:

@@ -86,12 +86,22 @@ def verify_step_dir(path: str | os.PathLike[str], *, hash_files: bool = True, ke
     (skipped with ``hash_files=False``, for re-checks of directories already hashed). A
     symbolic link anywhere in the step is refused (it could point outside the step). With a
     signing ``key`` COMMITTED must carry a valid signature. Reads files, writes nothing, unpickles
-    nothing.
+    nothing. A read that fails (EIO, ESTALE, EACCES) refuses this step, naming the file: it must
+    not stop the loader from trying the older ones.
     """
     d = Path(path)
     step = parse_step_dir_name(d.name)
     if step is None:
         return Verdict(False, f"{d.name!r} is not a published step directory name")
+    try:
+        return _verify_published(d, step, hash_files, key)
+    except OSError as exc:
+        where = exc.filename if exc.filename is not None else d
+        return Verdict(False, f"I/O error reading {where}: {type(exc).__name__}: {exc.strerror or exc}", step)
+
+
+def _verify_published(d: Path, step: int, hash_files: bool, key: bytes | None) -> Verdict:
+    """`verify_step_dir`'s checks of a directory named like step ``step``."""
     if d.is_symlink() or not d.is_dir():
         return Verdict(False, "directory does not exist" if not d.is_symlink() else "the step is a symbolic link", step)
     links = sorted(p.relative_to(d).as_posix() for p in d.rglob("*") if p.is_symlink())

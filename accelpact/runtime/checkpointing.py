@@ -19,6 +19,7 @@ from ..checkpoint import (
     CheckpointExistsError,
     CheckpointManager,
     RestoreResult,
+    SaveResult,
     agreed_failure,
     check_restart_budget,
 )
@@ -86,7 +87,11 @@ class Checkpointer:
         self.restored: RestoreResult | None = None
 
     def app_state(self) -> AppState:
-        return AppState(frontier=self.rt.frontier, opt_step=self.rt.opt_step, data_state=self.rt.data_state)
+        """What a checkpoint holds besides the tensors: the frontier, the data cursor, and the
+        schedulers and scalers the update steps (the ones a Rewind puts back): without them a
+        restart resumed at the right update with the LR warmup and the loss scale reset."""
+        return AppState(frontier=self.rt.frontier, opt_step=self.rt.opt_step, data_state=self.rt.data_state,
+                        stateful=tuple(self.rt.rewind.stateful))
 
     def enforce_budget(self) -> None:
         """RestartBudgetExceeded past the budget (`fail_stop` turns it into the exit)."""
@@ -124,13 +129,12 @@ class Checkpointer:
             return
         t = time.perf_counter()
         try:
-            report = self.manager.save(rt.frontier, model=rt.model, optimizer=rt.optimizer,
-                                       app_state=self.app_state())
+            report = self._save_over_refused(rt)
         except CheckpointExistsError as exc:
             if not owed:
                 self._failed(rt, t, exc)
                 raise
-            # rank 0 published it before the loss reached it (a step is published verified): done
+            # rank 0 published it before the loss reached it, and it verifies (`_save_over_refused`): done
             log.warning("checkpoint step %d owed by the membership change was already published", rt.frontier)
             self.in_a_row = 0
             rt.trace.write({"kind": "checkpoint", "step": rt.frontier, "seconds": time.perf_counter() - t,
@@ -145,6 +149,28 @@ class Checkpointer:
         # when it ran: a stall inside it is told apart (chaos); `owed`: taken after a membership change
         rt.trace.write({"kind": "checkpoint", **save, **({"owed": True} if owed else {})})
         rt.observers.checkpoint(report.step, None)
+
+    def _save_over_refused(self, rt: Runtime) -> SaveResult:
+        """Save F; when step F is already there, verify it (every rank hashes its stripe, as a
+        restore does) and save again if it fails: the manager then sets it aside. What is left to
+        raise CheckpointExistsError is a step F that verifies: an owed save counts it as taken,
+        where before a corrupt step F did too. The manager sets aside what it saw refused itself;
+        this covers the rest (rank 0 published F before a membership change, which also rebuilt
+        the manager). The verification gets a restore's bound, not the save's: it reads a whole
+        step, and the path is rare."""
+        def save() -> SaveResult:
+            return self.manager.save(rt.frontier, model=rt.model, optimizer=rt.optimizer, app_state=self.app_state())
+
+        try:
+            return save()
+        except CheckpointExistsError:
+            with rt.control.timeout_for(max(RESTORE_TIMEOUT_S, rt.control.timeout_s)):
+                why = self.manager.published_problem(rt.frontier)
+            if why is None:
+                raise
+        log.warning("checkpoint step %d exists but does not verify (%s): it is set aside and saved again",
+                    rt.frontier, why)
+        return save()
 
     @staticmethod
     def _failed(rt: Runtime, t: float, exc: BaseException) -> None:
