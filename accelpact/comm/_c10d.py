@@ -42,7 +42,9 @@ __all__ = [
     "abort_together",
     "around_group_construction",
     "backend_config",
+    "default_group",
     "default_store",
+    "group_backends",
     "group_timeout",
     "group_count",
     "is_default_group",
@@ -60,6 +62,22 @@ __all__ = [
 def default_store() -> Store:
     """The store of the default group (the root under which every group takes a prefix)."""
     return c10d._get_default_store()
+
+
+def default_group() -> ProcessGroup:
+    """The default (world) group; c10d raises when none is initialised."""
+    return c10d._get_default_group()
+
+
+def group_backends(pg: ProcessGroup) -> list:
+    """The backend objects ``pg`` dispatches to, one per device type it serves."""
+    backends = []
+    for device_type in pg._device_types:
+        try:
+            backends.append(pg._get_backend(torch.device(device_type)))
+        except RuntimeError:  # a device type listed without a backend object
+            continue
+    return backends
 
 
 def is_registered(pg: ProcessGroup) -> bool:
@@ -159,7 +177,7 @@ def backend_config(pg: ProcessGroup) -> str | None:
 
 def is_default_group(pg: ProcessGroup) -> bool:
     """Whether `pg` is the default (world) group: destroying it tears down every group."""
-    return dist.is_initialized() and pg is c10d._get_default_group()
+    return dist.is_initialized() and pg is default_group()
 
 
 def group_timeout(pg: ProcessGroup):
@@ -192,7 +210,7 @@ def set_group_count(value: int) -> None:
 def member_groups() -> list[tuple[str, list[int], str]]:
     """(name, global ranks in group order, backend config) of every group this rank is a member
     of, the default group excluded, in c10d's registration order."""
-    default = c10d._get_default_group() if dist.is_initialized() else None
+    default = default_group() if dist.is_initialized() else None
     out = []
     for pg, name in c10d._world.pg_names.items():
         if pg is default:

@@ -5,7 +5,10 @@ getter. The cheapest working route is the private ``DistributedDataParallel._upd
 (resets the reducer, which rebuilds its buckets on the next backward; ~0.1 ms). It does not touch
 comm-hook state: a hook state *object* holding the group is found by the generic walk and
 rebound in place (the C++ side shares that Python object); a hook whose state *is* the group
-sits in a tuple in ``_comm_hooks`` and is refused as unwritable.
+sits in a tuple in ``_comm_hooks`` and is refused as unwritable. A *built-in* (C++) hook
+(``_register_builtin_comm_hook``) copies the group into C++ at registration, out of reach of
+``_update_process_group`` and of every getter: it would keep all-reducing on the retired group
+behind a passing proof, so it is refused at discovery, by the name DDP's logger recorded for it.
 
 The reducer is a C++ object: the proof can only check that the last rebind call bound the current
 group to this very reducer; the validation collective checks the wire.
@@ -13,13 +16,24 @@ group to this very reducer; the validation collective checks the wire.
 
 from __future__ import annotations
 
-from torch._C._distributed_c10d import Logger, Reducer
+from torch._C._distributed_c10d import BuiltinCommHookType, Logger, Reducer
 from torch.nn.parallel import DistributedDataParallel
 
 from accelpact.rebind.rule import RuleContext
 from accelpact.rebind.sites import Access, Site
 
-__all__ = ["DDPRule"]
+__all__ = ["DDPRule", "builtin_comm_hook"]
+
+#: how ``_register_builtin_comm_hook`` names its hook in DDP's logging data (``str`` of the enum)
+_BUILTIN_HOOK_NAMES = frozenset(str(hook) for hook in BuiltinCommHookType.__members__.values())
+
+
+def builtin_comm_hook(ddp: DistributedDataParallel) -> str | None:
+    """The built-in (C++) comm hook registered on ``ddp``, or None: only the logger remembers it."""
+    if getattr(ddp, "logger", None) is None:
+        return None
+    name = ddp._get_ddp_logging_data().get("comm_hook")
+    return name if name in _BUILTIN_HOOK_NAMES else None
 
 
 class DDPRule:
@@ -37,5 +51,11 @@ class DDPRule:
                        f"{path}.process_group holds the group but the walk did not report it")
             ctx.expect(isinstance(getattr(ddp, "reducer", None), Reducer),
                        f"{path} has no C++ reducer (DDP internals changed?)")
+            hook = builtin_comm_hook(ddp)
+            ctx.expect(hook is None,
+                       f"{path or '<root>'}: the built-in comm hook {hook} keeps its own C++ copy of the group, "
+                       "which no call rebinds; register a Python hook instead (register_comm_hook, e.g. "
+                       "default_hooks.allreduce_hook on state.process_group) whose state is an object holding "
+                       "the group (a bare group as state sits in a tuple and is refused), or no hook at all")
             ctx.add(Site(f"{path}.reducer" if path else "reducer", "ddp.reducer", Access.CALL, ddp.reducer,
                          call=ddp._update_process_group, bound=ctx.target))

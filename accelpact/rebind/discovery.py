@@ -7,7 +7,6 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import torch
 from torch._C._distributed_c10d import Backend, Logger, ProcessGroup, Reducer
 
 from accelpact.comm import _c10d
@@ -23,6 +22,7 @@ from accelpact.rebind.fsdp2 import FSDP2Rule
 from accelpact.rebind.mesh import MeshRule, meshes_of
 from accelpact.rebind.plan import RebindPlan
 from accelpact.rebind.rule import Rule, RuleContext
+from accelpact.rebind.sites import Access
 from accelpact.rebind.walker import walk
 
 log = logging.getLogger("accelpact.rebind")
@@ -60,6 +60,7 @@ def discover(
     start = time.perf_counter_ns()
     roots = _roots(root, extra)
     ctx = walk_for(roots, group)
+    _follow_group_keys(ctx)
     _refuse_unwritable(ctx)
     _refuse_unknown_wrappers(ctx)
     plan = RebindPlan(group, ranks, ctx.sites, meshes=meshes_of(ctx), roots=roots,
@@ -88,6 +89,15 @@ def _roots(root: Any, extra: Iterable[Any] | Mapping[str, Any]) -> list[tuple[st
     return [("", root), *((str(name), obj) for name, obj in named)]
 
 
+def _follow_group_keys(ctx: RuleContext) -> None:
+    """A dict that maps the group to itself ({g: g}) has an item site keyed by the group: once the
+    key moves, ``holder[old] = new`` would put the retired key back beside the new one. Such a
+    site follows its key instead (``Access.KEYED_ITEM``), the DICT_KEY write carries the value."""
+    for site in ctx.sites:
+        if site.access is Access.ITEM and site.key is ctx.target:
+            site.access = Access.KEYED_ITEM
+
+
 def _refuse_unwritable(ctx: RuleContext) -> None:
     unwritable = [f"{site.path} ({site.access.value})" for site in ctx.sites if not site.writable]
     if unwritable:
@@ -95,7 +105,7 @@ def _refuse_unwritable(ctx: RuleContext) -> None:
 
 
 def _refuse_unknown_wrappers(ctx: RuleContext) -> None:
-    target_backends = _backends_of(ctx.target)
+    target_backends = _c10d.group_backends(ctx.target)
     findings = []
     for opaque in ctx.walk.opaque:
         obj = opaque.obj
@@ -120,13 +130,3 @@ def _refuse_unknown_wrappers(ctx: RuleContext) -> None:
                     break
     if findings:
         raise UnknownWrapperError(ctx.target_name, findings)
-
-
-def _backends_of(group: ProcessGroup) -> list[Any]:
-    backends = []
-    for device_type in getattr(group, "_device_types", ()):
-        try:
-            backends.append(group._get_backend(torch.device(device_type)))
-        except RuntimeError:
-            continue
-    return backends

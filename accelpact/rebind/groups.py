@@ -56,9 +56,11 @@ def _record_fsdp2(module: nn.Module, path: str, record: Any) -> None:
 
     if not isinstance(module, FSDPModule):
         return
-    param_group = module._get_fsdp_state()._fsdp_param_group
-    if param_group is None:  # a fully_shard call that manages no parameters
+    param_groups = module._get_fsdp_state()._fsdp_param_groups
+    if not param_groups:  # a fully_shard call that manages no parameters
         return
+    refuse_per_parameter_meshes(module, param_groups, path)
+    param_group = param_groups[0]
     mesh_info = param_group.mesh_info
     record("shard", getattr(mesh_info, "shard_process_group", None), path)
     record("replicate", getattr(mesh_info, "replicate_process_group", None), path)
@@ -81,3 +83,27 @@ def refuse_unlabelled_fsdp2_groups(param_group: Any, path: str) -> None:
         raise RebindError(f"FSDP2 unit {where} reshards after forward to a smaller mesh of its own "
                           "(reshard_after_forward=<int>): AccelPact replaces only the shard and replicate groups; "
                           "use reshard_after_forward=True or False to attach")
+
+
+def refuse_per_parameter_meshes(unit: nn.Module, param_groups: list[Any], path: str) -> None:
+    """torch 2.13 gives a unit one param group per mesh its ``shard_placement_fn`` returns (expert
+    parameters on their own mesh, say), each on its own groups: one label per unit would stand for
+    one of them and a recovery would leave the others broken. Refused by name at attach."""
+    if len(param_groups) < 2:
+        return
+    names = {id(module): name for name, module in unit.named_modules()}
+
+    def described(param_group: Any) -> str:
+        params = [".".join(filter(None, (names.get(id(p._module_info.module)), p._module_info.param_name)))
+                  for p in param_group.fsdp_params]
+        info = param_group.mesh_info
+        groups = [f"{label} {group.group_name!r}" for label, group in
+                  (("shard", getattr(info, "shard_process_group", None)),
+                   ("replicate", getattr(info, "replicate_process_group", None))) if group is not None]
+        return f"{params} on the mesh {info.mesh.mesh_dim_names} ({', '.join(groups)})"
+
+    extra = "; ".join(described(group) for group in param_groups[1:])
+    raise RebindError(f"FSDP2 unit {path or '<root>'} has {len(param_groups)} param groups (per-parameter meshes "
+                      f"from shard_placement_fn): besides {described(param_groups[0])}, {extra}. AccelPact "
+                      "replaces one shard and one replicate group per unit; give every parameter of a unit the "
+                      "unit's mesh to attach")

@@ -138,6 +138,7 @@ class RebindPlan:
         self._name_paths = [site.path for site in self.sites if site.access is Access.NAME]
         self._others = [site for site in self.sites
                         if site.access not in (Access.ITEM, Access.SLOT, Access.NAME)]
+        self._members = [site for site in self.sites if site.access in (Access.DICT_KEY, Access.SET_MEMBER)]
         self._name_tables = _distinct_holders(self.sites, Access.NAME)
         self._registries = _distinct_holders(self.sites, Access.REGISTRY)
 
@@ -219,6 +220,9 @@ class RebindPlan:
                 stale.append(site.path)
         old = old_group if old_group is not None else self._previous
         if old is not None and old is not current:
+            # a key or set member holds the current group even when the retired one is back beside it
+            stale.extend(f"{site.path} still holds the retired group too" for site in self._members
+                         if any(member is old for member in site.holder))
             stale.extend(self._stale_in_tables(old, old.group_name))
         if _c10d.resolve_name(name) is not current:
             stale.append(f"c10d name registry [{name}] does not resolve to the current group")

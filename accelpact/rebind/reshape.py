@@ -144,10 +144,10 @@ def _mesh_infos(model: nn.Module):
     for path, module in model.named_modules():
         if not isinstance(module, FSDPModule):
             continue
-        group = module._get_fsdp_state()._fsdp_param_group
-        for info in (getattr(group, "mesh_info", None), getattr(group, "post_forward_mesh_info", None)):
-            if info is not None:
-                yield path or "<root>", info
+        for group in module._get_fsdp_state()._fsdp_param_groups:  # one per mesh (shard_placement_fn)
+            for info in (group.mesh_info, group.post_forward_mesh_info):
+                if info is not None:
+                    yield path or "<root>", info
 
 
 def _refresh_mesh_infos(model: nn.Module) -> int:

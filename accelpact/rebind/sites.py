@@ -19,6 +19,7 @@ class Access(enum.Enum):
 
     ITEM = "item"  # holder[key] is the group; holder is a dict (incl. an object's __dict__), list or deque
     DICT_KEY = "dict_key"  # the group is a key of the dict holder
+    KEYED_ITEM = "keyed_item"  # holder[group] is the group: moved with its key by the DICT_KEY write
     SET_MEMBER = "set_member"  # the group is a member of the set holder
     CELL = "cell"  # closure cell
     SLOT = "slot"  # __slots__ attribute ``key`` of holder
@@ -114,7 +115,15 @@ def _write_default(site: Site, old: Any, new: Any, old_name: str, new_name: str)
 
 
 def _write_dict_key(site: Site, old: Any, new: Any, old_name: str, new_name: str) -> None:
-    site.holder[new] = site.holder.pop(old)
+    """Re-key the entry; a value that is the group too ({g: g}) becomes the new group with it."""
+    value = site.holder.pop(old)
+    site.holder[new] = new if value is old else value
+    site.key = new
+
+
+def _write_keyed_item(site: Site, old: Any, new: Any, old_name: str, new_name: str) -> None:
+    """The value under the group's own key: written by the entry's DICT_KEY site (an item write
+    ``holder[old] = new`` would put the retired key back); this site only follows the key."""
     site.key = new
 
 
@@ -158,6 +167,7 @@ _WRITE: dict[Access, Callable[[Site, Any, Any, str, str], None]] = {
     Access.ITEM: _write_item,
     Access.NAME: _write_name,
     Access.DICT_KEY: _write_dict_key,
+    Access.KEYED_ITEM: _write_keyed_item,
     Access.SET_MEMBER: _write_set_member,
     Access.CELL: _write_cell,
     Access.SLOT: _write_slot,
@@ -198,6 +208,7 @@ _HOLDS: dict[Access, Callable[[Site, Any, str], bool]] = {
     Access.ITEM: _holds_item,
     Access.NAME: _holds_name,
     Access.DICT_KEY: _holds_member,
+    Access.KEYED_ITEM: lambda site, group, name: site.holder.get(group) is group,
     Access.SET_MEMBER: _holds_member,
     Access.FROZEN_MEMBER: _holds_member,
     Access.CELL: lambda site, group, name: site.holder.cell_contents is group,

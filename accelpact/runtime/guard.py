@@ -47,9 +47,10 @@ def _fsdp2_busy(model: nn.Module) -> list[str]:
             continue
         if state._training_state != TrainingState.IDLE:
             busy.append(f"FSDP2 unit {name or '<root>'} in {state._training_state.name}")
-        group = getattr(state, "_fsdp_param_group", None)
-        if group is not None and group._training_state != TrainingState.IDLE:
-            busy.append(f"FSDP2 param group of {name or '<root>'} in {group._training_state.name}")
+        # every param group: the singular `_fsdp_param_group` asserts there is at most one
+        for group in getattr(state, "_fsdp_param_groups", ()):
+            if group._training_state != TrainingState.IDLE:
+                busy.append(f"FSDP2 param group of {name or '<root>'} in {group._training_state.name}")
     return busy
 
 
