@@ -27,6 +27,19 @@ def test_a_sealed_value_opens_only_in_its_own_context():
         sealer.open(b"resume", "r1", "outcome")
 
 
+def test_a_hostile_value_is_a_forged_value_not_a_crash():
+    """Found by review: a MAC with a non-ASCII character made compare_digest raise TypeError, and
+    nesting deeper than the parser's stack raised RecursionError: neither was ForgedValue, so the
+    rank crashed (no evidence, no exit 75) where it should have rejected as forged."""
+    import json
+
+    sealer = Sealer(b"k" * 32, "attempt0/abc")
+    with pytest.raises(ForgedValue, match="fails authentication"):
+        sealer.open(json.dumps({"v": '"resume"', "mac": "\u00e9" * 64}), "r1", "outcome")
+    with pytest.raises(ForgedValue, match="unsigned or malformed"):
+        sealer.open("[" * 100_000 + "]" * 100_000, "r1", "outcome")
+
+
 def _hostile(rank: int, world_size: int) -> dict:
     import json
 

@@ -158,3 +158,85 @@ def test_rank_0_that_cannot_publish_the_outcome_forces_the_register_like_any_ran
     plane.clock, plane.timeout = None, datetime.timedelta(seconds=0.5)
     got = release.vote_release(plane, "r1", VoteRelease(True, ""))
     assert isinstance(got, ControlPlaneFailure) and "publishing the outcome failed" in got.reason
+
+
+def test_a_reject_every_rank_decided_but_none_could_record_says_so():
+    """Found by review: after a REJECT decision the ForceReject's result was ignored, so a rank
+    whose register was unreachable reported a recorded reject like any other."""
+    import dataclasses
+
+    class _RejectedByAll(_Exec):
+        def __call__(self, effect):
+            if isinstance(effect, GatherReports):
+                return [effect.report, dataclasses.replace(_peer(), guard_ok=False, guard_reason="stuck")]
+            return super().__call__(effect)
+
+    outcome, machine = _run(_RejectedByAll())
+    assert outcome.action is RecoveryAction.REJECT and outcome.halted
+    assert "not recorded" in outcome.reasons[-1] and "guard failed on rank 0" in " ".join(outcome.reasons)
+
+
+class _BlackHoledStore:
+    """A store behind a link cut without a reset: every call blocks (as TCPStore's did, far past
+    its own timeout, behind a relay that stopped forwarding)."""
+
+    def __init__(self):
+        import threading
+
+        self.released = threading.Event()
+
+    def _block(self, *args):
+        self.released.wait(30)
+        raise RuntimeError("released at teardown")
+
+    set = get = check = multi_get = _block
+
+    def compare_set(self, key, expected, desired):
+        return self._block()
+
+    def wait(self, keys, timeout):
+        return self._block()
+
+
+def test_a_store_behind_a_cut_link_costs_the_control_timeout_not_the_tcp_timeout():
+    """Found by review: only `wait` took a timeout; `compare_set` and `get` blocked on the socket,
+    so a rank cut off from the store's host sat in the release for TCP's ~15 min instead of C."""
+    from accelpact.control.bounded import BoundedStore, StoreUnresponsive
+
+    hole = _BlackHoledStore()
+    try:
+        plane = _plane(BoundedStore(hole, bound_s=0.3), timeout_s=0.6)
+        t0 = time.monotonic()
+        got = release.force_reject(plane, "r1", ForceReject("vote could not be posted"))
+        assert isinstance(got, OutcomeUnknown) and "did not answer" in got.reason
+        assert time.monotonic() - t0 < 2.0
+        t0 = time.monotonic()
+        try:
+            plane.await_outcome("r1", timeout_s=0.2)
+        except Exception as exc:  # ControlPlaneError, caused by StoreUnresponsive
+            assert isinstance(exc.__cause__, StoreUnresponsive), exc
+        else:
+            raise AssertionError("await_outcome returned from a black-holed store")
+        assert time.monotonic() - t0 < 0.2 + 1.0 + 0.5  # its wait, the slack, and no more
+    finally:
+        hole.released.set()
+
+
+def test_a_bounded_store_passes_results_and_errors_through():
+    from accelpact.control.bounded import BoundedStore
+
+    class Plain:
+        def get(self, key):
+            return b"v:" + key.encode()
+
+        def check(self, keys):
+            raise RuntimeError(f"no {keys}")
+
+    store = BoundedStore(Plain(), bound_s=1.0)
+    assert store.get("k") == b"v:k"
+    import pytest
+
+    with pytest.raises(RuntimeError, match=r"no \['a'\]"):
+        store.check(["a"])
+    with pytest.raises(ValueError, match="positive"):
+        BoundedStore(Plain(), bound_s=0)

@@ -48,11 +48,18 @@ class Sealer:
     def open(self, raw: bytes | str, *context: object) -> object:
         """The value inside `raw` if its MAC verifies for `context`; ForgedValue otherwise."""
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
-        try:
+        where = "/".join(map(str, context))
+        try:  # RecursionError: nesting deeper than the parser's stack is as malformed as a bad token
             outer = json.loads(text)
             body, mac = outer["v"], outer["mac"]
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ForgedValue(f"unsigned or malformed value {text[:60]!r} for {'/'.join(map(str, context))}") from exc
-        if not isinstance(body, str) or not isinstance(mac, str) or not hmac.compare_digest(mac, self.mac(*context, body)):
-            raise ForgedValue(f"value for {'/'.join(map(str, context))} fails authentication (forged or replayed)")
-        return json.loads(body)
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            raise ForgedValue(f"unsigned or malformed value {text[:60]!r} for {where}") from exc
+        # compared as bytes: compare_digest raises TypeError on a str with non-ASCII characters,
+        # which escaped as a crash instead of a forged value (no evidence, no exit 75)
+        if (not isinstance(body, str) or not isinstance(mac, str)
+                or not hmac.compare_digest(mac.encode(errors="replace"), self.mac(*context, body).encode())):
+            raise ForgedValue(f"value for {where} fails authentication (forged or replayed)")
+        try:  # signed by a holder of the secret, so well formed; kept bounded all the same
+            return json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise ForgedValue(f"signed value for {where} is not JSON") from exc

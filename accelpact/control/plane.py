@@ -43,6 +43,7 @@ from ..errors import ControlPlaneError
 from ..fsm.decisions import ReleaseVote
 from . import exchange, reach
 from .auth import SECRET_BYTES, ForgedValue, Sealer
+from .bounded import BoundedStore
 from .clock import VectorClock
 
 log = logging.getLogger("accelpact.control")
@@ -102,8 +103,9 @@ class ControlPlane:
         given = os.environ.get(ENV_SECRET, "").encode()
         self.sealer = Sealer(hashlib.sha256(given).digest() if given else drawn[8:], self.namespace)
         self._check_same_secret()  # on every rank: a secret set on some ranks only must fail here too
-        base = store if store is not None else dist.distributed_c10d._get_default_store()
-        self.store = dist.PrefixStore(f"accelpact/{self.namespace}/", base)
+        base = store if store is not None else _c10d.default_store()
+        # every call bounded by the control timeout: a store behind a cut link blocks far past its own
+        self.store = BoundedStore(dist.PrefixStore(f"accelpact/{self.namespace}/", base), timeout_s)
         self.forged: dict[str, list[str]] = {}  # epoch -> values that failed authentication
         self.seq = 0  # control-plane sequence number: equal on every rank at the same protocol step
         self.clock = VectorClock(self.rank, self.world_size)
@@ -251,6 +253,8 @@ class ControlPlane:
         self.timeout_s = timeout_s
         self.timeout = datetime.timedelta(seconds=timeout_s)
         _c10d.set_group_timeout(self.group, self.timeout)
+        if isinstance(self.store, BoundedStore):
+            self.store.bound_s = timeout_s
 
     @contextmanager
     def timeout_for(self, timeout_s: float) -> Iterator[None]:

@@ -162,7 +162,13 @@ class _Recovery:
             return self.halted() if self.unknown else self.rejected(self.abort_reason)
         if decision.action is RecoveryAction.REJECT:
             self.steps.fire("decide_reject")
-            yield self.steps.request(ForceReject("; ".join(decision.reasons)))
+            value = yield self.steps.request(ForceReject("; ".join(decision.reasons)))
+            if isinstance(value, OutcomeUnknown):  # every rank decided reject, but none could record it
+                self.unknown = value.reason
+                out = self.rejected(*decision.reasons, f"the outcome register was unreachable, so the reject "
+                                                       f"is not recorded in it ({value.reason})")
+                out.halted = True
+                return out
             return self.rejected(*decision.reasons)
         assert decision.frontier is not None and decision.generation is not None
         new_generation = decision.generation + 1
