@@ -305,3 +305,70 @@ def test_a_check_fault_is_refused_with_deferred_boundaries():
         attach._injector("miss@3:check:1", False, 0, 2, 0, Config(boundary="deferred"))
     assert attach._injector("miss@3:check:1", False, 0, 2, 0, Config()) is not None  # synchronous: it fires
     assert attach._injector("skip@3:committed:1", False, 0, 2, 0, Config(boundary="deferred")) is not None
+
+
+def test_a_failed_check_is_the_cause_of_the_update_thrown_away_in_the_step_pre_hook():
+    """Found by review: the ControlPlaneError (and the gloo error under it) survived only as text;
+    the rejection's chain ended at PeerNeedsRecovery."""
+    from types import SimpleNamespace
+
+    from accelpact.errors import ControlPlaneError
+    from accelpact.runtime.deferred import (
+        DeferralCounts,
+        PeerNeedsRecovery,
+        PendingBoundary,
+        settle_before_step,
+    )
+
+    class FailedCheck:
+        def result(self, ticket, control_timeout_s):
+            raise ControlPlaneError("boundary check all-reduce: Connection closed by peer")
+
+    rt = SimpleNamespace(deferral=DeferralCounts(pending=PendingBoundary(update=4, ticket=1, posted=0.0),
+                                                 checks=FailedCheck()),
+                         config=SimpleNamespace(control_timeout_s=1.0), update_index=5)
+    with pytest.raises(PeerNeedsRecovery) as err:
+        settle_before_step(rt)
+    assert isinstance(err.value.__cause__, ControlPlaneError) and "Connection closed" in str(err.value.__cause__)
+
+
+def test_restore_settles_a_boundary_in_flight_before_it_reads_the_checkpoint():
+    """Found by review: after rt.step() the deferred check may not have posted its all-reduce
+    yet; restore()'s broadcasts on the same control group could then meet it in another order
+    on another rank, and settling afterwards moved the restored frontier on by one."""
+    from types import SimpleNamespace
+
+    from accelpact.runtime.runtime import Runtime
+
+    calls = []
+    fake = SimpleNamespace(settle=lambda: calls.append("settle"),
+                           checkpointer=SimpleNamespace(restore=lambda: calls.append("restore") or "restored"))
+    assert Runtime.restore(fake) == "restored" and calls == ["settle", "restore"]
+
+
+def test_an_update_a_join_could_not_throw_away_fails_the_guard_of_the_recovery_it_joins(monkeypatch):
+    """Found by review: `_abandon` only logged what it could not discard, trusting the recovery's
+    guard to find it; but that recovery is at a committed boundary (no discard) and its guard looks
+    at FSDP's training states only, not at gradients: leftover DDP gradients went into the re-run."""
+    from types import SimpleNamespace
+
+    from accelpact.fsm.effects import GuardVerdict, Quiesce
+    from accelpact.runtime import deferred, discard, executor, guard
+
+    def stuck(model, optimizer):
+        raise RuntimeError("Reducer: grads still being reduced")
+
+    monkeypatch.setattr(discard, "discard_partial_update", stuck)
+    rt = SimpleNamespace(rank=1, model=None, optimizer=None, deferral=deferred.DeferralCounts(),
+                         rewind=SimpleNamespace(snapshot=None))
+    deferred._abandon(rt, [], next_update_ran=True)
+    assert rt.deferral.left and "Reducer: grads still being reduced" in rt.deferral.left[0]
+
+    monkeypatch.setattr(guard, "guard", lambda *a, **k: (GuardVerdict(True), {}))
+    ex = executor.RecoveryExecutor.__new__(executor.RecoveryExecutor)
+    ex.model = ex.optimizer = ex.plane = None
+    ex.left_behind, rt.deferral.left = rt.deferral.left, ()
+    verdict = ex.quiesce(Quiesce(discard=False, failed=()))
+    assert not verdict.ok and "could not be thrown away" in verdict.reason and "Reducer" in verdict.reason
+    ex.left_behind = ()
+    assert ex.quiesce(Quiesce(discard=False, failed=())).ok

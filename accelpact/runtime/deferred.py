@@ -57,6 +57,9 @@ class DeferralCounts:
     deferred: int = 0
     joined: int = 0
     checks: CheckThread | None = None  # its thread starts with the first deferred boundary
+    #: what a join could not throw away of the next update (`_abandon`): the recovery it joins
+    #: fails its guard with it (that recovery, at a committed boundary, discards nothing itself)
+    left: tuple[str, ...] = ()
 
     def stop(self) -> None:
         if self.checks is not None:
@@ -119,7 +122,7 @@ def settle_before_step(rt) -> None:
         return
     raise PeerNeedsRecovery(f"the boundary of update {pending.update} is not clean "
                             f"({pending.failure or 'a peer needs its recovery'}): update {rt.update_index} "
-                            "is thrown away")
+                            "is thrown away") from pending.failure  # the control plane's own error, if it failed
 
 
 def _agreed_flag(rt, pending: PendingBoundary) -> int | None:
@@ -167,7 +170,8 @@ def _abandon(rt, failed: list, *, next_update_ran: bool) -> None:
             left = partial_state(rt.model, rt.optimizer)
         except (RuntimeError, AttributeError, ValueError) as exc:  # framework state we cannot reset
             left = [f"discarding it failed: {type(exc).__name__}: {exc}"]
-    if left:  # the recovery's own guard finds it again, and the decision rejects with the reason
+    if left:  # the recovery's guard fails with it (`RecoveryExecutor.quiesce`): the decision rejects
         log.error("rank %d could not throw the update after a deferred boundary away: %s", rt.rank, "; ".join(left))
+        rt.deferral.left = tuple(left)
     if rt.rewind.snapshot is not None:
         rt.rewind.snapshot.restore(rt.data_state)

@@ -49,6 +49,7 @@ class RecoveryExecutor(Executor):
         self.update = 0  # the update whose failure started this recovery (listeners are told)
         self.listeners: Sequence[Any] = ()
         self.link_wait_s = 0.0  # this rank's wait for its links before the check that started it
+        self.left_behind: tuple[str, ...] = ()  # what joining a deferred boundary's recovery left (`deferred`)
 
     @classmethod
     def for_runtime(cls, rt: Any, epoch: str) -> RecoveryExecutor:
@@ -59,6 +60,7 @@ class RecoveryExecutor(Executor):
         executor.update, executor.listeners = rt.update_index, tuple(rt.listeners)
         if rt.link_wait is not None:  # consumed: a later recovery without a wait must not show this one
             executor.link_wait_s, rt.link_wait = rt.link_wait.waited_s, None
+        executor.left_behind, rt.deferral.left = rt.deferral.left, ()  # consumed alike
         return executor
 
     def before_effect(self, phase: str) -> None:
@@ -70,6 +72,9 @@ class RecoveryExecutor(Executor):
 
     def quiesce(self, effect: Quiesce) -> GuardVerdict:
         verdict, self.discarded = guard.guard(self.model, self.optimizer, effect, self.plane)
+        if verdict.ok and self.left_behind:  # a committed-boundary guard does not look at gradients
+            return GuardVerdict(False, "the update after the deferred boundary could not be thrown away: "
+                                + "; ".join(self.left_behind))
         return verdict
 
     def gather_reports(self, effect: GatherReports) -> list[RankReport | None] | ControlPlaneFailure:

@@ -66,9 +66,8 @@ class Runtime:
         self.envelope, self.envelope_source = envelope, envelope_source
         self.data_plane, self.control, self.trace, self.rewind = data_plane, control, trace, rewind
         self.machine = RecoveryMachine(RecoveryContext(rank), on_edge=self._on_edge if trace.enabled else None)
-        self.frontier = 0  # F: committed updates
+        self.frontier = self.opt_step = 0  # F: committed updates; tau: optimizer steps applied
         self.generation = 0  # g: communicator generation (equal on every rank)
-        self.opt_step = 0  # tau: optimizer steps applied
         self.update_index = 0  # 1-based index of the update in progress (this process)
         self.history: list[RecoveryRecord] = []
         self.checkpointer = self.digests = None  # set by attach: Config.checkpoint_dir, Config.digest_every
@@ -168,9 +167,11 @@ class Runtime:
         self._fail_stop_on_reject(settle_deferred, self, rerun=False)
 
     def restore(self):
-        """Restore the newest verified checkpoint now (attach does this when configured)."""
+        """Restore the newest verified checkpoint now (attach does when configured). A deferred boundary is
+        settled first: its check's collective and the restore's would meet in the control group in any order."""
         if self.checkpointer is None:
             raise ConfigError("restore() needs Config.checkpoint_dir")
+        self.settle()
         return self.checkpointer.restore()
 
     def close(self) -> None:
@@ -180,7 +181,6 @@ class Runtime:
         finally:
             detach(self, ATTACHED)
 
-    # ---------------------------------------------------------------- hooks -------------------
     def _notify(self, phase: FailurePhase) -> None:
         for listener in self.listeners:
             listener.on_phase(self.update_index, phase)
