@@ -25,7 +25,7 @@ import torch.distributed as dist
 from .comm import connections
 from .comm.backends import parse_backends, uses_nccl
 from .comm.nccl_env import apply_required
-from .errors import ConfigError
+from .errors import ConfigError, SpareReleased
 from .launch_elastic import rendezvous_endpoint
 
 log = logging.getLogger("accelpact.launch")
@@ -185,12 +185,36 @@ def _start_with_spares(backend, store, rank, launched, spares, timeout, on_loss=
         m.position, m.world, m.activation = activation.position, activation.world, activation
         m.world_size = activation.world_size  # the world it joins (no spare is offered after a shrink)
         log.warning("spare %d takes over rank %d in world %d", rank, m.position, m.world)
+        store.set(keys.holder(m.position), str(rank))  # who holds it now: a lost holder's agent is counted
+        _join_as_spare(m, activation)
     else:
         m.position = rank
-    store.set(keys.holder(m.position), str(rank))  # who holds it now: a lost holder's agent is counted
-    world.init_world(store, m.world, position=m.position, world_size=m.world_size, backend=backend,
-                     timeout=m.timeout)
+        store.set(keys.holder(m.position), str(rank))
+        world.init_world(store, m.world, position=m.position, world_size=m.world_size, backend=backend,
+                         timeout=m.timeout)
     atexit.register(_position_done)
+
+
+def _join_as_spare(m: Membership, activation) -> None:
+    """A claimed spare joins the survivors' new world within the survivors' own bound for it
+    (`Activation.join_timeout_s`), not the job's 30 minutes: survivors that gave up on the change
+    end the job, and the spare learns it before it connects or when its connect runs out
+    (SpareReleased with the job's code, as if it had never been claimed)."""
+    from .membership import pool, world
+
+    ended = pool.job_ended(m.store)
+    if ended is not None:
+        raise SpareReleased(*ended)
+    try:
+        world.init_world(m.store, m.world, position=m.position, world_size=m.world_size, backend=m.backend,
+                         timeout=m.timeout, connect_timeout=datetime.timedelta(seconds=activation.join_timeout_s))
+    except RuntimeError as exc:  # DistStoreError / gloo's connect timeout
+        ended = pool.job_ended(m.store)
+        if ended is None:
+            raise
+        code, why = ended
+        raise SpareReleased(code, f"{why} (the job ended while this spare joined: {type(exc).__name__}: "
+                                  f"{exc})") from exc
 
 
 def _position_done() -> None:

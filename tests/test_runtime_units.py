@@ -211,7 +211,7 @@ def test_tau_counts_updates_so_a_step_the_scaler_skipped_does_not_leave_it_behin
     scaler.step(opt)
     assert stepped == []  # no optimizer step, so no hook counted it
     rt = SimpleNamespace(frontier=3, opt_step=3, machine=SimpleNamespace(fire=lambda trigger: None),
-                         observers=SimpleNamespace(commit=lambda frontier, generation: None), generation=0)
+                         observers=SimpleNamespace(commit=lambda frontier, generation, late_s: None), generation=0)
     shell.Runtime._commit(rt)
     assert rt.frontier == rt.opt_step == 4
 

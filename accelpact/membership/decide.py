@@ -5,8 +5,9 @@ A lost position can be taken over only when
 - a spare is free for it (spares are matched to lost positions in order, one each);
 - a live replica peer holds its shard: a survivor whose replicate group contains the lost
   position (HSDP/HYBRID_SHARD: the rank with the same shard coordinate in another replica group;
-  DDP: any rank) — sources are chosen round-robin over the live holders so that two lost
-  positions of one shard do not load one peer twice; or, where no replica holds it (a fully
+  DDP: any rank) — each source is the live holder that sends the fewest shards so far (the
+  lowest position among equals), so that two lost positions of one shard do not load one peer
+  twice while another holder idles; or, where no replica holds it (a fully
   sharded job), a survivor holds a complete neighbour copy of it (`neighbour.py`) taken at the
   agreed frontier F whose bytes still verify — a copy of another update, or a partial one, is
   never used;
@@ -25,6 +26,7 @@ Anything else rejects, with every reason, so the fail-stop evidence says why.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -236,7 +238,7 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     holders: dict[int, tuple[int, ...]] = {}
     source: dict[int, int] = {}
     via: dict[int, str] = {}
-    for i, p in enumerate(lost):
+    for p in lost:
         holders[p] = tuple(sorted({r.position for r in reports if p in r.replicas and r.position != p}))
         via[p] = "replica"
         if not holders[p]:
@@ -245,7 +247,7 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
         if not holders[p]:
             reasons.append(_no_holder(p, frontier, reports))
             continue
-        source[p] = holders[p][i % len(holders[p])]
+        source[p] = least_loaded(holders[p], source.values())
         held = sorted(small_state_at.get(p, ()))
         if frontier not in held:
             reasons.append(f"the small state (RNG, data cursor) of lost rank {p} was not replicated at F={frontier}"
@@ -255,6 +257,15 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     return MembershipDecision(outcome="replace", assign=assign, source=source, holders=holders, via=via,
                               frontier=frontier, rolled=rolled, generation=generations[0] + 1,
                               recoveries=max(r.recoveries for r in reports), save_owed=owed, **base)
+
+
+def least_loaded(holders: Sequence[int], chosen: Collection[int]) -> int:
+    """The holder that sends the fewest of the shards `chosen` so far (sources, one per lost
+    position), the lowest among equals. Counting per holder, not by a lost position's index in
+    the whole lost list: by index, HSDP 4x4 losing 0, 1 and 4 sent 0 and 4 from rank 8 while rank
+    12 held the same shard and sent nothing (found by review)."""
+    load = Counter(chosen)
+    return min(holders, key=lambda h: (load[h], h))
 
 
 def _no_holder(lost: int, frontier: int, reports: Sequence[Presence]) -> str:

@@ -91,6 +91,12 @@ def taken_in(world: int, position: int) -> str:
     return f"membership/world{world}/taken_in/{position}"
 
 
+def receiving(world: int, position: int) -> str:
+    """Set by the spare taking `position` over in `world` as it starts receiving: how long its
+    receive may take (seconds), so that the survivors wait for it that much longer."""
+    return f"membership/world{world}/receiving/{position}"
+
+
 def vote(world: int, position: int) -> str:
     return f"membership/world{world}/vote/{position}"
 

@@ -15,12 +15,20 @@ from dataclasses import dataclass
 import torch.distributed as dist
 
 from ..errors import ControlPlaneError, SpareReleased
-from . import keys
+from . import keys, liveness
 
 log = logging.getLogger("accelpact.membership")
 
-#: A spare whose heartbeat is older than this is not offered (its process is gone).
-STALE_S = 5.0
+#: How often a waiting spare beats.
+SPARE_BEAT_S = 0.25
+#: A spare whose beat the decider saw stand still this long is gone (8 beats: a spare's loop
+#: may be slowed by the imports it warms up in the background).
+SPARE_QUIET_S = 2.0
+#: The world a waiting spare beats in (`liveness.beat_value`): none yet.
+SPARE_WORLD = -1
+#: How long the survivors wait for a spare to join (`runtime.member_change.join_timeout_s`) at
+#: least; an activation carries the survivors' own bound.
+JOIN_TIMEOUT_FLOOR_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -31,29 +39,36 @@ class Activation:
     world: int
     position: int
     world_size: int
+    #: how long the survivors wait for this spare to join: its own wait for them is no longer
+    join_timeout_s: float = JOIN_TIMEOUT_FLOOR_S
 
     def to_json(self) -> str:
         return json.dumps({"spare": self.spare, "world": self.world, "position": self.position,
-                           "world_size": self.world_size})
+                           "world_size": self.world_size, "join_timeout_s": self.join_timeout_s})
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> Activation:
         d = json.loads(raw)
-        return cls(int(d["spare"]), int(d["world"]), int(d["position"]), int(d["world_size"]))
+        return cls(int(d["spare"]), int(d["world"]), int(d["position"]), int(d["world_size"]),
+                   float(d.get("join_timeout_s", JOIN_TIMEOUT_FLOOR_S)))
 
 
 def register(store: dist.Store, spare: int) -> None:
-    store.set(keys.spare_alive(spare), repr(time.time()))
+    store.set(keys.spare_alive(spare), liveness.beat_value(0, SPARE_WORLD))
     store.append(keys.spares_registered(), f"{spare},")
 
 
-def wait_for_claim(store: dist.Store, spare: int, *, heartbeat_s: float = 1.0, poll_s: float = 0.05) -> Activation:
-    """Block (cheaply) until this spare is claimed; SpareReleased when the job ends first."""
-    last_beat = 0.0
+def wait_for_claim(store: dist.Store, spare: int, *, heartbeat_s: float = SPARE_BEAT_S,
+                   poll_s: float = 0.05) -> Activation:
+    """Block (cheaply) until this spare is claimed; SpareReleased when the job ends first. Each
+    beat is a new value, which the decider must see change (`SpareWatch`): no clock is compared
+    across hosts."""
+    last_beat, beat = 0.0, 0
     while True:
         now = time.monotonic()
         if now - last_beat >= heartbeat_s:
-            store.set(keys.spare_alive(spare), repr(time.time()))
+            beat += 1
+            store.set(keys.spare_alive(spare), liveness.beat_value(beat, SPARE_WORLD))
             last_beat = now
         if store.check([keys.spare_claim(spare)]):
             raw = store.get(keys.spare_claim(spare))
@@ -80,20 +95,77 @@ def registered(store: dist.Store) -> list[int]:
     return sorted({int(s) for s in raw.split(",") if s})
 
 
-def free_spares(store: dist.Store, *, now: float | None = None) -> list[int]:
-    """Spares registered, heartbeating and not claimed, in id order."""
-    now = time.time() if now is None else now
-    out = []
-    for spare in registered(store):
-        if store.check([keys.spare_claim(spare)]):
-            continue
-        try:
-            beat = float(store.get(keys.spare_alive(spare)))
-        except (RuntimeError, ValueError):
-            continue
-        if now - beat <= STALE_S:
-            out.append(spare)
-    return out
+def spare_state(certified_dead: bool | None, first_seen: float, moved_at: float | None, now: float,
+                quiet_s: float = SPARE_QUIET_S) -> str:
+    """"alive", "gone" or "watching" (not known yet), judged on the decider's own monotonic clock:
+    a certificate from this host decides at once (`liveness.is_dead`: True dead, False running);
+    otherwise a spare is alive once its beat moved while watched, within `quiet_s`, and gone
+    once the beat stood still that long. A spare's wall clock is never compared with ours."""
+    if certified_dead is not None:
+        return "gone" if certified_dead else "alive"
+    last = first_seen if moved_at is None else moved_at
+    if now - last >= quiet_s:
+        return "gone"
+    return "watching" if moved_at is None else "alive"
+
+
+class SpareWatch:
+    """The decider's look at the unclaimed spares' beats: spare -> (beat value, when first seen,
+    when last seen to move), on this process's monotonic clock."""
+
+    def __init__(self, *, quiet_s: float = SPARE_QUIET_S, every_s: float = 0.1):
+        self.quiet_s, self.every_s = quiet_s, every_s
+        self.seen: dict[int, tuple[bytes | None, float, float | None]] = {}
+        self._looked = float("-inf")
+
+    def look(self, store: dist.Store, *, force: bool = False) -> list[int]:
+        """Read every unclaimed spare's beat (at most once per `every_s`, unless `force`);
+        returns the spares read (none when it did not look)."""
+        now = time.monotonic()
+        if not force and now - self._looked < self.every_s:
+            return []
+        self._looked = now
+        spares = unclaimed(store)
+        for spare in spares:
+            value = _beat(store, spare)
+            before = self.seen.get(spare)
+            if before is None:
+                self.seen[spare] = (value, now, None)
+            elif value != before[0]:
+                self.seen[spare] = (value, before[1], now)
+        return spares
+
+    def states(self, spares: list[int]) -> dict[int, str]:
+        """spare -> `spare_state`, for `spares` (each seen by `look`)."""
+        now = time.monotonic()
+        return {spare: spare_state(liveness.is_dead(self.seen[spare][0], SPARE_WORLD), *self.seen[spare][1:], now,
+                                   self.quiet_s) for spare in spares}
+
+    def settle(self, store: dist.Store, *, poll_s: float = 0.05) -> list[int]:
+        """Watch until no spare is in doubt (at most `quiet_s` from when each was first seen):
+        the live unclaimed ones, in id order."""
+        while True:
+            states = self.states(self.look(store, force=True))
+            if "watching" not in states.values():
+                return sorted(s for s, state in states.items() if state == "alive")
+            time.sleep(poll_s)
+
+
+def _beat(store: dist.Store, spare: int) -> bytes | None:
+    key = keys.spare_alive(spare)
+    return store.get(key) if store.check([key]) else None
+
+
+def unclaimed(store: dist.Store) -> list[int]:
+    """Spares registered and not claimed, in id order (alive or not)."""
+    return [spare for spare in registered(store) if not store.check([keys.spare_claim(spare)])]
+
+
+def free_spares(store: dist.Store, watch: SpareWatch | None = None) -> list[int]:
+    """Spares registered, alive and not claimed, in id order. `watch`: what the decider saw of
+    their beats while it waited (a fresh watch otherwise: then a spare on another host costs up
+    to `SPARE_QUIET_S` to judge)."""
+    return (watch or SpareWatch()).settle(store)
 
 
 def claim(store: dist.Store, activation: Activation) -> bool:

@@ -120,21 +120,26 @@ def read_decision(store: dist.Store, world: int) -> MembershipDecision | None:
 
 
 def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: float, heartbeat_s: float,
-                   small_state_at, seen: BeatsSeen | None = None) -> MembershipDecision:
+                   small_state_at, seen: BeatsSeen | None = None,
+                   join_timeout_s: float = pool.JOIN_TIMEOUT_FLOOR_S) -> MembershipDecision:
     """Wait for every position (present or gone) or the grace period, then decide — unless a
     peer decided first, whose value is then this rank's too, or a peer rejected the job (it
     ended: nobody else will come, and the decision is that reject, not a loss of the ranks that
     rejected). `small_state_at(position)` reads the frontiers of its small state in the store.
     `seen`: this process's earlier look at the heartbeats in this world (`a_member_went_silent`),
     so that a silence it already watched for 2.5 beats is not watched for 2.5 more (measured: the
-    decision came 1.26 s after the last survivor's presence, as long as the watch itself)."""
+    decision came 1.26 s after the last survivor's presence, as long as the watch itself). The
+    spares' beats are watched meanwhile (`pool.SpareWatch`): only one seen alive is offered.
+    `join_timeout_s`: the survivors' wait for a spare to join, which its activation carries."""
     deadline = time.monotonic() + grace_s
     dead_after = 2.5 * heartbeat_s
     last_beat: BeatsSeen = dict(seen or {})
+    spares = pool.SpareWatch()
     while True:
         decided = read_decision(store, world)
         if decided is not None:
             return decided
+        spares.look(store)
         present = [p for p in range(world_size) if store.check([keys.present(world, p)])]
         ended = pool.job_ended(store)
         if ended is not None and ended[0] != 0:  # a peer rejected: no one will come, nothing to wait for
@@ -148,17 +153,21 @@ def await_decision(store: dist.Store, world: int, world_size: int, *, grace_s: f
                 last_beat[p] = (beat, now)
         gone = [p for p in missing if now - last_beat[p][1] >= dead_after or liveness.is_dead(last_beat[p][0], world)]
         if len(present) + len(gone) == world_size or now >= deadline:
-            return _decide(store, world, world_size, present, small_state_at)
+            return _decide(store, world, world_size, present, small_state_at, spares=spares,
+                           join_timeout_s=join_timeout_s)
         time.sleep(0.02)
 
 
-def _decide(store, world, world_size, present, small_state_at, peer_rejected: str = "") -> MembershipDecision:
+def _decide(store, world, world_size, present, small_state_at, peer_rejected: str = "",
+            spares: pool.SpareWatch | None = None,
+            join_timeout_s: float = pool.JOIN_TIMEOUT_FLOOR_S) -> MembershipDecision:
     reports = [Presence.from_json(json.loads(store.get(keys.present(world, p)))) for p in present]
     here = set(present)
     lost = [p for p in range(world_size) if p not in here]
     shrunk = store.check([keys.shrunk()])
+    wanted = lost and not shrunk and not peer_rejected  # otherwise no spare is taken: none is judged
     decision = decide_membership(world=world, world_size=world_size, reports=reports,
-                                 free_spares=[] if shrunk else pool.free_spares(store),
+                                 free_spares=pool.free_spares(store, spares) if wanted else [],
                                  small_state_at={p: small_state_at(p) for p in lost}, peer_rejected=peer_rejected,
                                  spares_withheld=SPARES_AFTER_SHRINK if shrunk else "")
     value = json.dumps(decision.to_json())
@@ -176,7 +185,8 @@ def _decide(store, world, world_size, present, small_state_at, peer_rejected: st
                 for p in decision.lost]
         store.append(keys.lost_holders(), "".join(f"{h}," for h in held))
         for position, spare in decision.assign.items():
-            activation = pool.Activation(spare=spare, world=world + 1, position=position, world_size=world_size)
+            activation = pool.Activation(spare=spare, world=world + 1, position=position, world_size=world_size,
+                                         join_timeout_s=join_timeout_s)
             if not pool.claim(store, activation):  # only the register's winner claims: cannot happen
                 raise ControlPlaneError(f"spare {spare} was claimed twice")
     log.warning("membership of world %d: %s", world, decision.outcome,
@@ -196,7 +206,7 @@ def release(store: dist.Store, world: int, world_size: int, timeout_s: float) ->
     try:
         store.wait(vote_keys, datetime.timedelta(seconds=timeout_s))
     except Exception as exc:  # a missing vote is a reason to reject, not an error here
-        reasons.append(f"votes incomplete after {timeout_s:.1f}s: {type(exc).__name__}")
+        reasons.append(f"votes incomplete after {timeout_s:.1f}s: {type(exc).__name__}: {exc}")
     for p, key in enumerate(vote_keys):
         if not store.check([key]):
             reasons.append(f"rank {p} did not vote")

@@ -16,10 +16,12 @@ bytes' shared digest against all of them (two holders must agree where two survi
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import math
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +30,12 @@ from torch import nn
 
 from ..errors import AccelPactError
 from . import keys
+
+#: The slowest a shard may move, end to end, in bytes a second: gloo carries it, the spare hashes
+#: it twice and copies it in. A transfer's bound grows by its bytes at this rate above the join
+#: floor (`transfer_timeout_s`): under a fixed bound (the control group's, the survivors' 60 s
+#: wait for the spare) a large enough shard could never make it (found by review).
+SLOWEST_TRANSFER_BPS = 50e6
 
 
 class TransferError(AccelPactError, RuntimeError):
@@ -120,17 +128,27 @@ def tensor_words(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[li
     return names, words
 
 
+def state_device(key: str, param_device: torch.device, group: dict) -> torch.device:
+    """Where torch keeps optimizer state `key` of a parameter on `param_device`: every tensor
+    with the parameter, but `step` on the CPU unless the group is capturable or fused (torch's
+    note "special device hosting for step", `torch/optim/adam.py` and `Optimizer.load_state_dict`)."""
+    if key == "step" and not (group.get("capturable") or group.get("fused")):
+        return torch.device("cpu")
+    return param_device
+
+
 def materialise(model: nn.Module, optimizer: torch.optim.Optimizer, layout: dict) -> None:
     """Create the optimizer state the sender has (same keys, shapes, dtypes, scalars), zeroed:
     torch creates it lazily at the first step, which the spare has not taken."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
+    params = [(p, group) for group in optimizer.param_groups for p in group["params"]]
     for name, shape, dtype in layout["tensors"]:
         if not name.startswith("optim:"):
             continue
         _, index, key = name.split(":", 2)
-        p = params[int(index)]
+        p, group = params[int(index)]
         like = p.detach()
-        value = torch.zeros(shape, dtype=getattr(torch, dtype), device=_local(like).device)
+        device = state_device(key, _local(like).device, group)
+        value = torch.zeros(shape, dtype=getattr(torch, dtype), device=device)
         if hasattr(like, "to_local") and value.dim() > 0:  # DTensor parameter: its state is a DTensor alike
             from torch.distributed.tensor import DTensor
 
@@ -139,7 +157,7 @@ def materialise(model: nn.Module, optimizer: torch.optim.Optimizer, layout: dict
         optimizer.state.setdefault(p, {})[key] = value
     for name, value in layout["scalars"].items():
         index, key = name.split(":", 1)
-        optimizer.state.setdefault(params[int(index)], {})[key] = value
+        optimizer.state.setdefault(params[int(index)][0], {})[key] = value
 
 
 def unpack(model: nn.Module, optimizer: torch.optim.Optimizer, buf: torch.Tensor, layout: dict) -> None:
@@ -175,13 +193,10 @@ class TransferReport:
         return dict(self.__dict__)
 
 
-def post_digest(store: dist.Store, world: int, lost: int, position: int, model: nn.Module,
-                optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, str]:
-    """A holder of `lost`'s shard: pack its copy, post the digest (and the layout); returns both."""
+def packed(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[torch.Tensor, str, dict]:
+    """A holder's own copy of its shard: its bytes, their digest and their layout."""
     buf = pack(model, optimizer)
-    value = digest(buf)
-    post_held_digest(store, world, lost, position, value, buf, manifest(model, optimizer))
-    return buf, value
+    return buf, digest(buf), manifest(model, optimizer)
 
 
 def post_held_digest(store: dist.Store, world: int, lost: int, position: int, value: str, buf: torch.Tensor,
@@ -193,35 +208,74 @@ def post_held_digest(store: dist.Store, world: int, lost: int, position: int, va
         "digest": value, "shared": shared_digest(buf, layout), "nbytes": int(buf.numel()), "layout": layout}))
 
 
-def send(buf: torch.Tensor, *, to: int, group: dist.ProcessGroup) -> float:
+def transfer_timeout_s(nbytes: int, floor_s: float) -> float:
+    """How long moving `nbytes` may take: the join floor (what the other side may still be
+    doing before it posts its half) and the bytes at the slowest rate allowed."""
+    return floor_s + nbytes / SLOWEST_TRANSFER_BPS
+
+
+def queued_before(source_of: Mapping[int, int], order: Sequence[int], lost: int) -> tuple[int, ...]:
+    """The lost positions whose shard `lost`'s source sends before it (in `order`, the order the
+    holders send in): the spare's receive waits for those transfers too."""
+    source = source_of[lost]
+    mine = order.index(lost)
+    return tuple(p for p in order[:mine] if source_of.get(p) == source)
+
+
+def _within(work: dist.Work, timeout_s: float | None) -> None:
+    """Wait for a point-to-point operation: within `timeout_s`, or the group's own timeout (None).
+    gloo bounds a send or recv by the timeout its group was built with; setting the group's
+    timeout later (`_set_pg_timeout`) does not reach them (measured on torch 2.13: a group built
+    with 1 s, set to 15 s, still timed out a recv after 1 s). So the bound is given to the wait."""
+    if timeout_s is None:
+        work.wait()
+    else:
+        work.wait(datetime.timedelta(seconds=timeout_s))
+
+
+def send(buf: torch.Tensor, *, to: int, group: dist.ProcessGroup, timeout_s: float | None = None) -> float:
+    """The size, then the packed bytes, within `timeout_s` each (`transfer_timeout_s`; None: the
+    group's timeout, for a copy small enough to move within it)."""
     t = time.perf_counter()
-    dist.send(torch.tensor([buf.numel()], dtype=torch.int64), dst=to, group=group)
-    dist.send(buf, dst=to, group=group)
+    _within(dist.isend(torch.tensor([buf.numel()], dtype=torch.int64), dst=to, group=group), timeout_s)
+    _within(dist.isend(buf, dst=to, group=group), timeout_s)
     return time.perf_counter() - t
 
 
-def recv(source: int, *, group: dist.ProcessGroup) -> torch.Tensor:
-    """What `send` sent from `source`: the size, then the packed bytes."""
+def recv(source: int, *, group: dist.ProcessGroup, timeout_s: float | None = None) -> torch.Tensor:
+    """What `send` sent from `source`: the size, then the packed bytes (`timeout_s` as `send`)."""
     size = torch.zeros(1, dtype=torch.int64)
-    dist.recv(size, src=source, group=group)
+    _within(dist.irecv(size, src=source, group=group), timeout_s)
     buf = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.recv(buf, src=source, group=group)
+    _within(dist.irecv(buf, src=source, group=group), timeout_s)
     return buf
+
+
+def _posted_digests(store: dist.Store, world: int, lost: int, source: int, holders: tuple[int, ...],
+                    ahead: tuple[int, ...], timeout_s: float) -> tuple[dict[int, dict], int]:
+    """Every holder's posted digest of `lost`'s shard, and the bytes `source` sends before it
+    (every holder posts all its digests before it sends any)."""
+    queued = [keys.digest(world, p, source) for p in ahead]
+    store.wait([keys.digest(world, lost, h) for h in holders] + queued, datetime.timedelta(seconds=timeout_s))
+    posted = {h: json.loads(store.get(keys.digest(world, lost, h))) for h in holders}
+    before = sum(int(json.loads(store.get(key))["nbytes"]) for key in queued)
+    return posted, before
 
 
 def receive(store: dist.Store, world: int, lost: int, source: int, holders: tuple[int, ...], *,
             model: nn.Module, optimizer: torch.optim.Optimizer, group: dist.ProcessGroup,
-            timeout_s: float) -> TransferReport:
-    """The spare: materialise, receive from `source`, verify against every holder's digest, copy in."""
-    import datetime
-
+            timeout_s: float, ahead: tuple[int, ...] = ()) -> TransferReport:
+    """The spare: materialise, receive from `source`, verify against every holder's digest, copy
+    in. `timeout_s`: the join floor; the receive gets as long as its bytes and those `source`
+    sends first (`ahead`) take, announced in the store for the survivors (`await_taken_in`)."""
     report = TransferReport(lost=lost, source=source)
-    store.wait([keys.digest(world, lost, h) for h in holders], datetime.timedelta(seconds=timeout_s))
-    posted = {h: json.loads(store.get(keys.digest(world, lost, h))) for h in holders}
+    posted, before = _posted_digests(store, world, lost, source, holders, ahead, timeout_s)
     layout = posted[source]["layout"]
     materialise(model, optimizer, layout)
+    bound = transfer_timeout_s(before + int(posted[source]["nbytes"]), timeout_s)
+    store.set(keys.receiving(world, lost), repr(bound))
     t = time.perf_counter()
-    buf = recv(source, group=group)
+    buf = recv(source, group=group, timeout_s=bound)
     report.transport_s = time.perf_counter() - t
     t = time.perf_counter()
     got = digest(buf)
@@ -238,3 +292,31 @@ def receive(store: dist.Store, world: int, lost: int, source: int, holders: tupl
     unpack(model, optimizer, buf, layout)
     report.verify_s = time.perf_counter() - t
     return report
+
+
+def announced_s(store: dist.Store, world: int, positions: Sequence[int]) -> float:
+    """The longest receive the spares of `positions` announced (0 where none did yet)."""
+    longest = 0.0
+    for p in positions:
+        key = keys.receiving(world, p)
+        if store.check([key]):
+            longest = max(longest, float(store.get(key)))
+    return longest
+
+
+def await_taken_in(store: dist.Store, world: int, positions: Sequence[int], floor_s: float) -> float:
+    """(survivors) Wait until the spares of `positions` took in their state: `floor_s` for a spare
+    to join, and as long again as the slowest one's receive may take, once it announced that.
+    Returns the bound waited; TransferError naming it when the wait ran out."""
+    wanted = [keys.taken_in(world, p) for p in positions]
+    start, bound = time.monotonic(), floor_s
+    while True:
+        try:
+            store.wait(wanted, datetime.timedelta(seconds=max(start + bound - time.monotonic(), 0.01)))
+            return bound
+        except RuntimeError as exc:  # DistStoreError on timeout
+            longer = floor_s + announced_s(store, world, positions)
+            if longer <= bound:
+                raise TransferError(f"within {bound:.0f}s ({floor_s:.0f}s to join, {bound - floor_s:.0f}s announced "
+                                    f"for the transfer): {type(exc).__name__}: {exc}") from exc
+            bound = longer

@@ -106,7 +106,7 @@ def init_world(job_store: dist.Store, world: int, *, position: int, world_size: 
     dist.init_process_group(backend, store=store, rank=position, world_size=world_size,
                             timeout=connect_timeout or timeout)
     if connect_timeout is not None:
-        _c10d.set_group_timeout(dist.distributed_c10d._get_default_group(), timeout)
+        _c10d.set_group_timeout(_c10d.default_group(), timeout)
 
 
 def replay(recipe: WorldRecipe, *, build_timeout_s: float) -> dict[str, dist.ProcessGroup]:

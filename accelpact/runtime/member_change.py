@@ -30,6 +30,7 @@ from ..launch import Membership
 from ..membership import keys, mirror, pool, register, small_state, transfer, world
 from ..membership.decide import MembershipDecision, Presence
 from ..membership.pool import Activation
+from ..rebind.mesh import one_cache_decision
 from . import neighbours, shrink
 from .history import RecoveryRecord
 from .restore import restore_boundary
@@ -41,7 +42,7 @@ log = logging.getLogger("accelpact.runtime")
 
 #: How long the survivors wait for a spare to reach each group its script makes (the spare runs
 #: the user's script from its start: imports, model build, wrapping), at least.
-JOIN_TIMEOUT_FLOOR_S = 60.0
+JOIN_TIMEOUT_FLOOR_S = pool.JOIN_TIMEOUT_FLOOR_S
 
 
 _seq = itertools.count(1)  # this process's membership records (model_checking/membership_trace.py)
@@ -152,7 +153,8 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase, at_check: bool = Fa
         m.store, failed_world, m.world_size, grace_s=presence_grace_s(rt.config.control_timeout_s,
                                                                       rt.data_plane.timeout_s),
         heartbeat_s=rt.heartbeat.interval_s,
-        small_state_at=lambda p: small_state.frontiers_held(m.store, failed_world, p), seen=m.silence)
+        small_state_at=lambda p: small_state.frontiers_held(m.store, failed_world, p), seen=m.silence,
+        join_timeout_s=join_timeout_s(rt))
     m.silence = None  # evidence of this world only
     clock.lap("agree")
     change = MemberChange(world=failed_world, decision=decision, timings_s=timings)
@@ -240,14 +242,16 @@ def roll_forward(rt: Runtime, change: MemberChange) -> None:
 
 
 def _rebind_groups(rt: Runtime, old_groups: dict, built: dict, change: MemberChange) -> None:
-    """Every cached reference to a group of the old world now names its rebuilt twin, proved."""
-    for label, old in old_groups.items():
-        new = built[rt.origin_names[label]]
-        report = rt.data_plane.plans[label].rebind(new)
-        rt.data_plane.plans[label].prove(old)
-        rt.data_plane.install(label, new, change.decision.generation, rebound=True)
-        for kind, n in report.counts.items():
-            change.rebound[kind] = change.rebound.get(kind, 0) + n
+    """Every cached reference to a group of the old world now names its rebuilt twin, proved;
+    DTensor's caches are decided once, after the last group (`rebind.mesh.one_cache_decision`)."""
+    with one_cache_decision():
+        for label, old in old_groups.items():
+            new = built[rt.origin_names[label]]
+            report = rt.data_plane.plans[label].rebind(new)
+            rt.data_plane.plans[label].prove(old)
+            rt.data_plane.install(label, new, change.decision.generation, rebound=True)
+            for kind, n in report.counts.items():
+                change.rebound[kind] = change.rebound.get(kind, 0) + n
 
 
 def _mirror_constructors(rt: Runtime, built: dict) -> None:
@@ -271,27 +275,48 @@ def _fresh_reducers(rt: Runtime) -> None:
 
 
 def _send_lost_shards(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange) -> None:
-    """As a holder of a lost shard: post the digest of this copy; as its source: send it. A
-    neighbour copy goes out as it arrived, under the lost rank's own digest and layout."""
+    """As a holder of a lost shard: post the digest of this copy; as its source: send it, within a
+    bound its bytes set (`transfer.transfer_timeout_s`), not the control timeout. Every digest
+    goes out before any send: a spare whose source sends another shard first knows how long to
+    wait for its own."""
     decision = change.decision
+    for lost, (buf, digest) in _post_held_shards(rt, m, decision).items():
+        if decision.source[lost] != rt.rank:
+            continue
+        bound = transfer.transfer_timeout_s(int(buf.numel()), join_timeout_s(rt))
+        seconds = transfer.send(buf, to=lost, group=control.group, timeout_s=bound)
+        change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
+                                 "digest": digest, "send_s": seconds, "via": decision.via.get(lost, "replica")})
+        trace_event(rt, "transfer_sent", world=m.world, position=rt.rank, to=lost, bytes=int(buf.numel()),
+                    digest=digest)
+
+
+def _post_held_shards(rt: Runtime, m: Membership, decision: MembershipDecision) -> dict[int, tuple[torch.Tensor, str]]:
+    """Post the digest of every lost shard this rank holds, in `decision.lost`'s order (the order
+    it sends in); returns lost -> (bytes, digest). Its own state is packed and hashed once, for
+    every lost replica of its shard. A neighbour copy goes out as it arrived, under the lost
+    rank's own digest and layout."""
+    held: dict[int, tuple[torch.Tensor, str]] = {}
+    own: tuple[torch.Tensor, str, dict] | None = None
     for lost in decision.lost:
         if rt.rank not in decision.holders.get(lost, ()):
             continue
         if decision.via.get(lost) == "neighbour":
-            held = rt.neighbours.held.get(lost, decision.frontier) if rt.neighbours is not None else None
-            if held is None:  # audited at presence; a copy is never dropped once complete at F
-                raise transfer.TransferError(f"rank {rt.rank} reported a neighbour copy of rank {lost} at "
-                                             f"F={decision.frontier} but holds none now")
-            buf, digest = torch.frombuffer(held.data, dtype=torch.uint8), held.digest
-            transfer.post_held_digest(m.store, m.world, lost, rt.rank, digest, buf, held.layout)
+            buf, digest, layout = _neighbour_copy(rt, lost, decision.frontier)
         else:
-            buf, digest = transfer.post_digest(m.store, m.world, lost, rt.rank, rt.model, rt.optimizer)
-        if decision.source[lost] == rt.rank:
-            seconds = transfer.send(buf, to=lost, group=control.group)
-            change.transfers.append({"lost": lost, "to_spare": decision.assign[lost], "bytes": int(buf.numel()),
-                                     "digest": digest, "send_s": seconds, "via": decision.via.get(lost, "replica")})
-            trace_event(rt, "transfer_sent", world=m.world, position=rt.rank, to=lost, bytes=int(buf.numel()),
-                        digest=digest)
+            own = own or transfer.packed(rt.model, rt.optimizer)
+            buf, digest, layout = own
+        transfer.post_held_digest(m.store, m.world, lost, rt.rank, digest, buf, layout)
+        held[lost] = (buf, digest)
+    return held
+
+
+def _neighbour_copy(rt: Runtime, lost: int, frontier: int) -> tuple[torch.Tensor, str, dict]:
+    held = rt.neighbours.held.get(lost, frontier) if rt.neighbours is not None else None
+    if held is None:  # audited at presence; a copy is never dropped once complete at F
+        raise transfer.TransferError(f"rank {rt.rank} reported a neighbour copy of rank {lost} at "
+                                     f"F={frontier} but holds none now")
+    return torch.frombuffer(held.data, dtype=torch.uint8), held.digest, held.layout
 
 
 def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
@@ -310,11 +335,12 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     trace_event(rt, "activated", world=activation.world, position=activation.position, spare=activation.spare)
     try:
         _take_in_state(rt, m, activation, decision, change, clock)
-    except (transfer.TransferError, ControlPlaneError, RuntimeError, ValueError) as exc:  # store timeouts: RuntimeError
-        # this spare's vote against, with the cause: the survivors learn it at the release, not by
-        # waiting out their probes for a spare that left, and every member rejects alike (exit 75)
+    except Exception as exc:  # noqa: BLE001 - any cause (a store timeout, an unpickling error, a
+        # state_dict that does not load) is this spare's vote against, kept whole: the survivors
+        # learn it at the release, not by waiting out their join bound for a spare that left, and
+        # every member rejects alike (exit 75)
         log.error("spare %d could not take over rank %d: %s: %s", activation.spare, activation.position,
-                  type(exc).__name__, exc)
+                  type(exc).__name__, exc, exc_info=exc)
         change.reasons.append(f"spare {activation.spare} taking over rank {activation.position}: "
                               f"{type(exc).__name__}: {exc}")
     try:  # the survivors wait for this before they probe the new groups (`await_spares`)
@@ -331,7 +357,8 @@ def _take_in_state(rt: Runtime, m: Membership, activation: Activation, decision:
     then its small state (RNG, data cursor) at F."""
     lost = activation.position
     got = transfer.receive(m.store, m.world, lost, decision.source[lost], decision.holders[lost], model=rt.model,
-                           optimizer=rt.optimizer, group=rt.control.group, timeout_s=join_timeout_s(rt))
+                           optimizer=rt.optimizer, group=rt.control.group, timeout_s=join_timeout_s(rt),
+                           ahead=transfer.queued_before(decision.source, decision.lost, lost))
     change.transfers.append({"lost": lost, "from": decision.source[lost], "via": decision.via.get(lost, "replica"),
                              **got.to_dict()})
     trace_event(rt, "transfer_verified", world=m.world, position=lost, digest=got.digest, ok=True,
@@ -376,17 +403,18 @@ def rebuild_control_plane(rt: Runtime) -> ControlPlane:
 
 def await_spares(rt: Runtime, m: Membership, change: MemberChange) -> None:
     """(survivors of a Replace) Wait until every spare of this change holds its lost rank's state
-    (`keys.taken_in`), for as long as a spare may take to join. Why before the probes: a survivor
-    that sent no state would probe at once, while the spare still takes in its shard (its holders
-    pack and hash it, the bytes travel, the spare hashes and unpacks them); one data timeout there
-    rejected every Replace of a shard past a few hundred MB. Waiting here instead, the probes keep
-    the data-plane bound, so a second failure inside the change is noticed as fast as before."""
+    (`keys.taken_in`), for as long as a spare may take to join and its transfer to run (the bound
+    it announced). Why before the probes: a survivor that sent no state would probe at once, while
+    the spare still takes in its shard (its holders pack and hash it, the bytes travel, the spare
+    hashes and unpacks them); one data timeout there rejected every Replace of a shard past a few
+    hundred MB. Waiting here instead, the probes keep the data-plane bound, so a second failure
+    inside the change is noticed as fast as before."""
     positions = sorted(change.decision.assign)
     try:
-        m.store.wait([keys.taken_in(m.world, p) for p in positions], datetime.timedelta(seconds=join_timeout_s(rt)))
-    except RuntimeError as exc:  # DistStoreError on timeout
+        transfer.await_taken_in(m.store, m.world, positions, join_timeout_s(rt))
+    except transfer.TransferError as exc:
         change.reasons.append(f"rank {rt.rank}: the spares taking over {positions} did not take in their state "
-                              f"within {join_timeout_s(rt):.0f}s: {type(exc).__name__}: {exc}")
+                              f"{exc}")
 
 
 def validate_and_release(rt: Runtime, m: Membership, control: ControlPlane, change: MemberChange,
@@ -470,13 +498,14 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
     m = rt.membership
     rt._recoveries += 1
     t0 = time.perf_counter()
+    failed_world = m.world
     try:
         change = survive(rt, m, phase, at_check)
     except RankFenced:  # RankLeft too: this rank's replica group left the job
         raise
     except Exception as exc:  # the cause is the reject's reason; peers reject on the release register
         try:
-            register.post_vote(m.store, m.world, rt.rank, False, f"rank {rt.rank}: {type(exc).__name__}: {exc}")
+            _vote_against(rt, m, failed_world, f"rank {rt.rank}: {type(exc).__name__}: {exc}")
         except Exception as vote_error:  # noqa: BLE001 - the store itself failed: keep both causes
             exc.add_note(f"accelpact: posting the vote failed too: {vote_error!r}")
         record = RecoveryRecord.control_plane_reject(rt._recoveries, rt.update_index, phase,
@@ -512,6 +541,26 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
         from .after_commit import take_owed_save
 
         take_owed_save(rt)
+
+
+def failure_vote_at(failed_world: int, world_now: int, rank: int,
+                    decision: MembershipDecision | None) -> tuple[int, int] | None:
+    """(world, position) under which a survivor whose change failed votes against: where the
+    members of the world the change builds read it. Not the failed world's key, which an earlier
+    change's votes hold and nobody reads again; its number after a shrink (None: it leaves)."""
+    if world_now != failed_world:  # already in the new world, renumbered if it shrank
+        return world_now, rank
+    if decision is not None and decision.shrink:
+        new = decision.renumber.get(rank)
+        return None if new is None else (failed_world + 1, new)
+    return failed_world + 1, rank
+
+
+def _vote_against(rt: Runtime, m: Membership, failed_world: int, reason: str) -> None:
+    decision = register.read_decision(m.store, failed_world) if m.world == failed_world else None
+    at = failure_vote_at(failed_world, m.world, rt.rank, decision)
+    if at is not None:
+        register.post_vote(m.store, at[0], at[1], False, reason)
 
 
 def release_spares(rt: Runtime, reasons: list[str]) -> None:
