@@ -240,3 +240,17 @@ def test_a_bounded_store_passes_results_and_errors_through():
         store.check(["a"])
     with pytest.raises(ValueError, match="positive"):
         BoundedStore(Plain(), bound_s=0)
+    import threading
+
+    def workers():
+        return [t for t in threading.enumerate() if t.name == "accelpact-store" and t.is_alive()]
+
+    before = len(workers())
+    for _ in range(50):  # one long-lived worker, not a thread per call
+        store.get("k")
+    assert len(workers()) <= before + 1
+    store.close()
+    deadline = time.monotonic() + 2.0
+    while len(workers()) > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(workers()) <= before

@@ -463,6 +463,8 @@ class ControlPlane:
 
     def close(self) -> None:
         self.stop_listening()
+        if isinstance(self.store, BoundedStore):
+            self.store.close()
         try:
             dist.destroy_process_group(self.group)
         except (RuntimeError, ValueError) as exc:  # pragma: no cover - best effort at shutdown
