@@ -371,3 +371,71 @@ def test_non_utf8_bytes_in_attempts_are_skipped_like_any_bad_line(tmp_path: Path
     assert check_restart_budget(5, attempt=0, log=log) == 2
     assert events(caplog, "checkpoint.attempt.bad_line")[0]["line"] == 2
 
+
+
+def test_a_multistep_schedulers_milestones_are_saved_and_loaded_back():
+    """Found by review of the fix above: MultiStepLR keeps its milestones in a Counter, which the
+    safety check refused, so every save of such a job failed (and the job stopped itself)."""
+    import io
+    from collections import Counter
+
+    import torch
+    from torch.optim.lr_scheduler import MultiStepLR
+
+    from accelpact.checkpoint.appstate import check_weights_only_safe
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    state = MultiStepLR(opt, milestones=[2, 4]).state_dict()
+    check_weights_only_safe(state, "scheduler")
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    assert torch.load(buf, weights_only=True)["milestones"] == Counter({2: 1, 4: 1})
+
+
+def test_another_runs_step_an_unreadable_one_and_an_unsigned_one_are_never_set_aside(history, monkeypatch) -> None:
+    """Found by review of the set-aside fix: every refusal was recorded, so a later save of that
+    step renamed it aside (and retention deleted it as known bad): another run's step in a shared
+    directory, a step behind a transient I/O error, a step signed under another key. Only a step
+    whose own content or structure is broken is set aside."""
+    from accelpact.checkpoint import CheckpointExistsError
+
+    root, job = history
+    foreign = CheckpointManager(root, run_id="another-run", world_size=1, layout="single cpu")
+    save(foreign, Job(seed=9).steps(6))  # step 6 of another run, in the same directory
+    mgr = manager(root)
+    report = load(mgr, Job(seed=5))
+    assert report.step == 4 and [r.damaged for r in report.refused] == [False]
+    with pytest.raises(CheckpointExistsError):  # the other run's step stays where it is
+        save(mgr, job.steps(2))
+    assert _asides(root) == [] and (root / step_dir_name(6)).is_dir()
+    assert mgr.published_problem(6).startswith("written by run 'another-run'")
+    with pytest.raises(CheckpointExistsError):  # asking did not mark it for moving either
+        save(mgr, job)
+    assert _asides(root) == []
+
+    unreadable = root / step_dir_name(4) / "manifest.json"
+    real = Path.read_bytes
+
+    def read_bytes(self: Path) -> bytes:
+        if self == unreadable:
+            raise OSError(errno.EIO, os.strerror(errno.EIO), str(self))
+        return real(self)
+
+    monkeypatch.setattr(Path, "read_bytes", read_bytes)
+    mgr = manager(root)
+    assert load(mgr, Job(seed=7)).step == 2  # 6 is another run's, 4 unreadable
+    monkeypatch.setattr(Path, "read_bytes", real)  # the I/O error passes
+    with pytest.raises(CheckpointExistsError):
+        save(mgr, Job(seed=7).steps(2))  # F=4 again: the step that was unreadable is not moved
+    assert _asides(root) == []
+
+    from accelpact.checkpoint import NoVerifiedCheckpointError
+
+    signed = manager(root, key=b"another-key")
+    with pytest.raises(NoVerifiedCheckpointError) as err:  # every step is unsigned under this key
+        load(signed, Job(seed=8))
+    assert not any(r.damaged for r in err.value.refusals)
+    with pytest.raises(CheckpointExistsError):
+        save(signed, Job(seed=8).steps(4))
+    assert _asides(root) == []

@@ -458,3 +458,23 @@ def test_a_cursor_is_copied_so_the_loader_cannot_reach_into_the_snapshot():
     nested["order"].append(7)
     nested["inner"]["pos"] = 6
     assert copy_of_nested == {"cursor": 3, "order": [2, 0, 1], "inner": {"pos": 5}}
+
+
+def test_schedulers_are_found_outermost_first_in_an_order_no_collection_changes():
+    """Found by review: the order came from the heap (gc.get_objects), which a garbage collection
+    between their creations changed, and a checkpoint pairs saved states with them in order in
+    another process: a restart refused its own checkpoint (or swapped two schedulers' states).
+    One inside a SequentialLR is saved and restored by it, so only the outer one is kept."""
+    import gc
+
+    from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, SequentialLR, StepLR
+
+    from accelpact.runtime.rewind import schedulers_of
+
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(2))], lr=0.1)
+    warm = LinearLR(opt, total_iters=3)
+    gc.collect()  # moves the ones made before it in the heap's order
+    cosine = CosineAnnealingLR(opt, T_max=10)
+    both = SequentialLR(opt, [warm, cosine], milestones=[3])
+    step = StepLR(opt, step_size=5)
+    assert schedulers_of(opt) == [both, step]  # by type name; warm and cosine are inside `both`

@@ -131,7 +131,8 @@ def test_gloo_receives_past_the_groups_timeout_within_the_transfer_bound():
 
 def test_a_spare_is_judged_on_the_deciders_clock_and_by_its_hosts_certificate():
     assert pool.spare_state(True, 0.0, 0.5, 0.6) == "gone"  # certified dead: at once
-    assert pool.spare_state(False, 0.0, None, 0.1) == "alive"  # certified running: at once
+    assert pool.spare_state(False, 0.0, None, 0.1) == "watching"  # running proves no progress: its beat must move
+    assert pool.spare_state(False, 0.0, None, 2.5) == "gone"  # a stopped or stuck spare that runs
     assert pool.spare_state(None, 0.0, None, 0.5, quiet_s=2.0) == "watching"
     assert pool.spare_state(None, 0.0, 0.4, 0.5, quiet_s=2.0) == "alive"
     assert pool.spare_state(None, 0.0, None, 2.0, quiet_s=2.0) == "gone"  # never moved
@@ -168,10 +169,25 @@ def test_a_spare_certified_dead_on_this_host_is_not_offered_even_with_a_fresh_be
     store = _store()
     store.set(keys.spare_alive(7), f"9|{pool.SPARE_WORLD}|{liveness._where()}/{dead.pid}/12345")
     store.append(keys.spares_registered(), "7,")
-    pool.register(store, 8)  # this process: certified running
-    t = time.monotonic()
-    assert pool.free_spares(store) == [8]
-    assert time.monotonic() - t < 1.0  # certificates need no watch
+    pool.register(store, 8)  # this process: running, and beating below
+    beating = threading.Event()
+
+    def beat():
+        n = 0
+        while not beating.is_set():
+            n += 1
+            store.set(keys.spare_alive(8), liveness.beat_value(n, pool.SPARE_WORLD))
+            time.sleep(0.05)
+
+    beater = threading.Thread(target=beat, daemon=True)
+    beater.start()
+    try:
+        t = time.monotonic()
+        assert pool.free_spares(store) == [8]  # 7 is certified dead at once; 8 alive once its beat moved
+        assert time.monotonic() - t < 1.0
+    finally:
+        beating.set()
+        beater.join()
 
 
 # 3. sources spread over the holders of each shard

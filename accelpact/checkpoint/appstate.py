@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -35,14 +35,16 @@ class Stateful(Protocol):
 
 
 _SAFE_SCALARS = (str, int, float, bool, type(None), bytes, torch.Size, torch.dtype, torch.device)
-_SAFE_MAPPINGS = (dict, OrderedDict)
+#: Counter: MultiStepLR keeps its milestones in one (torch's weights_only loader allows it)
+_SAFE_MAPPINGS = (dict, OrderedDict, Counter)
 _SAFE_SEQUENCES = (list, tuple, set)
 
 
 def check_weights_only_safe(obj: Any, where: str = "app_state") -> None:
     """Raise if ``obj`` holds something ``torch.load(weights_only=True)`` would refuse.
 
-    Exact container types only: subclasses (defaultdict, namedtuple) do not round-trip there.
+    Exact container types only: subclasses (defaultdict, namedtuple) do not round-trip there,
+    except Counter, which the loader allows.
     """
     if type(obj) in _SAFE_SCALARS or isinstance(obj, torch.Tensor | torch.dtype | torch.device):
         return

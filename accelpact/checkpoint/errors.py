@@ -80,6 +80,8 @@ class Refusal:
 
     candidate: str
     reason: str
+    #: the step's own content or structure is broken (`verify.Verdict.damaged`): one this run may set aside
+    damaged: bool = False
 
     def to_dict(self) -> dict[str, str]:
         return {"candidate": self.candidate, "reason": self.reason}

@@ -186,7 +186,7 @@ class CheckpointManager:
         """Full verification, remembering the files' fingerprint when it passes (retention counts
         such a step as known good while its files keep their size, mtime and inode:
         `_retention_verdict`). ``hash_files=False``: every check but the content's digests (a load
-        hashes the chosen step on every rank, `_hashes_agreed`)."""
+        hashes the chosen step on every rank, `_stripes_agreed`)."""
         path = self.root / name
         if not hash_files:
             return verify_step_dir(path, hash_files=False, key=self._key)
@@ -341,7 +341,7 @@ class CheckpointManager:
         why = self._refused.get(name)
         if why is None:
             verdict = self._verify(name, hash_files=False)
-            why = None if verdict.ok else verdict.reason
+            why = verdict.reason if not verdict.ok and verdict.damaged else None
         if why is None:
             return
         aside = set_aside(self.root, step, self.attempt)
@@ -357,8 +357,8 @@ class CheckpointManager:
         CheckpointExistsError: is the step already there one to rely on?"""
         comm = self._comm()
         name = step_dir_name(step)
-        why = self._hashes_agreed(comm, name)
-        if why is not None:
+        why, damaged = self._stripes_agreed(comm, name)
+        if why is not None and damaged:
             self._refused[name] = why
             if comm.is_coordinator:
                 log_event(WARNING, "checkpoint.refused", "published step refused", root=str(self.root),
@@ -411,10 +411,10 @@ class CheckpointManager:
 
     # -- load ----------------------------------------------------------------------------------
 
-    def _select(self, refused: dict[str, str] | None = None) -> Selection:
+    def _select(self, refused: dict[str, tuple[str, bool]] | None = None) -> Selection:
         """(rank 0) Decide which step to restore, logging every refusal: every check but the
-        content's digests, which every rank then takes a stripe of (`_hashes_agreed`); `refused`:
-        candidates the ranks' digests refused already, with why."""
+        content's digests, which every rank then takes a stripe of (`_stripes_agreed`); `refused`:
+        candidates the ranks' digests refused already, with why and whether as damaged."""
         refused = refused or {}
         names = os.listdir(self.root) if self.root.is_dir() else []
         listing = classify_entries(names)
@@ -425,7 +425,8 @@ class CheckpointManager:
 
         def verify(name: str) -> Verdict:
             if name in refused:  # logged when the ranks refused it
-                return Verdict(False, refused[name])
+                why, damaged = refused[name]
+                return Verdict(False, why, damaged=damaged)
             verdict = self._verify(name, hash_files=False)
             if not verdict.ok:
                 log_event(WARNING, "checkpoint.refused", "checkpoint candidate refused",
@@ -448,31 +449,35 @@ class CheckpointManager:
                       root=str(self.root), note=note, chosen=sel.name)
         return replace(sel, latest_note=note)
 
-    def _hashes_agreed(self, comm: Comm, name: str) -> str | None:
-        """(every rank) Hash this rank's stripe of `name`'s files against its manifest; None when
-        every rank's matched, else why (the same on every rank). Why striped: rank 0 hashing
-        every rank's shards alone took longer than its peers' wait for its choice (the control
-        timeout) for any checkpoint past a few GB; here each rank reads 1/W of it."""
+    def _stripes_agreed(self, comm: Comm, name: str) -> tuple[str | None, bool]:
+        """(every rank) Hash this rank's stripe of `name`'s files against its manifest; (None, _)
+        when every rank's matched, else (why, damaged), the same on every rank. Why striped: rank 0
+        hashing every rank's shards alone took longer than its peers' wait for its choice (the
+        control timeout) for any checkpoint past a few GB; here each rank reads 1/W of it.
+        `damaged` (`verify.Verdict.damaged`): every failing rank found the step's own content
+        broken, not an I/O error, another run's step or a signature that does not verify."""
         path, local = self.root / name, None
         try:
             verdict = verify_step_dir(path, hash_files=False, key=self._key)  # this rank's view of the step
             if not verdict.ok or verdict.manifest is None:
-                local = verdict.reason
+                local = (verdict.reason, verdict.damaged)
+            elif verdict.manifest.run_id != self.run_id:
+                local = (f"written by run {verdict.manifest.run_id!r}, this is run {self.run_id!r}", False)
             else:
                 files = sorted(verdict.manifest.files, key=lambda f: f.path)[comm.rank::comm.world_size]
                 bad = [f.path for f in files if sha256_file(path / f.path) != f.sha256]
-                local = f"sha256 mismatch (content corrupted): {', '.join(bad)}" if bad else None
+                local = (f"sha256 mismatch (content corrupted): {', '.join(bad)}", True) if bad else None
         except Exception as exc:  # noqa: BLE001 - gathered below: every rank refuses alike
-            local = _err(exc)
-        failed = [(r, e) for r, e in enumerate(comm.all_gather(local)) if e]
+            local = (_err(exc), False)
+        failed = [(r, got) for r, got in enumerate(comm.all_gather(local)) if got]
         if not failed:
             if comm.is_coordinator:  # retention counts it known good (`_retention_verdict`)
                 try:
                     self._hashed[name] = tree_fingerprint(path)
                 except OSError:
                     pass
-            return None
-        return "; ".join(f"{e} (rank {r}'s stripe)" for r, e in failed)
+            return None, False
+        return "; ".join(f"{e} (rank {r}'s stripe)" for r, (e, _) in failed), all(d for _, (_, d) in failed)
 
     def load_latest(
         self,
@@ -490,7 +495,7 @@ class CheckpointManager:
         """
         t0 = time.perf_counter()
         comm = self._comm()
-        refused: dict[str, str] = {}  # candidates whose content the ranks' digests refused
+        refused: dict[str, tuple[str, bool]] = {}  # candidates the ranks' digests refused: why, damaged
         scan_exc: Exception | None = None
         while True:  # each round refuses one more candidate, or ends
             sel: Selection | tuple[str, str] | None = None
@@ -503,10 +508,10 @@ class CheckpointManager:
             if isinstance(sel, tuple) or sel.outcome is not Outcome.SELECTED:
                 break
             assert sel.name is not None
-            why = self._hashes_agreed(comm, sel.name)
+            why, damaged = self._stripes_agreed(comm, sel.name)
             if why is None:
                 break
-            refused[sel.name] = why
+            refused[sel.name] = (why, damaged)
             if comm.is_coordinator:
                 log_event(WARNING, "checkpoint.refused", "checkpoint candidate refused", root=str(self.root),
                           candidate=sel.name, reason=why)
@@ -514,7 +519,8 @@ class CheckpointManager:
         if isinstance(sel, tuple):
             raise_from_local(CheckpointLoadError(f"rank 0 could not scan {self.root}: {sel[1]}"), scan_exc)
         assert sel is not None
-        self._refused.update((r.candidate, r.reason) for r in sel.refusals)  # a save of that step sets it aside
+        # a save of a step refused as damaged sets it aside; another run's, an unreadable or an unsigned one stays
+        self._refused.update((r.candidate, r.reason) for r in sel.refusals if r.damaged)
         if sel.outcome is Outcome.NO_CHECKPOINT:
             if comm.is_coordinator:
                 log_event(INFO, "checkpoint.none", "no checkpoint to restore: fresh start", root=str(self.root))

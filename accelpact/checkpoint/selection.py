@@ -92,7 +92,7 @@ def select_candidate(
     for name in candidates:
         verdict = verify(name)
         if not verdict.ok:
-            refusals.append(Refusal(name, verdict.reason))
+            refusals.append(Refusal(name, verdict.reason, damaged=verdict.damaged))
             continue
         manifest = verdict.manifest
         assert manifest is not None  # a passing verdict always carries its manifest

@@ -28,6 +28,10 @@ class Verdict:
     step: int | None = None
     manifest: Manifest | None = field(default=None, compare=False, repr=False)
     manifest_sha256: str | None = field(default=None, compare=False, repr=False)
+    #: a refusal for the step's own content or structure (torn, corrupt, unpublished): one this run
+    #: may set aside to save the step again. Not an I/O error (the step may be whole) nor a
+    #: signature that does not verify (tampered or another key: evidence, not ours to move).
+    damaged: bool = True
 
     def __bool__(self) -> bool:
         return self.ok
@@ -97,7 +101,8 @@ def verify_step_dir(path: str | os.PathLike[str], *, hash_files: bool = True, ke
         return _verify_published(d, step, hash_files, key)
     except OSError as exc:
         where = exc.filename if exc.filename is not None else d
-        return Verdict(False, f"I/O error reading {where}: {type(exc).__name__}: {exc.strerror or exc}", step)
+        return Verdict(False, f"I/O error reading {where}: {type(exc).__name__}: {exc.strerror or exc}", step,
+                       damaged=False)
 
 
 def _verify_published(d: Path, step: int, hash_files: bool, key: bytes | None) -> Verdict:
@@ -113,9 +118,12 @@ def _verify_published(d: Path, step: int, hash_files: bool, key: bytes | None) -
     raw = _read(d / MANIFEST_NAME)
     if raw is None:
         return Verdict(False, "manifest.json missing", step)
-    why = check_committed(marker, step, raw, key)
+    why = check_committed(marker, step, raw)
     if why:
         return Verdict(False, why, step)
+    why = check_committed(marker, step, raw, key) if key is not None else None
+    if why:  # whole, but not signed under this key
+        return Verdict(False, why, step, damaged=False)
     try:
         manifest = parse_manifest(raw)
     except ManifestError as exc:

@@ -98,11 +98,13 @@ def registered(store: dist.Store) -> list[int]:
 def spare_state(certified_dead: bool | None, first_seen: float, moved_at: float | None, now: float,
                 quiet_s: float = SPARE_QUIET_S) -> str:
     """"alive", "gone" or "watching" (not known yet), judged on the decider's own monotonic clock:
-    a certificate from this host decides at once (`liveness.is_dead`: True dead, False running);
-    otherwise a spare is alive once its beat moved while watched, within `quiet_s`, and gone
-    once the beat stood still that long. A spare's wall clock is never compared with ours."""
-    if certified_dead is not None:
-        return "gone" if certified_dead else "alive"
+    a death certificate from this host (`liveness.is_dead` True) decides "gone" at once; else a
+    spare is alive once its beat moved while watched, within `quiet_s`, and gone once the beat
+    stood still that long. A spare's wall clock is never compared with ours. "Running" on this
+    host proves nothing more: a stopped (SIGSTOP), stuck or deadlocked spare runs too, and once
+    claimed it would hold the survivors for their whole join bound."""
+    if certified_dead:
+        return "gone"
     last = first_seen if moved_at is None else moved_at
     if now - last >= quiet_s:
         return "gone"

@@ -3,6 +3,7 @@ optional pre-step copy, and the facts `decisions.may_rerun` judges."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -13,18 +14,31 @@ from ..fsm.phases import FailurePhase
 from .module_buffers import ModuleBuffers
 from .snapshot import BoundarySnapshot, StepCopy
 
+log = logging.getLogger("accelpact.runtime")
+
 
 def schedulers_of(optimizer: torch.optim.Optimizer) -> list[Any]:
     """The LR schedulers that drive `optimizer` (an LRScheduler holds its optimizer; the
     optimizer does not know its schedulers, so they are found among live objects, once, at
-    attach). A scheduler built after attach is not found: pass it to attach instead."""
+    attach). A scheduler built after attach is not found: pass it to attach instead.
+
+    Only the outermost: one inside a SequentialLR or ChainedScheduler is saved and restored by
+    it. Ordered by type name, not by the heap's order (which a garbage collection between their
+    creations changes): a checkpoint pairs saved states with these in order, in another process."""
     import gc
 
     from torch.optim.lr_scheduler import LRScheduler, ReduceLROnPlateau
 
     kinds = (LRScheduler, ReduceLROnPlateau)
     # type(), not isinstance(): the latter reads __class__, which some lazy module objects warn on
-    return [obj for obj in gc.get_objects() if issubclass(type(obj), kinds) and obj.optimizer is optimizer]
+    found = [obj for obj in gc.get_objects() if issubclass(type(obj), kinds) and obj.optimizer is optimizer]
+    inner = {id(child) for obj in found for child in getattr(obj, "_schedulers", ())}
+    outer = sorted((obj for obj in found if id(obj) not in inner), key=lambda obj: type(obj).__qualname__)
+    names = [type(obj).__qualname__ for obj in outer]
+    if len(set(names)) < len(names):
+        log.warning("attach found several LR schedulers of one type on the optimizer (%s): their order, which a "
+                    "checkpoint restores them in, is not defined; pass schedulers= to attach", ", ".join(names))
+    return outer
 
 
 class RewindState:
