@@ -18,6 +18,7 @@ import atexit
 import datetime
 import logging
 import os
+import time
 from dataclasses import dataclass
 
 import torch.distributed as dist
@@ -209,12 +210,27 @@ def _join_as_spare(m: Membership, activation) -> None:
         world.init_world(m.store, m.world, position=m.position, world_size=m.world_size, backend=m.backend,
                          timeout=m.timeout, connect_timeout=datetime.timedelta(seconds=activation.join_timeout_s))
     except RuntimeError as exc:  # DistStoreError / gloo's connect timeout
-        ended = pool.job_ended(m.store)
+        # the spare's bound started when it saw its claim, the survivors' only after they restored:
+        # a spare that ran out first waits for their verdict rather than exiting non-zero on its own
+        # (its agent would restart its workers, the other spares with it)
+        ended = _job_end_within(m.store, activation.join_timeout_s)
         if ended is None:
+            exc.add_note(f"the job did not end within {activation.join_timeout_s:.0f}s after this spare's "
+                         "connect to the new world ran out")
             raise
         code, why = ended
         raise SpareReleased(code, f"{why} (the job ended while this spare joined: {type(exc).__name__}: "
                                   f"{exc})") from exc
+
+
+def _job_end_within(store, timeout_s: float, poll_s: float = 0.1) -> tuple[int, str] | None:
+    """The job's end (code, why) if it is written within `timeout_s`, else None."""
+    from .membership import pool
+
+    deadline = time.monotonic() + timeout_s
+    while (ended := pool.job_ended(store)) is None and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return ended
 
 
 def _position_done() -> None:

@@ -1,6 +1,7 @@
 """Membership change pieces that need no world: the state transfer's packing and digest, the
 small state's round trip, the spare pool's claims."""
 
+import contextlib
 import copy
 import datetime
 import os
@@ -13,6 +14,33 @@ import torch.distributed as dist
 from accelpact.checkpoint.appstate import capture_rng_state
 from accelpact.membership import keys, pool, small_state, transfer
 from accelpact.runtime.snapshot import BoundarySnapshot
+
+
+@contextlib.contextmanager
+def beating(store, *spares: int):
+    """Spares that beat as a waiting spare does (every 0.05 s here): a spare is offered only once
+    the decider saw its beat move (`pool.SpareWatch`), a registered one that never beats is not."""
+    import threading
+
+    from accelpact.membership import liveness
+
+    stop = threading.Event()
+
+    def beat() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            for spare in spares:
+                store.set(keys.spare_alive(spare), liveness.beat_value(n, pool.SPARE_WORLD))
+            stop.wait(0.05)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
 
 def _trained(seed):
@@ -183,11 +211,12 @@ def test_a_spare_is_claimed_once_and_released_with_the_jobs_code():
     store.set_timeout(datetime.timedelta(seconds=5))
     pool.register(store, 4)
     pool.register(store, 5)
-    assert pool.free_spares(store) == [4, 5]
-    first = pool.Activation(spare=4, world=1, position=3, world_size=4)
-    assert pool.claim(store, first)
-    assert not pool.claim(store, pool.Activation(spare=4, world=1, position=2, world_size=4))
-    assert pool.free_spares(store) == [5]
+    with beating(store, 4, 5):
+        assert pool.free_spares(store) == [4, 5]
+        first = pool.Activation(spare=4, world=1, position=3, world_size=4)
+        assert pool.claim(store, first)
+        assert not pool.claim(store, pool.Activation(spare=4, world=1, position=2, world_size=4))
+        assert pool.free_spares(store) == [5]
     assert pool.wait_for_claim(store, 4) == first
     pool.position_done(store, 2)
     pool.position_done(store, 2)  # the last position's end releases the spares still waiting
@@ -350,8 +379,9 @@ def test_the_decision_counts_a_silence_from_when_the_watch_saw_it_begin():
                                                   replicas=replicas))
     seen = {3: (b"41", time.monotonic() - 2.0)}  # silent for 2 s already, at a 0.8 s heartbeat
     t = time.monotonic()
-    decision = register.await_decision(store, 0, 4, grace_s=30.0, heartbeat_s=0.8, small_state_at=lambda p: {5},
-                                       seen=seen)
+    with beating(store, 4):
+        decision = register.await_decision(store, 0, 4, grace_s=30.0, heartbeat_s=0.8,
+                                           small_state_at=lambda p: {5}, seen=seen)
     assert decision.replace and decision.lost == (3,)
     assert time.monotonic() - t < 0.5  # without `seen`: 2.5 * 0.8 = 2 s
 
@@ -396,7 +426,8 @@ def test_the_exit_barrier_counts_a_lost_node_once_and_a_fenced_process_not_at_al
     for position, replicas in ((0, (0, 2)), (1, (1, 3))):
         register.post_presence(store, 0, Presence(position=position, frontier=5, generation=0, rerun_ok=True,
                                                   replicas=replicas))
-    decision = register._decide(store, 0, 4, [0, 1], lambda position: {5})
+    with beating(store, 4, 5):
+        decision = register._decide(store, 0, 4, [0, 1], lambda position: {5})
     assert decision.replace and decision.assign == {2: 4, 3: 5}
     assert pool.agents_lost(store) == 1  # two ranks, one node
     store.append(keys.fenced_holders(), "3,")  # had rank 3 only been cut off, its sibling still died

@@ -262,7 +262,11 @@ def test_no_spare_is_offered_once_the_job_shrank():
 
     store = dist.HashStore()
     store.set_timeout(datetime.timedelta(seconds=5))
-    pool.register(store, 6)  # one spare, still free
+    pool.register(store, 6)  # one spare, still free, beating (a spare is offered only once its beat moves)
+    import threading
+
+    spare = threading.Thread(target=pool.wait_for_claim, args=(store, 6), kwargs={"heartbeat_s": 0.05}, daemon=True)
+    spare.start()
     paired = [dataclass_replace(r, replicas=(r.position % 2, r.position % 2 + 2), on_loss="reject")
               for r in _hsdp(0, 1, 2)]
     for r in paired:
@@ -273,6 +277,7 @@ def test_no_spare_is_offered_once_the_job_shrank():
         register.post_presence(store, 8, r)
     d = register._decide(store, 8, 4, [0, 1, 2], lambda p: {5})
     assert d.outcome == "reject" and any("the job shrank" in why for why in d.reasons), d.reasons
+    spare.join(5)  # it was claimed by the first decision
 
 
 def test_the_register_marks_a_shrink_for_the_decisions_after_it():

@@ -72,7 +72,31 @@ def test_the_spare_receives_under_the_bound_of_its_bytes_and_those_queued_before
     transfer.receive(store, 1, 3, 1, (1,), model=spare, optimizer=spare_opt, group=None, timeout_s=60.0, ahead=(2,))
     expected = transfer.transfer_timeout_s(2 * buf.numel(), 60.0)
     assert bounds == [expected]
-    assert float(store.get(keys.receiving(1, 3))) == expected  # what the survivors wait for
+    guess = 2 * transfer.estimated_state_bytes(spare)
+    early = transfer.transfer_timeout_s(guess, 60.0) + transfer.preparation_s(guess)
+    assert float(store.get(keys.receiving(1, 3))) == max(expected, early)  # what the survivors wait for
+
+
+def test_the_wait_for_the_holders_digests_grows_with_the_shard_and_is_announced_first(monkeypatch):
+    """Found by review of the fix above: the holders copy and hash a shard twice before they post
+    its digest (1.09 GB/s here: 150 s for 80 GB), while the spare waited for the digests, and the
+    survivors for the spare, only the fixed join floor: every replacement of such a shard rejected."""
+    store = _store()
+    big = torch.nn.Linear(1000, 1000)  # 4 MB of parameters: its state is guessed at 12 MB
+    waited = []
+
+    def digests(store_, world, lost, source, holders, ahead, timeout_s):
+        waited.append((timeout_s, float(store_.get(keys.receiving(world, lost)))))
+        raise transfer.TransferError("stop here")
+
+    monkeypatch.setattr(transfer, "_posted_digests", digests)
+    with pytest.raises(transfer.TransferError):
+        transfer.receive(store, 1, 3, 1, (1,), model=big, optimizer=None, group=None, timeout_s=60.0)
+    guess = transfer.estimated_state_bytes(big)
+    assert guess == 3 * 4 * (1000 * 1000 + 1000)
+    (timeout_s, announced), = waited
+    assert timeout_s == 60.0 + transfer.preparation_s(guess) > 60.0  # longer than the floor, by the hashing
+    assert announced >= transfer.preparation_s(guess) + 60.0  # the survivors knew before the wait began
 
 
 def test_a_holder_posts_every_digest_before_it_sends_and_sends_under_the_transfer_bound(monkeypatch):
@@ -254,12 +278,27 @@ def test_a_survivor_failing_before_the_new_world_votes_there_with_its_cause(monk
     store = _store()
     m = SimpleNamespace(store=store, world=3)
     rt = SimpleNamespace(membership=m, rank=1, _recoveries=0, update_index=5, frontier=4, generation=2, history=[],
-                         _reject=reject)
+                         _reject=reject, config=SimpleNamespace(control_timeout_s=0.2))
     with pytest.raises(Rejected):
         member_change.on_lost_member(rt, RuntimeError("gather failed"), None, 0.1)
     vote = json.loads(store.get(keys.vote(4, 1)))
     assert vote == {"ok": False, "reason": "rank 1: KeyError: 'exp_avg'"}
     assert not store.check([keys.vote(3, 1)])  # the key of the change that built world 3
+
+    # its peers decide a shrink a moment later: rank 1 is rank 0 of world 4, and votes there
+    import threading
+
+    from accelpact.membership.decide import MembershipDecision
+
+    shrink = MembershipDecision(world=3, outcome="shrink", present=(1, 2, 3), lost=(0,), leaving=(2,),
+                                renumber={1: 0, 3: 1})
+    late = m.store = _store()
+    rt.config.control_timeout_s = 2.0
+    threading.Timer(0.2, late.set, args=(keys.decision(3), json.dumps(shrink.to_json()))).start()
+    with pytest.raises(Rejected):
+        member_change.on_lost_member(rt, RuntimeError("gather failed"), None, 0.1)
+    assert json.loads(late.get(keys.vote(4, 0)))["ok"] is False
+    assert not late.check([keys.vote(4, 1)])  # rank 3's new position: not overwritten by rank 1's vote
 
 
 def test_the_release_keeps_why_the_votes_were_incomplete():
@@ -337,3 +376,28 @@ def test_a_materialised_step_stays_on_the_cpu_unless_the_optimizer_is_capturable
     assert plain["step"].device.type == "cpu" and plain["exp_avg"].device.type == "meta"
     assert _materialised(capturable=True)["step"].device.type == "meta"
     assert _materialised(fused=True)["step"].device.type == "meta"
+
+
+def test_a_spare_whose_connect_ran_out_first_waits_for_the_survivors_verdict(monkeypatch):
+    """Found by review of the fix above: the spare's bound starts when it sees its claim, the
+    survivors' later; a spare that ran out first raised and exited non-zero on its own (its agent
+    then restarts its workers). It now waits, within the survivors' bound, for the job's end."""
+    import threading
+
+    activation = pool.Activation(spare=4, world=1, position=2, world_size=4, join_timeout_s=2.0)
+    store = _store()
+
+    def connect_runs_out(*a, **kw):
+        threading.Timer(0.3, pool.end_job, args=(store, 75, "rank 0: the spare did not join")).start()
+        raise dist.DistStoreError("wait timeout")
+
+    t = time.monotonic()
+    with pytest.raises(SpareReleased) as later:
+        _start_spare(monkeypatch, store, activation, connect_runs_out)
+    assert later.value.code == 75 and 0.25 <= time.monotonic() - t < 2.0
+
+    never = pool.Activation(spare=4, world=1, position=2, world_size=4, join_timeout_s=0.3)
+    with pytest.raises(dist.DistStoreError) as err:  # nobody ends the job: the spare's own error, said why
+        _start_spare(monkeypatch, _store(), never, lambda *a, **kw: (_ for _ in ()).throw(
+            dist.DistStoreError("wait timeout")))
+    assert any("did not end within" in note for note in err.value.__notes__)

@@ -36,6 +36,13 @@ from . import keys
 #: floor (`transfer_timeout_s`): under a fixed bound (the control group's, the survivors' 60 s
 #: wait for the spare) a large enough shard could never make it (found by review).
 SLOWEST_TRANSFER_BPS = 50e6
+#: The slowest a holder may pack and hash, in bytes a second (1.09 GB/s measured here): before it
+#: posts the digests the spare waits for, each holder copies its shard and hashes it twice, which
+#: for tens of GB outlasts any fixed wait.
+SLOWEST_HASH_BPS = 200e6
+#: A shard's state per byte of its parameters that the spare estimates before any digest tells it
+#: (Adam in fp32: the parameter and two moments); only the waits before the digests use it.
+STATE_PER_PARAM_BYTE = 3
 
 
 class TransferError(AccelPactError, RuntimeError):
@@ -208,6 +215,17 @@ def post_held_digest(store: dist.Store, world: int, lost: int, position: int, va
         "digest": value, "shared": shared_digest(buf, layout), "nbytes": int(buf.numel()), "layout": layout}))
 
 
+def preparation_s(nbytes: int) -> float:
+    """How long the holders may take to pack and hash `nbytes` (twice) before they post digests."""
+    return 2 * nbytes / SLOWEST_HASH_BPS
+
+
+def estimated_state_bytes(model: nn.Module) -> int:
+    """The spare's guess of its position's state from its own (unfilled) model: this rank's local
+    parameter bytes times `STATE_PER_PARAM_BYTE`."""
+    return STATE_PER_PARAM_BYTE * sum(_local(p).numel() * p.element_size() for p in model.parameters())
+
+
 def transfer_timeout_s(nbytes: int, floor_s: float) -> float:
     """How long moving `nbytes` may take: the join floor (what the other side may still be
     doing before it posts its half) and the bytes at the slowest rate allowed."""
@@ -269,11 +287,16 @@ def receive(store: dist.Store, world: int, lost: int, source: int, holders: tupl
     in. `timeout_s`: the join floor; the receive gets as long as its bytes and those `source`
     sends first (`ahead`) take, announced in the store for the survivors (`await_taken_in`)."""
     report = TransferReport(lost=lost, source=source)
-    posted, before = _posted_digests(store, world, lost, source, holders, ahead, timeout_s)
+    # before the digests: the holders pack and hash every shard first; the survivors learn how long
+    # that may take for a shard of this size (their wait extends by it), and so does the wait here
+    guess = estimated_state_bytes(model) * (1 + len(ahead))
+    early = transfer_timeout_s(guess, timeout_s) + preparation_s(guess)
+    store.set(keys.receiving(world, lost), repr(early))
+    posted, before = _posted_digests(store, world, lost, source, holders, ahead, timeout_s + preparation_s(guess))
     layout = posted[source]["layout"]
     materialise(model, optimizer, layout)
     bound = transfer_timeout_s(before + int(posted[source]["nbytes"]), timeout_s)
-    store.set(keys.receiving(world, lost), repr(bound))
+    store.set(keys.receiving(world, lost), repr(max(bound, early)))
     t = time.perf_counter()
     buf = recv(source, group=group, timeout_s=bound)
     report.transport_s = time.perf_counter() - t

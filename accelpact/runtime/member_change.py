@@ -557,10 +557,22 @@ def failure_vote_at(failed_world: int, world_now: int, rank: int,
 
 
 def _vote_against(rt: Runtime, m: Membership, failed_world: int, reason: str) -> None:
-    decision = register.read_decision(m.store, failed_world) if m.world == failed_world else None
+    decision = _decision_within(m.store, failed_world, rt.config.control_timeout_s) if m.world == failed_world \
+        else None
     at = failure_vote_at(failed_world, m.world, rt.rank, decision)
     if at is not None:
         register.post_vote(m.store, at[0], at[1], False, reason)
+
+
+def _decision_within(store, failed_world: int, timeout_s: float, poll_s: float = 0.05) -> MembershipDecision | None:
+    """The change's decision, waited for up to `timeout_s`: a rank that failed before its peers
+    decided would vote at its old position, which a shrink gives to another member (whose own vote
+    overwrites it, and the failing rank's new position never gets one: every member then waits out
+    the control timeout, and the cause is lost)."""
+    deadline = time.monotonic() + timeout_s
+    while (decision := register.read_decision(store, failed_world)) is None and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return decision
 
 
 def release_spares(rt: Runtime, reasons: list[str]) -> None:
