@@ -8,7 +8,7 @@ They all derive from :class:`CheckpointError` (defined in :mod:`accelpact.errors
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import CheckpointError, RestartBudgetExceeded
 
@@ -80,8 +80,9 @@ class Refusal:
 
     candidate: str
     reason: str
-    #: the step's own content or structure is broken (`verify.Verdict.damaged`): one this run may set aside
-    damaged: bool = False
+    #: the step's own content or structure is broken (`verify.Verdict.damaged`): one this run may set
+    #: aside. Not part of a refusal's identity (candidate and reason are).
+    damaged: bool = field(default=False, compare=False)
 
     def to_dict(self) -> dict[str, str]:
         return {"candidate": self.candidate, "reason": self.reason}

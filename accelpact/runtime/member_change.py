@@ -564,15 +564,16 @@ def _vote_against(rt: Runtime, m: Membership, failed_world: int, reason: str) ->
         register.post_vote(m.store, at[0], at[1], False, reason)
 
 
-def _decision_within(store, failed_world: int, timeout_s: float, poll_s: float = 0.05) -> MembershipDecision | None:
+def _decision_within(store, failed_world: int, timeout_s: float) -> MembershipDecision | None:
     """The change's decision, waited for up to `timeout_s`: a rank that failed before its peers
     decided would vote at its old position, which a shrink gives to another member (whose own vote
     overwrites it, and the failing rank's new position never gets one: every member then waits out
     the control timeout, and the cause is lost)."""
-    deadline = time.monotonic() + timeout_s
-    while (decision := register.read_decision(store, failed_world)) is None and time.monotonic() < deadline:
-        time.sleep(poll_s)
-    return decision
+    try:
+        store.wait([keys.decision(failed_world)], datetime.timedelta(seconds=timeout_s))
+    except RuntimeError:  # DistStoreError on timeout, or the store gone: vote where it can
+        return None
+    return register.read_decision(store, failed_world)
 
 
 def release_spares(rt: Runtime, reasons: list[str]) -> None:
