@@ -12,4 +12,20 @@ from __future__ import annotations
 import os
 import tempfile
 
+import pytest
+
 os.environ["ACCELPACT_ENVELOPE_DIR"] = tempfile.mkdtemp(prefix="accelpact-test-envelope-")
+
+
+@pytest.fixture(scope="module")
+def fake_world():
+    """A 4-rank world of torch's fake backend in this process (no peers, no collectives run): for
+    modules whose tests build groups and wrappers to rebind. Used by `pytestmark`."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        pytest.fail("a default process group is already initialised in this pytest process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    yield
+    dist.destroy_process_group()

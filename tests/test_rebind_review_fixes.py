@@ -28,15 +28,7 @@ from accelpact.rebind import (
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fake_world():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        pytest.fail("a default process group is already initialised in this pytest process")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("fake_world")  # tests/conftest.py: a 4-rank fake world
 
 
 class Plain:

@@ -34,15 +34,7 @@ from accelpact.workloads import HSDPGroups, HSDPLayout, train_step
 LAYOUT = HSDPLayout(2, 2)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def fake_world():
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        pytest.fail("a default process group is already initialised in this pytest process")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=LAYOUT.world_size)
-    yield
-    dist.destroy_process_group()
+pytestmark = pytest.mark.usefixtures("fake_world")  # tests/conftest.py: a 4-rank fake world
 
 
 def hsdp_groups() -> HSDPGroups:
