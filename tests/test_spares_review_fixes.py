@@ -20,7 +20,13 @@ import torch.distributed as dist
 from accelpact import launch
 from accelpact.errors import SpareReleased
 from accelpact.membership import keys, liveness, pool, register, transfer, warm, world
-from accelpact.membership.decide import MembershipDecision, Presence, decide_membership, least_loaded
+from accelpact.membership.decide import (
+    MembershipDecision,
+    Presence,
+    decide_membership,
+    failure_vote_at,
+    least_loaded,
+)
 from accelpact.runtime import member_change
 
 #: A host this process cannot certify anything on (`liveness.is_dead` answers None).
@@ -257,11 +263,11 @@ def test_a_spare_error_of_any_kind_is_its_vote_against_with_the_cause(monkeypatc
 def test_a_failed_survivor_votes_in_the_world_its_change_builds():
     replace = MembershipDecision(world=3, outcome="replace", lost=(2,))
     shrink = MembershipDecision(world=3, outcome="shrink", lost=(2,), leaving=(0,), renumber={1: 0, 3: 1})
-    assert member_change.failure_vote_at(3, 3, 1, None) == (4, 1)  # failed before the decision
-    assert member_change.failure_vote_at(3, 3, 1, replace) == (4, 1)
-    assert member_change.failure_vote_at(3, 3, 3, shrink) == (4, 1)  # its number in the smaller world
-    assert member_change.failure_vote_at(3, 3, 0, shrink) is None  # it leaves: no vote expected
-    assert member_change.failure_vote_at(3, 4, 1, shrink) == (4, 1)  # renumbered already
+    assert failure_vote_at(3, 3, 1, None) == (4, 1)  # failed before the decision
+    assert failure_vote_at(3, 3, 1, replace) == (4, 1)
+    assert failure_vote_at(3, 3, 3, shrink) == (4, 1)  # its number in the smaller world
+    assert failure_vote_at(3, 3, 0, shrink) is None  # it leaves: no vote expected
+    assert failure_vote_at(3, 4, 1, shrink) == (4, 1)  # renumbered already
 
 
 def test_a_survivor_failing_before_the_new_world_votes_there_with_its_cause(monkeypatch):

@@ -279,3 +279,16 @@ def _no_holder(lost: int, frontier: int, reports: Sequence[Presence]) -> str:
     elif not faults:
         why += " (none held: its holder is lost too, or Config.replicate is off)"
     return why + "".join(f"; {x}" for x in faults)
+
+
+def failure_vote_at(failed_world: int, world_now: int, rank: int,
+                    decision: MembershipDecision | None) -> tuple[int, int] | None:
+    """(world, position) under which a survivor whose change failed votes against: where the
+    members of the world the change builds read it. Not the failed world's key, which an earlier
+    change's votes hold and nobody reads again; its number after a shrink (None: it leaves)."""
+    if world_now != failed_world:  # already in the new world, renumbered if it shrank
+        return world_now, rank
+    if decision is not None and decision.shrink:
+        new = decision.renumber.get(rank)
+        return None if new is None else (failed_world + 1, new)
+    return failed_world + 1, rank

@@ -28,7 +28,7 @@ from ..fsm.effects import RestoreBoundary
 from ..fsm.phases import FailurePhase, RecoveryAction
 from ..launch import Membership
 from ..membership import keys, mirror, pool, register, small_state, transfer, world
-from ..membership.decide import MembershipDecision, Presence
+from ..membership.decide import MembershipDecision, Presence, failure_vote_at
 from ..membership.pool import Activation
 from ..rebind.mesh import one_cache_decision
 from . import neighbours, shrink
@@ -541,19 +541,6 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
         from .after_commit import take_owed_save
 
         take_owed_save(rt)
-
-
-def failure_vote_at(failed_world: int, world_now: int, rank: int,
-                    decision: MembershipDecision | None) -> tuple[int, int] | None:
-    """(world, position) under which a survivor whose change failed votes against: where the
-    members of the world the change builds read it. Not the failed world's key, which an earlier
-    change's votes hold and nobody reads again; its number after a shrink (None: it leaves)."""
-    if world_now != failed_world:  # already in the new world, renumbered if it shrank
-        return world_now, rank
-    if decision is not None and decision.shrink:
-        new = decision.renumber.get(rank)
-        return None if new is None else (failed_world + 1, new)
-    return failed_world + 1, rank
 
 
 def _vote_against(rt: Runtime, m: Membership, failed_world: int, reason: str) -> None:
