@@ -121,8 +121,9 @@ def test_groups_used_by_the_failed_step_attribute_a_bare_error():
 
 
 class ProcessGroup:  # duck-typed stand-in: classify never imports torch
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, desc: str = "undefined") -> None:
         self.group_name = name
+        self.group_desc = desc
 
 
 def _collective(group: ProcessGroup) -> None:
@@ -141,6 +142,33 @@ def test_retired_group_held_by_a_traceback_frame():
         FailureCause.CONNECTION_CLOSED
 
 
+def test_a_successor_under_its_predecessors_name_is_told_apart_by_its_identity():
+    """A successor keeps the retired group's c10d name ("1"); its generation is its description.
+    A frame holding the live successor is no evidence of a retired group, one holding the
+    retired group itself is."""
+    for held, retired in ((ProcessGroup("1", "accelpact:replicate:g1"), False), (ProcessGroup("1"), True)):
+        try:
+            _collective(held)
+        except RuntimeError as exc:
+            caught = exc
+        cause = classify_failure(caught, retired_names=["1"]).cause
+        assert cause is (FailureCause.RETIRED_COMMUNICATOR if retired else FailureCause.CONNECTION_CLOSED)
+
+
+def test_a_text_naming_a_live_groups_name_is_no_evidence_of_the_retired_generation_of_that_name():
+    """NCCL's log prefix is "PG GUID <name>(<description>)": about the live successor of a group
+    `make_group` built, it names the retired first generation's identity as the kept name."""
+    text = ("[PG ID 1 PG GUID accelpact:replicate:g0(accelpact:replicate:g1) Rank 0] ProcessGroupNCCL's "
+            "watchdog got stuck for 480 seconds")
+    retired = ["accelpact:replicate:g0"]
+    assert classify_failure(RuntimeError(text), retired_names=retired).cause is FailureCause.RETIRED_COMMUNICATOR
+    assert classify_failure(RuntimeError(text), retired_names=retired,
+                            live_names=["accelpact:replicate:g0"]).cause is FailureCause.TIMEOUT
+    named = "[PG ID 1 PG GUID accelpact:replicate:g0(accelpact:replicate:g0) Rank 0] watchdog got stuck"
+    assert classify_failure(RuntimeError(named), retired_names=retired + ["x"],  # a retired identity that
+                            live_names=["x"]).cause is FailureCause.RETIRED_COMMUNICATOR  # is no live name
+
+
 def test_cyclic_chain_terminates():
     first, second = RuntimeError("first"), RuntimeError(GLOO_RESET)
     first.__context__, second.__context__ = second, first
@@ -155,7 +183,8 @@ def test_empty_message_uses_repr():
 
 
 _KEYWORDS = ("time", "connection", "closed", "reset", "pipe", "socket", "world group map", "resolve",
-             "destroy", "shut", "abort", "invalid process group", "remote", "refused", "nccl")
+             "destroy", "shut", "abort", "invalid process group", "remote", "refused", "nccl",
+             "watchdog got stuck", "unhandled system error", "net/")
 
 
 @given(st.lists(st.text(max_size=80), min_size=1, max_size=6))

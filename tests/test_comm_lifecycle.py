@@ -49,6 +49,9 @@ def test_misuse_is_refused_before_anything_changes(comm):
         assert result["wrong_membership"]["type"] == "MembershipError"
         assert "differs" in result["wrong_membership"]["message"]
         assert result["duplicate_name"]["type"] == "ValueError"
+        # a successor keeps the name but never a live generation (they would share store keys)
+        assert result["same_generation"]["type"] == "ValueError"
+        assert "is generation 'accelpact:c-shard:g0' already" in result["same_generation"]["chain"][0][1]
 
 
 def test_skipped_collective_times_out_and_other_groups_survive(comm):
@@ -62,8 +65,9 @@ def test_skipped_collective_times_out_and_other_groups_survive(comm):
 def test_replacement_retires_the_old_group(comm):
     for rank, result in enumerate(comm):
         replaced = result["replaced"]
-        assert replaced["name"] == "accelpact:c-replicate:g1"
-        assert not replaced["old_name_resolves"]
+        # the successor keeps the name (meshes and compiled regions hold it) and is generation 1
+        assert replaced["name"] == "accelpact:c-replicate:g0" and replaced["identity"] == "accelpact:c-replicate:g1"
+        assert replaced["old_name_resolves_to_new"]
         assert replaced["retired"]
         assert replaced["retire_again"] is False  # idempotent
         assert replaced["validated"] == sum(REPLICATE[rank])

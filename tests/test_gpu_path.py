@@ -57,7 +57,8 @@ def test_an_nccl_group_is_replaced_by_an_nccl_group_built_non_blocking_on_the_de
         assert out["nccl_spec_after"] == {"bp-replicate": "nccl", "bp-shard": "nccl"}
         assert set(out["nccl_config_after"].values()) == {"cuda:nccl"}
         builds = [e for e in out["events"][:out["events"].index(("standby",))] if e[0] == "build"]
-        assert [name for _, name, _, _ in builds[-2:]] == ["accelpact:bp-replicate:g1", "accelpact:bp-shard:g1"]
+        # built under the retired groups' names (the generation's identity is the description)
+        assert [name for _, name, _, _ in builds[-2:]] == ["accelpact:bp-replicate:g0", "accelpact:bp-shard:g0"]
         assert all(device == "cuda:0" and timeout == 7.0 for _, _, device, timeout in builds[-2:])
         assert not any(out["old_registered"].values())
 
@@ -82,8 +83,8 @@ def test_nccl_standbys_are_built_ahead_through_the_nccl_builder_and_adopted_afte
         after = events[events.index(("filled",)) + 1:]
         assert after == [("abort", ["accelpact:bp-replicate:g1", "accelpact:bp-shard:g1"])]  # and nothing built
         assert out["adopt_ok"], out["adopt_reason"]
-        assert out["adopted"] == {"bp-replicate": ("accelpact:bp-replicate:g2", "nccl", [0, 1]),
-                                  "bp-shard": ("accelpact:bp-shard:g2", "nccl", [0, 1])}
+        assert out["adopted"] == {"bp-replicate": ("accelpact:bp-replicate:g0", "accelpact:bp-replicate:g2", "nccl", [0, 1]),
+                                  "bp-shard": ("accelpact:bp-shard:g0", "accelpact:bp-shard:g2", "nccl", [0, 1])}
 
 
 def test_backend_strings_parse_as_c10d_parses_them():

@@ -95,6 +95,8 @@ def test_plans_are_reused_for_later_generations(world):
         expected = "accelpact:replicate:g4" if rank in (0, 2) else "accelpact:replicate:g2"
         assert result["fsdp1-orig"]["final_groups"]["replicate"] == expected
         assert result["fsdp1-orig"]["final_groups"]["shard"] == "accelpact:shard:g2"
+        # every generation under the name the wrappers were built with
+        assert result["fsdp1-orig"]["final_names"] == {"replicate": "accelpact:replicate:g0", "shard": "accelpact:shard:g0"}
 
 
 def test_without_rebind_the_next_update_fails_as_retired_communicator(world):

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from accelpact.comm import retire_group
 from accelpact.rebind import (
     EmptyPlanError,
     MembershipMismatchError,
@@ -435,10 +436,10 @@ def test_dtensor_caches_are_kept_after_a_rebind_unless_a_mesh_nobody_rebinds_nam
     assert dist.distributed_c10d._resolve_process_group(users._dim_group_names[0]) is successor
     assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("kept", 0) and dropped == []
 
-    retired = groups.replicate.group_name  # replaced above: a mesh still naming it is another model's
+    retired = groups.replicate.group_name  # replaced above under a new name: a mesh naming it is another model's
     foreign = copy.copy(root)
     foreign.__dict__["_dim_group_names"] = [retired, root._dim_group_names[1]]
-    monkeypatch.setattr(mesh_rule, "retired_group_names", lambda: [retired])
+    retire_group(groups.replicate)  # its name resolves to nothing now
     plan = discover(model, groups.shard, extra={"optimizer": optimizer})
     plan.rebind(dist.new_group([0, 1]))
     assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("dropped", 1) and dropped == [True]
@@ -565,9 +566,9 @@ def test_dtensor_caches_are_decided_once_after_every_group_of_a_recovery_is_rebo
         plans = [discover(model, g, extra={"optimizer": optimizer}) for g in (groups.replicate, groups.shard)]
         users = copy.copy(root)  # the user's mesh, naming both groups, reached by no plan
         users.__dict__["_dim_group_names"] = list(root._dim_group_names)
-        retired = [groups.replicate.group_name, groups.shard.group_name]  # the replace phase retired both
-        monkeypatch.setattr(mesh_rule, "retired_group_names", lambda: retired)
-        successors = [dist.new_group([0, 2]), dist.new_group([0, 1])]
+        successors = [dist.new_group([0, 2]), dist.new_group([0, 1])]  # under new names: rebound by hand
+        for group in (groups.replicate, groups.shard):  # the replace phase retired both
+            retire_group(group)
         mesh_rule.CACHE_DECISIONS.clear()  # a bounded deque: only this recovery's decisions
         with mesh_rule.one_cache_decision() if decided_once else contextlib.nullcontext():
             for plan, new in zip(plans, successors):
@@ -582,22 +583,27 @@ def test_dtensor_caches_are_decided_once_after_every_group_of_a_recovery_is_rebo
     assert recovery(decided_once=True) == [("kept", 0)] and dropped == []
 
 
-def test_a_group_rebuilt_under_its_own_name_does_not_count_as_retired_for_the_caches(monkeypatch):
-    """A world rebuilt around a spare re-creates every group under its name: a mesh naming it
-    resolves to the successor, so it is no reason to drop DTensor's caches."""
+def test_a_mesh_naming_a_live_group_is_no_reason_to_drop_the_caches_one_naming_a_retired_group_is(monkeypatch):
+    """A successor keeps its predecessor's name, and a world rebuilt around a spare re-creates
+    every group under its name: a mesh naming either resolves to the live group, so a cached
+    decision carrying it is still right. A mesh naming a group retired without a successor
+    under its name (another model's) is stale: the caches go."""
     from types import SimpleNamespace
 
     from accelpact.rebind import mesh as mesh_rule
 
     dropped = []
     monkeypatch.setattr(mesh_rule, "clear_dtensor_sharding_caches", lambda: dropped.append(True))
-    monkeypatch.setattr(mesh_rule, "retired_group_names", lambda: ["world0:replicate"])
-    holder = SimpleNamespace(_dim_group_names=["world0:replicate"])
+    group = dist.new_group([0, 2])
+    holder = SimpleNamespace(_dim_group_names=[group.group_name])
     monkeypatch.setattr(mesh_rule, "live_meshes", lambda: [holder])
-    mesh_rule._decide([("world0:replicate", "world0:replicate", frozenset())])
+    mesh_rule._decide([(group.group_name, group.group_name, frozenset())])
     assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("kept", 0) and dropped == []
-    mesh_rule._decide([("world0:replicate", "accelpact:replicate:g1", frozenset())])
+    retire_group(group)
+    mesh_rule._decide([(group.group_name, group.group_name, frozenset())])
     assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("dropped", 1) and dropped == [True]
+    mesh_rule._decide([(group.group_name, group.group_name, frozenset({id(holder)}))])  # a plan's own: proven
+    assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("kept", 0)
 
 
 def test_a_group_without_a_rebind_plan_is_named_in_the_vote():

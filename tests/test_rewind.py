@@ -63,6 +63,21 @@ def test_fsdp2_forward_and_backward_failures_are_rewound_bitwise(tmp_path):
                for r in results for h in r["history"])
 
 
+@pytest.mark.timeout(200)
+def test_a_compiled_region_on_the_mesh_is_not_recompiled_by_a_rewind_or_a_preserve(tmp_path):
+    """Dynamo guards a compiled region that all-reduces over a mesh on the mesh's group names.
+    With a new name per replacement it recompiled after each recovery (graphs 1, 2, 3 here) and,
+    past `recompile_limit`, ran eagerly for the rest of the job. The successors keep the names:
+    one graph from the first update to the last, and each call still sums over the live group."""
+    results = drill(tmp_path, faults="skip@2:forward:1,skip@4:committed:2", compiled_probe=True)
+    assert_bitwise(results)
+    for r in results:
+        assert actions(r) == ["rewind", "preserve"], r["history"]
+        pair_sum = 0 + 2 if r["rank"] in (0, 2) else 1 + 3  # the replicate group over mesh dimension 0
+        assert [call["sum"] for call in r["compiled"]] == [pair_sum] * 5
+        assert [call["graphs"] for call in r["compiled"]] == [1] * 5, r["compiled"]
+
+
 @pytest.fixture(scope="module")
 def ddp_split(tmp_path_factory):
     """DDP, backward fault on rank 2, pre-step copy, a warm-up LR scheduler stepped in every

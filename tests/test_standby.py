@@ -181,7 +181,7 @@ def adopt_world(rank: int, world_size: int) -> dict:
     old = make_group(mine, label="rep", generation=0, timeout=5)
     standby = build_standby(mine, label="rep", token=0, timeout=5, backend="gloo")
     with pytest.raises(MembershipError, match="connects"):
-        standby.adopt(ranks=[0, 1, 2, 3], label="rep", generation=1, timeout=5)
+        standby.adopt(ranks=[0, 1, 2, 3], name=old.group_name, identity="accelpact:rep:g1", timeout=5)
     quiet = connections.intact(standby.pg)
     with pytest.raises(MembershipError, match="was built with 'gloo'"):  # refused before the old group is retired
         replace_group(old, ranks=mine, label="rep", generation=1, timeout=2.5, backend="cpu:gloo", standby=standby)
@@ -189,7 +189,8 @@ def adopt_world(rank: int, world_size: int) -> dict:
     new = replace_group(old, ranks=mine, label="rep", generation=1, timeout=2.5, standby=standby)
     value = torch.tensor([rank + 1])
     dist.all_reduce(value, group=new)
-    return {"same": new is standby.pg, "name": new.group_name, "resolved": _c10d.resolve_name("accelpact:rep:g1") is new,
+    return {"same": new is standby.pg, "name": new.group_name, "identity": new.group_desc,
+            "resolved": _c10d.resolve_name("accelpact:rep:g0") is new,
             "ranks": dist.get_process_group_ranks(new), "sum": int(value), "quiet": quiet,
             "timeout": _c10d.group_timeout(new), "connections": len(connections.connections_of(new)),
             "old_registered": _c10d.is_registered(old), "kept_after_refusal": kept}
@@ -197,11 +198,12 @@ def adopt_world(rank: int, world_size: int) -> dict:
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(90)
-def test_an_adopted_standby_is_the_group_make_group_would_have_built():
+def test_an_adopted_standby_is_the_group_replace_group_would_have_built():
     results = run_world(adopt_world, 4, timeout_s=60, pg_timeout_s=20)
     for rank, r in enumerate(results):
         pair = [0, 2] if rank in (0, 2) else [1, 3]
-        assert r["same"] and r["resolved"] and r["name"] == "accelpact:rep:g1"
+        # the retired group's name (what meshes and compiled regions hold), the generation's identity
+        assert r["same"] and r["resolved"] and r["name"] == "accelpact:rep:g0" and r["identity"] == "accelpact:rep:g1"
         assert r["ranks"] == pair and r["sum"] == sum(p + 1 for p in pair)
         assert r["timeout"] == datetime.timedelta(seconds=2.5)  # the data timeout, not the standby's
         assert r["quiet"] and r["connections"] >= 1  # its sockets followed it under the new name

@@ -3,14 +3,12 @@
 from accelpact.comm.classify import Classification, FailureCause, classify_failure, is_communication_failure
 from accelpact.comm.lifecycle import (
     MembershipError,
-    group_name,
     make_group,
-    parse_group_name,
     replace_group,
     retire_group,
     retired_group_names,
-    store_prefix,
 )
+from accelpact.comm.naming import group_identity, group_name, parse_group_name, store_prefix
 from accelpact.comm.validate import GroupValidationError, ValidationResult, validate_group
 
 __all__ = [
@@ -20,6 +18,7 @@ __all__ = [
     "MembershipError",
     "ValidationResult",
     "classify_failure",
+    "group_identity",
     "group_name",
     "is_communication_failure",
     "make_group",

@@ -51,6 +51,8 @@ __all__ = [
     "is_registered",
     "name_is_taken",
     "register_group",
+    "registered_groups",
+    "registered_names",
     "registered_ranks",
     "resolve_name",
     "member_groups",
@@ -99,6 +101,16 @@ def resolve_name(name: str) -> ProcessGroup | None:
         return _resolve_process_group(name)
     except (RuntimeError, ValueError, KeyError):
         return None
+
+
+def registered_groups() -> list[ProcessGroup]:
+    """Every group c10d knows in this process, the default group included."""
+    return list(c10d._world.pg_names)
+
+
+def registered_names() -> list[str]:
+    """The c10d name of every group this process knows."""
+    return [str(name) for name in c10d._world.pg_names.values()]
 
 
 def name_is_taken(name: str) -> bool:

@@ -16,6 +16,8 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from accelpact.comm.naming import group_identity
+
 __all__ = ["Classification", "FailureCause", "classify_failure", "exception_chain", "is_communication_failure"]
 
 _MAX_CHAIN = 32
@@ -150,22 +152,28 @@ def classify_failure(
     *,
     retired_names: Iterable[str] = (),
     used_group_names: Iterable[str] = (),
+    live_names: Iterable[str] = (),
 ) -> Classification:
     """Classify ``exc`` by the evidence in its whole chain.
 
-    ``retired_names``: names of groups this process retired (``retired_group_names()``). The
-    failure is RETIRED_COMMUNICATOR when c10d says the group is gone, when an error text names a
-    retired group, when a frame of the traceback holds a retired group (``dist.all_reduce``'s
-    ``group`` argument), or when ``used_group_names`` — the groups the failed step used, e.g.
-    ``data_plane_groups(model)`` — include a retired one. The last is the only evidence for
-    DDP, whose C++ reducer raises the bare gloo error.
+    ``retired_names``: identities (`naming.group_identity`) of groups this process retired
+    (``retired_group_names()``). The failure is RETIRED_COMMUNICATOR when c10d says the group is
+    gone, when an error text names a retired group, when a frame of the traceback holds a retired
+    group (``dist.all_reduce``'s ``group`` argument), or when ``used_group_names`` — the
+    identities of the groups the failed step used, e.g. ``data_plane_groups(model)`` — include a
+    retired one. The last is the only evidence for DDP, whose C++ reducer raises the bare gloo
+    error. Identities, not c10d names: a successor keeps its predecessor's name, so a name cannot
+    say whether the group that failed was the retired one or the live one. For the same reason a
+    text is no evidence for a retired identity that is also a ``live_names`` entry (the name a
+    group built by `make_group` passes on to its successors: NCCL's "PG GUID <name>(<identity>)"
+    about the live successor names it).
     """
     chain = exception_chain(exc)
     texts = [_text(link) for link in chain]
     root = texts[-1]
     described = tuple(f"{type(link).__name__}: {text}" for link, text in zip(chain, texts))
     retired = {name for name in retired_names if name}
-    if _retired_evidence(chain, texts, retired, used_group_names):
+    if _retired_evidence(chain, texts, retired, used_group_names, frozenset(live_names)):
         return Classification(FailureCause.RETIRED_COMMUNICATOR, root, described)
     for link, text in zip(reversed(chain), reversed(texts)):
         cause = _transport_cause(link, text)
@@ -175,7 +183,8 @@ def classify_failure(
 
 
 def _retired_evidence(
-    chain: list[BaseException], texts: list[str], retired: set[str], used_group_names: Iterable[str]
+    chain: list[BaseException], texts: list[str], retired: set[str], used_group_names: Iterable[str],
+    live_names: frozenset[str],
 ) -> bool:
     if any(_matches(text, _RETIRED_PATTERNS) for text in texts):
         return True
@@ -183,7 +192,7 @@ def _retired_evidence(
         return False
     if any(name in retired for name in used_group_names):
         return True
-    if any(_names(text, name) for text in texts for name in retired):
+    if any(_names(text, name) for text in texts for name in retired - live_names):
         return True
     return any(name in retired for link in chain for name in _group_names_in_traceback(link))
 
@@ -200,15 +209,13 @@ def _names(text: str, name: str) -> bool:
 
 
 def _group_names_in_traceback(exc: BaseException) -> Iterable[str]:
-    """Names of process groups held by the locals of ``exc``'s frames (duck-typed, no torch)."""
+    """Identities of process groups held by the locals of ``exc``'s frames (duck-typed, no torch)."""
     tb = exc.__traceback__
     frames = 0
     while tb is not None and frames < _MAX_FRAMES:
         for value in tb.tb_frame.f_locals.values():
             if "ProcessGroup" in type(value).__name__:
-                name = getattr(value, "group_name", None)
-                if isinstance(name, str):
-                    yield name
+                yield group_identity(value)
         tb = tb.tb_next
         frames += 1
 

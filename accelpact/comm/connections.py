@@ -45,6 +45,7 @@ from typing import Any
 from torch.distributed import ProcessGroup
 
 from . import _c10d
+from .naming import group_identity
 
 log = logging.getLogger("accelpact.comm")
 
@@ -114,7 +115,7 @@ def recorded(build: Callable[[], Any], backend: str, group_of: Callable[[Any], A
                               if before.get(fd) != target and not _is_service_connection(fd, target)))
         pg = group_of(built)
         if isinstance(pg, ProcessGroup):  # a non-member gets a sentinel and opens nothing
-            _by_group[id(pg)] = (str(pg.group_name), opened)
+            _by_group[id(pg)] = (group_identity(pg), opened)
             for fd, target in opened:
                 _cap_retransmit(fd, target)
     return built
@@ -179,18 +180,18 @@ def track() -> None:
 def connections_of(pg) -> tuple[tuple[int, str], ...]:
     """The (fd, "socket:[inode]") pairs recorded for `pg` (empty if it was not recorded)."""
     entry = _by_group.get(id(pg))
-    if entry is None or entry[0] != str(pg.group_name):
+    if entry is None or entry[0] != group_identity(pg):  # an id reused by a later group: not its record
         return ()
     return entry[1]
 
 
-def renamed(pg, name: str) -> None:
-    """`pg` goes by `name` from now on (a standby adopted as a generation's group): its recorded
-    connections follow it."""
+def renamed(pg, identity: str) -> None:
+    """`pg` is the generation `identity` from now on (a standby adopted as a generation's group):
+    its recorded connections follow it."""
     with _lock:
         entry = _by_group.get(id(pg))
         if entry is not None:
-            _by_group[id(pg)] = (name, entry[1])
+            _by_group[id(pg)] = (identity, entry[1])
 
 
 def intact(pg) -> bool:
@@ -257,7 +258,7 @@ def sever(groups: Iterable) -> Severed:
     again), so that peers waiting on this rank in them fail at once instead of at their timeout."""
     done = Severed()
     for pg in groups:
-        name = str(pg.group_name)
+        name = group_identity(pg)
         recorded = connections_of(pg)
         if not recorded:
             done.skipped[name] = "no connections recorded (built before tracking, NCCL, or no /proc)"

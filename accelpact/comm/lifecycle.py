@@ -6,9 +6,14 @@ recovery never stalls ranks that are not involved (``dist.new_group`` would: wit
 synchronisation it must be called by every world rank, and with it names and prefixes can collide
 with the destroyed group's).
 
-Names and prefixes (generation ``g``, label ``L``, members ``r0 < r1 < …``):
+Names, identities and prefixes (generation ``g``, label ``L``, members ``r0 < r1 < …``;
+`comm.naming` says why a replacement keeps its predecessor's name):
 
-* registered name ``accelpact:L:g`` — unique per process, resolvable by c10d and DeviceMesh;
+* registered name: a replacement keeps the retired group's (c10d's "1", or ``accelpact:L:g0``
+  for a group `make_group` built), so c10d, DeviceMesh and compiled regions find the successor
+  under the name they hold; one live group per name in a process;
+* identity ``accelpact:L:g<g>`` (the group's description) — unique per process among live
+  groups; the retired-group ledger records identities;
 * store prefix ``accelpact/L/g<g>/r0.r1…/`` — unique across the world, because two groups with
   the same label and generation (e.g. replicate groups {0,2} and {1,3}) must never share keys.
 
@@ -39,6 +44,7 @@ from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
 
 from accelpact.comm import _c10d, connections
 from accelpact.comm.backends import BuildRequest, backend_spec, build_backends, parse_backends, uses_nccl
+from accelpact.comm.naming import group_identity, group_name, parse_group_name, store_prefix
 from accelpact.errors import AccelPactError
 
 if TYPE_CHECKING:
@@ -46,6 +52,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MembershipError",
+    "group_identity",
     "group_name",
     "make_group",
     "parse_group_name",
@@ -61,27 +68,8 @@ class MembershipError(AccelPactError, ValueError):
     """The caller is not a member, or a replacement would not have identical membership."""
 
 
-def group_name(label: str, generation: int) -> str:
-    """Registered c10d name of the group ``label`` at ``generation``."""
-    return f"accelpact:{label}:g{generation}"
-
-
-def parse_group_name(name: str) -> tuple[str, int] | None:
-    """``(label, generation)`` of a name made by ``group_name``; None for other groups' names."""
-    prefix, _, rest = name.partition(":")
-    label, _, generation = rest.rpartition(":g")
-    if prefix != "accelpact" or not label or not generation.isdigit():
-        return None
-    return label, int(generation)
-
-
-def store_prefix(label: str, generation: int, ranks: Sequence[int]) -> str:
-    """World-unique store prefix: label, generation and the member list."""
-    return f"accelpact/{label}/g{generation}/{'.'.join(str(r) for r in ranks)}/"
-
-
 _ledger_lock = threading.Lock()
-_retired_names: list[str] = []  # names only: the classifier matches error texts against them
+_retired_names: list[str] = []  # identities (`naming.group_identity`): the classifier's evidence
 #: Retired groups still referenced somewhere. Weak: once nothing holds a retired group it is
 #: freed (its sockets, pipes and threads with it) and drops out of here, so a long job's
 #: recoveries do not accumulate descriptors; while anything holds it, it is known as retired.
@@ -89,14 +77,15 @@ _retired: weakref.WeakSet[ProcessGroup] = weakref.WeakSet()
 
 
 def retired_group_names() -> tuple[str, ...]:
-    """Names of the groups this process retired, oldest first (for ``classify_failure``)."""
+    """Identities (`naming.group_identity`) of the groups this process retired, oldest first (for
+    ``classify_failure``). Not names: a successor keeps its predecessor's name."""
     with _ledger_lock:
         return tuple(_retired_names)
 
 
 def forget_retired(names: Sequence[str]) -> None:
-    """A rebuilt world made groups under these names again (`membership.world`): an error that
-    names them is about the new group, not a retired one."""
+    """A rebuilt world made groups under these names again (`membership.world`), each its own
+    identity: an error that names them is about the new group, not a retired one."""
     with _ledger_lock:
         _retired_names[:] = [n for n in _retired_names if n not in set(names)]
 
@@ -124,8 +113,8 @@ def make_group(
     members = normalise_ranks(ranks)
     require_member(members, "build a group")
     name = claim_name(label, generation)
-    pg, prefix = connect(members, name=name, prefix=store_prefix(label, generation, members), timeout=timeout,
-                         store=store, backend=backend)
+    pg, prefix = connect(members, name=name, identity=name, prefix=store_prefix(label, generation, members),
+                         timeout=timeout, store=store, backend=backend)
     _c10d.register_group(pg, name=name, ranks=members, store=prefix, backend=backend)
     return pg
 
@@ -137,23 +126,38 @@ def require_member(members: Sequence[int], what: str) -> None:
 
 
 def claim_name(label: str, generation: int) -> str:
-    """The registered name of ``label`` at ``generation``, refused if this process has it already."""
+    """The name and identity of a group `make_group` builds for ``label`` at ``generation``,
+    refused if this process has a live group of that name or identity already."""
     name = group_name(label, generation)
     if _c10d.name_is_taken(name):
         raise ValueError(f"a process group named {name!r} already exists in this process; "
                          "use a new generation for every replacement")
+    claim_identity(label, generation)
     return name
 
 
-def connect(members: list[int], *, name: str, prefix: str, timeout: datetime.timedelta | float,
+def claim_identity(label: str, generation: int) -> str:
+    """The identity of ``label`` at ``generation``, refused if a live group of this process has it:
+    the two would share the generation's store prefix, and a rendezvous would read the other's
+    keys."""
+    identity = group_name(label, generation)
+    holder = next((pg for pg in _c10d.registered_groups() if group_identity(pg) == identity), None)
+    if holder is not None:
+        raise ValueError(f"the live group {holder.group_name!r} is generation {identity!r} already; "
+                         "use a new generation for every replacement")
+    return identity
+
+
+def connect(members: list[int], *, name: str, identity: str, prefix: str, timeout: datetime.timedelta | float,
             store: Store | None, backend: str) -> tuple[ProcessGroup, PrefixStore]:
-    """Build ``name`` over ``members`` (the caller is one) on the store prefix ``prefix``, its
-    connections recorded, not registered: `make_group` registers at once, a standby
-    (`comm.standby`) when it is adopted."""
+    """Build a group over ``members`` (the caller is one) on the store prefix ``prefix``, named
+    ``name`` and described by its ``identity``, its connections recorded, not registered:
+    `make_group` registers at once, a standby (`comm.standby`) when it is adopted."""
     prefixed = PrefixStore(prefix, store or _c10d.default_store())
     timeout = as_timedelta(timeout)
     group_rank = members.index(dist.get_rank())
-    pg = connections.recorded(lambda: _build(members, group_rank, name, prefixed, timeout, backend), backend)
+    pg = connections.recorded(lambda: _build(members, group_rank, name, identity, prefixed, timeout, backend),
+                              backend)
     return pg, prefixed
 
 
@@ -170,7 +174,7 @@ def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
     if _c10d.is_default_group(pg):
         raise MembershipError("refusing to retire the default process group: destroying it would tear down "
                               "every group of the job")
-    name = pg.group_name
+    identity = group_identity(pg)
     if not _c10d.is_registered(pg):
         # never registered, or destroyed behind our back: just close it, by abort when asked (an
         # NCCL shutdown finalizes: it waits for every kernel, which a dead peer never lets finish)
@@ -181,7 +185,7 @@ def retire_group(pg: ProcessGroup, *, abort: bool = False) -> bool:
         _c10d.destroy(pg)
     with _ledger_lock:
         _retired.add(pg)
-        _retired_names.append(name)
+        _retired_names.append(identity)
     return True
 
 
@@ -195,7 +199,7 @@ def retire_groups(pgs: Sequence[ProcessGroup], *, abort: bool) -> list[bool]:
                               "every group of the job")
     together = [pg for pg in fresh if _c10d.is_registered(pg)] if abort else []
     if together:
-        names = [pg.group_name for pg in together]
+        names = [group_identity(pg) for pg in together]
         _c10d.abort_together(together)
         with _ledger_lock:
             _retired.update(together)
@@ -216,10 +220,11 @@ def replace_group(
     abort: bool | None = None,
     standby: Standby | None = None,
 ) -> ProcessGroup:
-    """Retire ``old`` and build its successor with identical membership, at ``generation``.
+    """Retire ``old`` and build its successor with identical membership, at ``generation``,
+    under ``old``'s name (`comm.naming`: whatever holds the name finds the successor).
 
     With ``standby`` (`comm.standby`, agreed by every member) the successor is that standby,
-    adopted under the generation's name instead of built.
+    adopted under that name and the generation's identity instead of built.
 
     The successor gets ``old``'s own backends (``backend=None``: read from c10d's registry, so an
     NCCL data plane stays NCCL) and ``old`` is aborted rather than destroyed when NCCL serves it
@@ -227,9 +232,9 @@ def replace_group(
 
     Called only by the members of the failed group, all with the same ``ranks``, ``label`` and
     ``generation``. Discover references to ``old`` (``accelpact.rebind.discover``) *before*
-    calling this: afterwards ``old`` is no longer resolvable. Membership, caller and name are
-    checked before ``old`` is retired. A build that times out leaves the store keys of its
-    generation behind: retry with the next generation.
+    calling this: the rebind proof tells ``old`` from its successor by object. Membership, caller,
+    name and identity are checked before ``old`` is retired. A build that times out leaves the
+    store keys of its generation behind, and the name free: retry with the next generation.
     """
     members = normalise_ranks(ranks)
     known = _c10d.registered_ranks(old)
@@ -240,9 +245,11 @@ def replace_group(
     if dist.get_rank() not in members:
         raise MembershipError(f"rank {dist.get_rank()} is not a member of {members}: only members replace")
     timeout = as_timedelta(timeout)
-    name = group_name(label, generation)
-    if _c10d.name_is_taken(name):  # refuse before retiring anything
-        raise ValueError(f"replacement name {name!r} is taken: every replacement needs a new generation")
+    name = old.group_name
+    holder = _c10d.resolve_name(name)
+    if holder is not None and holder is not old:  # refuse before retiring anything
+        raise ValueError(f"the name {name!r} of the group to replace belongs to another live group")
+    identity = claim_identity(label, generation)
     if backend is None:
         backend = backend_spec(old)
         if backend is None:
@@ -255,8 +262,11 @@ def replace_group(
         abort = uses_nccl(parse_backends(backend))
     retire_group(old, abort=abort)
     if standby is not None:
-        return standby.adopt(ranks=members, label=label, generation=generation, timeout=timeout)
-    return make_group(members, label=label, generation=generation, timeout=timeout, store=store, backend=backend)
+        return standby.adopt(ranks=members, name=name, identity=identity, timeout=timeout)
+    pg, prefix = connect(members, name=name, identity=identity, prefix=store_prefix(label, generation, members),
+                         timeout=timeout, store=store, backend=backend)
+    _c10d.register_group(pg, name=name, ranks=members, store=prefix, backend=backend)
+    return pg
 
 
 # --------------------------------------------------------------------------------------------
@@ -282,13 +292,13 @@ def as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:
 
 
 def _build(
-    members: list[int], group_rank: int, name: str, prefix: PrefixStore, timeout: datetime.timedelta,
-    backend: str,
+    members: list[int], group_rank: int, name: str, identity: str, prefix: PrefixStore,
+    timeout: datetime.timedelta, backend: str,
 ) -> ProcessGroup:
     """A ``ProcessGroup`` with one backend per device, as ``_new_process_group_helper`` builds it."""
     pg = ProcessGroup(prefix, group_rank, len(members))
     request = BuildRequest(prefix, group_rank, len(members), timeout, members, name, torch.device("cpu"))
     build_backends(pg, parse_backends(backend), request)
     pg._set_group_name(name)
-    pg._set_group_desc(name)
+    pg._set_group_desc(identity)
     return pg

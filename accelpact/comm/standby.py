@@ -8,8 +8,9 @@ built by a group's members while nothing fails, so that a recovery only renames 
 A standby is built under a name and a store prefix of its own (``accelpact:L:s<token>``,
 ``accelpact/L/s<token>/r0.r1…/``), is *not* registered with c10d (nothing can resolve or use it,
 and a failure that retires the live group does not touch it), and keeps its connections idle.
-`Standby.adopt` turns it into exactly what `lifecycle.make_group` would have built at that generation:
-the same registered name, the same c10d tables, the data-plane timeout.
+`Standby.adopt` turns it into exactly what `lifecycle.replace_group` would have built at that
+generation: the retired group's name, the generation's identity, the same c10d tables, the
+data-plane timeout.
 
 Every member must adopt the same standby or none: members that adopt and members that build
 afresh would wait for each other's connections until the timeout. Which groups come from a
@@ -32,7 +33,6 @@ from accelpact.comm.backends import parse_backends, uses_nccl
 from accelpact.comm.lifecycle import (
     MembershipError,
     as_timedelta,
-    claim_name,
     connect,
     normalise_ranks,
     require_member,
@@ -62,18 +62,21 @@ class Standby:
     backend: str
     store: PrefixStore
 
-    def adopt(self, *, ranks: Sequence[int], label: str, generation: int,
+    def adopt(self, *, ranks: Sequence[int], name: str, identity: str,
               timeout: datetime.timedelta | float) -> ProcessGroup:
-        """Become the group ``label`` at ``generation``: renamed and registered with c10d as
-        `make_group` registers a group it built, with the data-plane ``timeout``."""
+        """Become the successor `replace_group` would have built: registered with c10d under the
+        retired group's ``name``, described by the generation's ``identity`` (both checked
+        free by `replace_group`), with the data-plane ``timeout``."""
         members = normalise_ranks(ranks)
         if list(self.ranks) != members:
             raise MembershipError(f"standby {standby_name(self.label, self.token)} connects {list(self.ranks)}, "
                                   f"the group to replace has {members}")
-        name = claim_name(label, generation)
+        if _c10d.name_is_taken(name):
+            raise ValueError(f"standby {standby_name(self.label, self.token)} cannot take the name {name!r}: "
+                             "a live group has it")
         self.pg._set_group_name(name)
-        self.pg._set_group_desc(name)
-        connections.renamed(self.pg, name)
+        self.pg._set_group_desc(identity)
+        connections.renamed(self.pg, identity)
         _c10d.register_group(self.pg, name=name, ranks=members, store=self.store, backend=self.backend)
         _c10d.set_group_timeout(self.pg, as_timedelta(timeout))
         return self.pg
@@ -103,6 +106,7 @@ def build_standby(
     has arrived, for at most ``timeout``; raises what the backend raises when one does not."""
     members = normalise_ranks(ranks)
     require_member(members, "build a standby")
-    pg, prefix = connect(members, name=standby_name(label, token), prefix=standby_prefix(label, token, members),
+    name = standby_name(label, token)
+    pg, prefix = connect(members, name=name, identity=name, prefix=standby_prefix(label, token, members),
                          timeout=timeout, store=store, backend=backend)
     return Standby(pg, label, token, tuple(members), backend, prefix)

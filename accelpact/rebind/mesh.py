@@ -1,10 +1,11 @@
 """DeviceMesh references: the per-mesh name table and group registry (torch 2.13).
 
 A mesh names its groups (``_dim_group_names``) and resolves them through c10d's registry on every
-``get_group``; the root mesh also keeps ``_pg_registry`` (name → group). A replacement group has
-a new name (``accelpact:<label>:g<n>``), so both tables must follow: the name entry is rewritten
-to the new name (a *name* site) and the registry entry is re-keyed (a *registry* site, which
-holds the group object and counts as a reference). Submeshes carry their own name lists and
+``get_group``; the root mesh also keeps ``_pg_registry`` (name → group). A replacement keeps its
+predecessor's name (`comm.naming`), so the name entry (a *name* site) already names the
+successor and is only proven to; the registry entry (a *registry* site, which holds the group
+object and counts as a reference) is rewritten. A plan rebound to a group under another name
+(by hand) rewrites the name entry too. Submeshes carry their own name lists and
 share the root's registry; every mesh reachable from the model or the extras is handled.
 
 DTensor caches sharding decisions (a Python LRU cache and a C++ fast-path cache) whose outputs
@@ -12,9 +13,9 @@ carry the mesh object of the call that filled them, and meshes compare equal by 
 group names: an in-place op on a parameter can swap in a mesh from an earlier, equal mesh (another
 model's, say). Those caches cannot be walked. What they can hand out, though, is only a live mesh
 object, and every live one is known: after a rebind that touched a mesh, every live DeviceMesh is
-looked at for one still naming the replaced group or any retired one (those only the caches hold
-included). None: every mesh a cached decision carries names live groups, and the caches are kept,
-so the first update after a recovery runs hot (dropping them cost it 14x here). One or more: the
+looked at for one naming a group c10d no longer resolves (those only the caches hold included).
+None: every mesh a cached decision carries names live groups, and the caches are kept, so the
+first update after a recovery runs hot (dropping them cost it 14x here). One or more: the
 caches are dropped, as before, and the next ops only see meshes this plan rewrote.
 
 Which meshes are live: a scan of the heap found them, at 33-76 ms per rebind for a tiny FSDP2 job
@@ -39,7 +40,6 @@ from collections.abc import Iterator
 from torch.distributed.device_mesh import DeviceMesh
 
 from accelpact.comm import _c10d
-from accelpact.comm.lifecycle import retired_group_names
 from accelpact.rebind.rule import RuleContext
 from accelpact.rebind.sites import Access, Site
 
@@ -120,18 +120,24 @@ _BATCH: list[tuple[str, str | None, frozenset[int]]] | None = None
 
 
 def _decide(batch: list[tuple[str, str | None, frozenset[int]]]) -> None:
-    """Drop the caches if a live mesh outside the plans names a group that no longer is: one
-    replaced here or retired before, unless it was re-created under its name (a world rebuilt
-    around a spare keeps every name; such a mesh resolves its name to the successor)."""
+    """Drop the caches if a live mesh outside the plans names a group that no longer is: one whose
+    name c10d no longer resolves. A successor keeps its predecessor's name (`comm.naming`) and a
+    world rebuilt around a spare re-creates every group under its name, so a mesh naming either
+    resolves to the live group, and a cached decision that carries it is still right. Only a
+    group replaced under a new name (a plan rebound by hand) or retired without a successor
+    (another model's) leaves a mesh naming what is gone."""
     start = time.perf_counter()
     ours = frozenset().union(*(o for _, _, o in batch))
-    successors = {s for _, s, _ in batch if s is not None}
-    gone = ({r for r, _, _ in batch} | set(retired_group_names())) - successors
-    stale = [m for m in meshes_naming(gone) if id(m) not in ours]
+    stale = [m for m in live_meshes() if id(m) not in ours and names_a_gone_group(m)]
     if stale:
         clear_dtensor_sharding_caches()
         log.info("dropped DTensor's sharding caches: %d live mesh(es) still name a retired group", len(stale))
     CACHE_DECISIONS.append(("dropped" if stale else "kept", len(stale), (time.perf_counter() - start) * 1e3))
+
+
+def names_a_gone_group(mesh: DeviceMesh) -> bool:
+    """Whether `mesh` names a group c10d no longer resolves (destroyed, aborted, or renamed away)."""
+    return any(_c10d.resolve_name(name) is None for name in mesh.__dict__.get("_dim_group_names") or ())
 
 
 def follow_successor(replaced: str, successor: str, ours: frozenset[int]) -> int:
@@ -141,15 +147,19 @@ def follow_successor(replaced: str, successor: str, ours: frozenset[int]) -> int
     this such a mesh kept naming a group c10d no longer resolves, and its first `get_group()`
     after a proven recovery failed. Returns how many meshes it rewrote."""
     followed = 0
+    live = _c10d.resolve_name(successor)
     for mesh in meshes_naming({replaced}):
         if id(mesh) in ours:
             continue
         names = mesh.__dict__["_dim_group_names"]
-        names[:] = [successor if name == replaced else name for name in names]
         registry = mesh.__dict__.get("_pg_registry")
+        held = registry.get(replaced) if isinstance(registry, dict) else None
+        if replaced == successor and (held is None or held is live):
+            continue  # the successor kept the name, and the registry (if any) holds it already
+        names[:] = [successor if name == replaced else name for name in names]
         if isinstance(registry, dict) and replaced in registry:
             del registry[replaced]
-            registry[successor] = _c10d.resolve_name(successor)
+            registry[successor] = live
         followed += 1
     if followed:
         log.info("pointed %d live mesh(es) outside the plan from %s to %s", followed, replaced, successor)

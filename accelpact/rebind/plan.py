@@ -234,9 +234,9 @@ class RebindPlan:
     def _stale_in_tables(self, old: Any, old_name: str) -> list[str]:
         """Whole mesh tables, not only the recorded entries: no other entry may name the old group.
 
-        A rebuilt world re-creates a group under the name the script gave it (`membership.world`):
-        the name then resolves to the new group (checked in `prove`), so only the old *object*
-        is stale there."""
+        A successor keeps its predecessor's name (`comm.naming`), and a rebuilt world re-creates a
+        group under the name the script gave it (`membership.world`): the name then resolves to
+        the new group (checked in `prove`), so only the old *object* is stale there."""
         renamed = old_name != self._name
         stale = [f"{path} (a mesh name table) still names {old_name!r}"
                  for table, path in self._name_tables if renamed and old_name in table]
@@ -250,8 +250,8 @@ class RebindPlan:
     def verify_deep(self, old_group: ProcessGroup | None = None) -> DeepCheck:
         """Re-walk everything from the discovery roots (slow; tests and diagnostics).
 
-        Raises ``StaleReferenceError`` if ``old_group`` (default: the last replaced group) or its
-        name in a mesh is reachable anywhere; returns the current group's sites and any the plan
+        Raises ``StaleReferenceError`` if ``old_group`` (default: the last replaced group), or its
+        name in a mesh when the successor did not keep it, is reachable anywhere; returns the current group's sites and any the plan
         does not know (``DeepCheck.complete``).
         """
         from accelpact.rebind.discovery import walk_for  # late: discovery imports this module
@@ -259,7 +259,9 @@ class RebindPlan:
         old = old_group if old_group is not None else self._previous
         if old is not None and old is not self._group:
             old_ctx = walk_for(self.roots, old)
-            stale = [site.path for site in old_ctx.sites]
+            # a name the successor kept names the current group (its resolution is proven in `prove`)
+            kept = old.group_name == self._name
+            stale = [site.path for site in old_ctx.sites if not (kept and site.access is Access.NAME)]
             if stale:
                 raise StaleReferenceError(self._name, stale, old.group_name)
         ctx = walk_for(self.roots, self._group)

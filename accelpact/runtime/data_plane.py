@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..comm import _c10d, classify_failure, is_communication_failure, retired_group_names
+from ..comm import _c10d, classify_failure, group_identity, is_communication_failure, retired_group_names
 from ..comm.backends import backend_spec, parse_backends, probe_device, uses_nccl, wait_for
 from ..errors import ConfigError, UnsupportedModelError
 from ..fsm.decisions import GroupId
@@ -148,11 +148,12 @@ class DataPlane:
         if isinstance(declared, str):
             return declared, True
         try:
-            used = [pg.group_name for pg in data_plane_groups(self.model).values()]
+            used = [group_identity(pg) for pg in data_plane_groups(self.model).values()]
         except (RuntimeError, AttributeError, ValueError) as walk_error:  # never fail the recovery here
             used = []
             exc.add_note(f"accelpact: the model's groups could not be listed: {walk_error!r}")
-        cls = classify_failure(exc, retired_names=retired_group_names(), used_group_names=used)
+        cls = classify_failure(exc, retired_names=retired_group_names(), used_group_names=used,
+                               live_names=_c10d.registered_names())
         return f"{cls.cause.name.lower()}: {cls.message}", is_communication_failure(exc, cls)
 
     def install(self, label: str, group: dist.ProcessGroup, generation: int, *, rebound: bool) -> None:

@@ -21,6 +21,7 @@ from ..errors import RecoveryRejected
 from ..runtime.ddp_buckets import is_isolated
 from ..workloads import build_hsdp_job, seed_everything, stochastic_update
 from .bitflip import BitFlip
+from .compiled import CompiledProbe, fsdp2_mesh
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,9 @@ class Drill:
     #: remote host to probe, a `MutedHost` that answers no fresh connection until `seconds` after
     #: the first probe (a link that returns then; the real links stay up)
     mute_links: tuple[int, float] | None = None
+    #: FSDP2 only: after every update call a compiled region that all-reduces over the model's
+    #: mesh (`testing.compiled`); results under "compiled"
+    compiled_probe: bool = False
 
 
 _seed = seed_everything
@@ -143,6 +147,7 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
     restored_step = rt.checkpointer.restored.step if rt.checkpointer and rt.checkpointer.restored else None
     rt.update_seconds = []  # wall time of each call, recovery included (bench/repair.py)
     rt.update_ends = []  # time.time() at each call's end: a Rewind re-runs inside the call that failed
+    rt.compiled_probe = CompiledProbe(fsdp2_mesh(model)) if drill.compiled_probe else None
     try:
         for i in range(rt.frontier, drill.updates):
             if drill.tamper_at and i + 1 == drill.tamper_at:
@@ -159,6 +164,8 @@ def _protected_run(drill: Drill, *, faults: str, generation: int):
                     _update(model, optimizer, data, sched)
             rt.update_seconds.append(time.perf_counter() - t0)
             rt.update_ends.append(time.time())
+            if rt.compiled_probe is not None:
+                rt.compiled_probe(dist.get_rank())
         rt.settle()  # a deferred last boundary is agreed before anyone reads F
     except RecoveryRejected as rej:
         rejected = rej
@@ -226,6 +233,7 @@ def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
         deferral={"deferred": rt.deferral.deferred, "joined": rt.deferral.joined,
                   "on_thread": rt.deferral.checks.ran if rt.deferral.checks is not None else 0},
         update_seconds=list(getattr(rt, "update_seconds", [])), update_ends=list(getattr(rt, "update_ends", [])),
+        compiled=rt.compiled_probe.calls if getattr(rt, "compiled_probe", None) is not None else None,
         digests=[c.to_dict() for c in rt.digests.checks] if rt.digests is not None else [],
         references=rt.prepare() if out["rejected"] is None else {},
     )

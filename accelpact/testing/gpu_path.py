@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..comm import _c10d, make_group, replace_group, validate_group
+from ..comm import _c10d, group_identity, make_group, replace_group, validate_group
 from ..comm import backends as backends_module
 from ..comm.backends import BUILDERS, backend_spec, register_builder
 from ..fsm.decisions import GroupId
@@ -57,7 +57,7 @@ def backends_world(rank: int, world_size: int) -> dict:
     real_abort_together = _c10d.abort_together
 
     def recording_abort(pgs):
-        events.append(("abort", sorted(pg.group_name for pg in pgs)))
+        events.append(("abort", sorted(group_identity(pg) for pg in pgs)))
         real_abort_together(pgs)
 
     previous = register_builder("nccl", fake_nccl)
@@ -90,7 +90,8 @@ def backends_world(rank: int, world_size: int) -> dict:
         result = replace_groups(plane, rank, ReplaceGroups(groups=tuple(sorted(plane.gids.values())), generation=2,
                                                            standby=agreed), adopted)
         out["adopt_ok"], out["adopt_reason"] = result.ok, result.reason
-        out["adopted"] = {label: (new.group_name, backend_spec(new), dist.get_process_group_ranks(new))
+        out["adopted"] = {label: (new.group_name, group_identity(new), backend_spec(new),
+                                  dist.get_process_group_ranks(new))
                           for label, (_, new) in adopted.items()}
     finally:
         register_builder("nccl", previous)

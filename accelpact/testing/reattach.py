@@ -1,7 +1,7 @@
 """A rank function for tests/test_gpu_path.py: two runtimes, one after the other, in one process.
 
 Every runtime numbers its generations from 0, so without a per-attach scope the second runtime's
-first replacement would take the first one's name and store prefix (found by the device script's
+first replacement would take the first one's identity and store prefix (found by the device script's
 CPU dry run, which runs a reference, a Preserve and a Rewind job in one process)."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ def reattach_world(rank: int, world_size: int) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     import accelpact
+    from accelpact.comm import group_identity
 
     out: dict = {"actions": [], "names": []}
     for _ in range(2):
@@ -28,6 +29,6 @@ def reattach_world(rank: int, world_size: int) -> dict:
                 optimizer.step()
                 optimizer.zero_grad()
         out["actions"] += [record.action.value for record in rt.history]
-        out["names"] += [pg.group_name for pg in rt.groups.values()]
+        out["names"] += [group_identity(pg) for pg in rt.groups.values()]
         rt.close()
     return out

@@ -22,12 +22,14 @@ import torch.nn as nn
 
 from accelpact.comm import (
     classify_failure,
+    group_identity,
     parse_group_name,
     replace_group,
     retired_group_names,
     validate_group,
 )
 from accelpact.rebind import RebindPlan, StaleReferenceError, data_plane_groups, discover
+from accelpact.rebind.sites import Access
 from accelpact.testing.faults import compare_snapshots, skip_collective_fault, state_snapshot
 from accelpact.workloads import (
     HSDPGroups,
@@ -101,7 +103,7 @@ def build(scenario: Scenario, layout: HSDPLayout, groups: HSDPGroups) -> tuple[n
 
 
 def _next_generation(group: dist.ProcessGroup) -> int:
-    parsed = parse_group_name(group.group_name)
+    parsed = parse_group_name(group_identity(group))
     return 1 if parsed is None else parsed[1] + 1
 
 
@@ -167,20 +169,22 @@ def recovery_scenario(scenario: Scenario, layout: HSDPLayout, groups: HSDPGroups
         train_step(model, optimizer, data.next_batch())
     out["mismatches"] = compare_snapshots(reference, state_snapshot(model, optimizer))
     out["compared"] = len(reference)
-    out["final_groups"] = {label: plan.group.group_name for label, plan in plans.items()}
+    out["final_groups"] = {label: group_identity(plan.group) for label, plan in plans.items()}  # generations
+    out["final_names"] = {label: plan.group.group_name for label, plan in plans.items()}
     return out
 
 
 def _replace_and_rebind(
     plan: RebindPlan, members: list[int], label: str, scenario: Scenario, *, probe_skip: bool
 ) -> dict[str, Any]:
-    result: dict[str, Any] = {"old": plan.group_name}
+    result: dict[str, Any] = {"old": group_identity(plan.group)}
     start = time.perf_counter()
     new = replace_group(plan.group, ranks=members, label=label, generation=_next_generation(plan.group),
                         timeout=scenario.group_timeout)
     result["replace_ms"] = (time.perf_counter() - start) * 1e3
     if probe_skip:  # the proof must name a site the rebind deliberately left alone
-        victim = plan.paths[len(plan.paths) // 2]
+        held = [site.path for site in plan.sites if site.access is not Access.NAME]  # a kept name needs no write
+        victim = held[len(held) // 2]
         plan.rebind(new, skip={victim})
         try:
             plan.prove()
@@ -191,7 +195,7 @@ def _replace_and_rebind(
     proof = plan.prove()
     deep = plan.verify_deep()
     validation = validate_group(new, members)
-    result.update(new=new.group_name, references=report.references, names=report.names,
+    result.update(new=group_identity(new), name=new.group_name, references=report.references, names=report.names,
                   counts=dict(report.counts), rebind_us=report.elapsed_us, actions_us=report.actions_us,
                   prove_us=proof.elapsed_us,
                   deep_complete=deep.complete, deep_unrecorded=list(deep.unrecorded),
@@ -211,7 +215,7 @@ def stale_reference_scenario(scenario: Scenario, layout: HSDPLayout, groups: HSD
     for _ in range(scenario.fault_after):
         train_step(model, optimizer, data.next_batch())
     labelled = data_plane_groups(model)
-    used = [group.group_name for group in labelled.values()]
+    used = [group_identity(group) for group in labelled.values()]
     failed_members = sorted({scenario.waiter, scenario.skipper})
     dist.barrier()
     skip_collective_fault(labelled["replicate"], waiter=scenario.waiter, skipper=scenario.skipper,

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from accelpact.comm import (
     classify_failure,
+    group_identity,
     make_group,
     parse_group_name,
     replace_group,
@@ -91,6 +92,8 @@ def _comm_checks(rank: int) -> dict[str, Any]:
     out["wrong_membership"] = _capture(lambda: replace_group(shard, ranks=[0, 1, 2, 3], label="c-shard",
                                                              generation=1, timeout=GROUP_TIMEOUT))
     out["duplicate_name"] = _capture(lambda: make_group(shard_ranks, label="c-shard", timeout=GROUP_TIMEOUT))
+    out["same_generation"] = _capture(lambda: replace_group(shard, ranks=shard_ranks, label="c-shard", generation=0,
+                                                            timeout=GROUP_TIMEOUT))  # its own store prefix
     out["wrong_validation"] = _capture(lambda: validate_group(shard, [r + 1 for r in shard_ranks]))
     out["shard_still_works"] = validate_group(shard, shard_ranks).observed_sum == sum(shard_ranks)
 
@@ -108,14 +111,15 @@ def _comm_checks(rank: int) -> dict[str, Any]:
     out["replace_ms"] = (time.perf_counter() - start) * 1e3
     out["replaced"] = {
         "name": new.group_name,
-        "old_name_resolves": _resolve_process_group_or_none(replicate.group_name) is not None,
+        "identity": group_identity(new),
+        "old_name_resolves_to_new": _resolve_process_group_or_none(replicate.group_name) is new,
         "retired": group_name("c-replicate", 0) in retired_group_names(),
         "retire_again": retire_group(replicate),
         "validated": validate_group(new, replicate_ranks).observed_sum,
     }
     # using the retired group: through c10d (ValueError masking gloo) and raw (bare gloo error)
     out["stale_c10d"] = _capture(lambda: dist.all_reduce(torch.ones(1), group=replicate))
-    out["stale_raw"] = _capture(lambda: replicate.allreduce([torch.ones(1)]).wait(), used=[replicate.group_name])
+    out["stale_raw"] = _capture(lambda: replicate.allreduce([torch.ones(1)]).wait(), used=[group_identity(replicate)])
     out["stale_raw_traceback"] = _capture(lambda: replicate.allreduce([torch.ones(1)]).wait())
     dist.barrier()
     return out
@@ -172,7 +176,7 @@ def _fresh_groups(groups: HSDPGroups) -> HSDPGroups:
     dist.barrier()
     for label, members in (("shard", LAYOUT.shard_ranks(rank)), ("replicate", LAYOUT.replicate_ranks(rank))):
         old = getattr(groups, label)
-        generation = (parse_group_name(old.group_name) or (label, 0))[1] + 1
+        generation = (parse_group_name(group_identity(old)) or (label, 0))[1] + 1
         setattr(groups, label, replace_group(old, ranks=members, label=label, generation=generation,
                                              timeout=GROUP_TIMEOUT))
     dist.barrier()
