@@ -26,8 +26,10 @@ import torch.distributed as dist
 from .comm import connections
 from .comm.backends import parse_backends, uses_nccl
 from .comm.nccl_env import apply_required
+from .control.auth import ENV_SECRET
 from .errors import ConfigError, SpareReleased
 from .launch_elastic import rendezvous_endpoint
+from .membership.sealed import membership_store
 
 log = logging.getLogger("accelpact.launch")
 
@@ -125,7 +127,13 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     _attempt = (starts - 1) // launched
     store = dist.PrefixStore(f"accelpact/{run}/attempt{_attempt}/", client)
     if watched:
-        _start_with_spares(backend, store, rank, launched, spares, timeout, on_loss)
+        sealed = membership_store(store, env, f"{run}/attempt{_attempt}")
+        if sealed is store:
+            log.warning("%s is not set: the membership change's values in the job store are not signed, so a "
+                        "client that can write the store could forge a release or a spare's claim, or run code in "
+                        "a spare through the small state it unpickles; give every process, spares included, the "
+                        "same %s", ENV_SECRET, ENV_SECRET)
+        _start_with_spares(backend, sealed, rank, launched, spares, timeout, on_loss)
         return
     dist.init_process_group(backend, store=store, rank=rank, world_size=launched, timeout=timeout, **kwargs)
 

@@ -12,6 +12,8 @@ from accelpact.testing.spares import run_spare_job
 from model_checking.membership_trace import check_membership_traces, load_membership_traces
 
 HSDP_REPLICAS = ((0, 2), (1, 3))
+#: what every process of a job with spares logs when ACCELPACT_SECRET is not set (`launch`)
+UNSIGNED = "ACCELPACT_SECRET is not set: the membership change's values in the job store are not signed"
 
 pytestmark = pytest.mark.timeout(200)
 
@@ -33,7 +35,9 @@ def _replaced(job, lost: int):
 def test_fsdp2_hsdp_two_successive_losses_are_replaced_by_two_spares_bitwise():
     """Rank 3 killed in forward, then rank 1 killed after its step: the second loss's state comes
     from rank 3's position, now held by the first spare."""
-    job = run_spare_job(framework="fsdp2", faults="kill@3:forward:3,kill@5:committed:1", updates=7, spares=2)
+    job = run_spare_job(framework="fsdp2", faults="kill@3:forward:3,kill@5:committed:1", updates=7, spares=2,
+                        extra_env={"ACCELPACT_SECRET": "spares-test-secret"})  # every membership value sealed
+    assert not any(UNSIGNED in out for out in job.output), _explain(job)
     first, second = _replaced(job, 3)
     assert first["replacement"]["spares"] == {"3": 4} and first["replacement"]["sources"] == {"3": 1}
     assert second["replacement"]["lost"] == [1] and second["replacement"]["spares"] == {"1": 5}
@@ -64,6 +68,7 @@ def test_fsdp1_hybrid_shard_rank_killed_after_its_step_is_replaced_bitwise():
     from the pre-step copy before the whole new world re-ran the update; then a skipped probe on
     rank 2 is preserved by the new world, the spare included."""
     job = run_spare_job(framework="fsdp1", faults="kill@4:committed:1,skip@6:committed:2", updates=7, spares=1)
+    assert all(UNSIGNED in out for out in job.output), _explain(job)  # no secret: said on every process
     _replaced(job, 1)
     # the spare counts recoveries on from the survivors' count: the next recovery (a Preserve,
     # whose votes are keyed by that count) is agreed by every rank, the spare included

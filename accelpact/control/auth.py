@@ -18,11 +18,23 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Mapping
 
 from ..errors import ControlPlaneError
 
 #: The secret's length in bytes when rank 0 draws it.
 SECRET_BYTES = 32
+#: A secret given to every process of the job, spares included (e.g. by the launcher's
+#: environment); without it rank 0 draws one per attach, which a spare cannot know.
+ENV_SECRET = "ACCELPACT_SECRET"
+#: Length of the hex MAC ahead of a sealed byte value (`Sealer.seal_bytes`).
+_MAC_HEX = 64
+
+
+def job_secret(environ: Mapping[str, str]) -> bytes | None:
+    """The key derived from ``ACCELPACT_SECRET`` (its SHA-256), or None when it is not set."""
+    given = environ.get(ENV_SECRET, "").encode()
+    return hashlib.sha256(given).digest() if given else None
 
 
 class ForgedValue(ControlPlaneError):
@@ -44,6 +56,26 @@ class Sealer:
         """`value` (JSON-serialisable) with its MAC over the namespace, `context` and the value."""
         body = json.dumps(value, sort_keys=True, separators=(",", ":"))
         return json.dumps({"v": body, "mac": self.mac(*context, body)}, separators=(",", ":"))
+
+    def seal_bytes(self, data: bytes, *context: object) -> bytes:
+        """`data` (any bytes: a pickle, a JSON text) behind its hex MAC over the namespace,
+        `context` and `data`: no encoding of its own, so a value costs 65 bytes more."""
+        return self._mac_bytes(context, data).encode() + b":" + data
+
+    def open_bytes(self, raw: bytes | str, *context: object) -> bytes:
+        """The bytes sealed in `raw` if its MAC verifies for `context`; ForgedValue otherwise."""
+        data = raw.encode() if isinstance(raw, str) else bytes(raw)
+        where = "/".join(map(str, context))
+        mac, sep, body = data[:_MAC_HEX], data[_MAC_HEX:_MAC_HEX + 1], data[_MAC_HEX + 1:]
+        if sep != b":" or not hmac.compare_digest(mac, self._mac_bytes(context, body).encode()):
+            shown = data[:40].decode("ascii", errors="replace")
+            raise ForgedValue(f"value {shown!r} for {where} fails authentication (unsigned, forged, replayed, or "
+                              f"signed under another {ENV_SECRET})")
+        return body
+
+    def _mac_bytes(self, context: tuple[object, ...], data: bytes) -> str:
+        head = "\x1f".join([self.namespace, *map(str, context), ""]).encode()
+        return hmac.new(self._secret, head + data, hashlib.sha256).hexdigest()
 
     def open(self, raw: bytes | str, *context: object) -> object:
         """The value inside `raw` if its MAC verifies for `context`; ForgedValue otherwise."""

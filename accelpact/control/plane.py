@@ -25,7 +25,6 @@ others, and trace validation checks the run against happens-before, not wall-clo
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -42,7 +41,7 @@ from ..comm.backends import wait_unless
 from ..errors import ControlPlaneError
 from ..fsm.decisions import ReleaseVote
 from . import exchange, reach
-from .auth import SECRET_BYTES, ForgedValue, Sealer
+from .auth import ENV_SECRET, SECRET_BYTES, ForgedValue, Sealer, job_secret
 from .bounded import BoundedStore
 from .clock import VectorClock
 
@@ -66,8 +65,6 @@ OVERSIZE = "accelpact_oversize_bytes"
 FORGED = "accelpact_forged"
 #: Floor of the time ranks get to reach attach's control-plane group together.
 CONNECT_TIMEOUT_S = 60.0
-#: A secret given to every rank (e.g. by the launcher); without it rank 0 draws one per attach.
-ENV_SECRET = "ACCELPACT_SECRET"
 
 
 class ControlPlane:
@@ -100,8 +97,7 @@ class ControlPlane:
         # one; both reach every rank over the new group, never through the store.
         drawn = self._from_rank0(8 + SECRET_BYTES)
         self.namespace = f"attempt{attempt}/{int.from_bytes(drawn[:8], 'little') >> 2:016x}"
-        given = os.environ.get(ENV_SECRET, "").encode()
-        self.sealer = Sealer(hashlib.sha256(given).digest() if given else drawn[8:], self.namespace)
+        self.sealer = Sealer(job_secret(os.environ) or drawn[8:], self.namespace)
         self._check_same_secret()  # on every rank: a secret set on some ranks only must fail here too
         base = store if store is not None else _c10d.default_store()
         # every call bounded by the control timeout: a store behind a cut link blocks far past its own

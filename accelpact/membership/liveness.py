@@ -73,7 +73,10 @@ def is_dead(value: bytes | str | None, world: int) -> bool | None:
     parts = text.split("|", 2)
     if len(parts) != 3 or parts[1] != str(world) or not _where():
         return None
-    where, pid, started = parts[2].rsplit("/", 2)
+    found = parts[2].rsplit("/", 2)
+    if len(found) != 3:  # garbled: no certificate (a beat that does not move still counts as silence)
+        return None
+    where, pid, started = found
     if where != _where() or not pid.isdigit():
         return None
     now = _start_time(int(pid))

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
+from ..control.auth import ForgedValue
 from ..errors import ControlPlaneError, SpareReleased
 from . import keys, liveness
+from .sealed import unsealed
 
 log = logging.getLogger("accelpact.membership")
 
@@ -89,10 +91,18 @@ def job_ended(store: dist.Store) -> tuple[int, str] | None:
 
 
 def registered(store: dist.Store) -> list[int]:
-    if not store.check([keys.spares_registered()]):
-        return []
-    raw = store.get(keys.spares_registered()).decode()
-    return sorted({int(s) for s in raw.split(",") if s})
+    return sorted(_listed(store, keys.spares_registered()))
+
+
+def _listed(store: dist.Store, key: str) -> set[int]:
+    """The ids appended "r," under `key`. Appended, so never sealed (`membership.sealed`): read
+    from the store underneath. A forged entry names a spare that never beats (not offered) or
+    miscounts the exit barrier."""
+    raw_store = unsealed(store)
+    if not raw_store.check([key]):
+        return set()
+    entries = raw_store.get(key).decode(errors="replace").split(",")
+    return {int(entry) for entry in entries if entry.strip().isdigit()}
 
 
 def spare_state(certified_dead: bool | None, first_seen: float, moved_at: float | None, now: float,
@@ -154,8 +164,23 @@ class SpareWatch:
 
 
 def _beat(store: dist.Store, spare: int) -> bytes | None:
+    """The spare's beat, or None: none yet, or one that fails authentication (`membership.sealed`:
+    a spare without the job's secret, or a forgery). Such a spare is never seen to move, so it is
+    not offered; the change goes on with the others."""
     key = keys.spare_alive(spare)
-    return store.get(key) if store.check([key]) else None
+    if not store.check([key]):
+        return None
+    try:
+        return store.get(key)
+    except ForgedValue as exc:
+        if spare not in _REFUSED_BEATS:  # once per spare: the decider looks every 0.1 s
+            _REFUSED_BEATS.add(spare)
+            log.warning("spare %d is not offered: %s", spare, exc)
+        return None
+
+
+#: Spares whose beat failed authentication here (each is reported once).
+_REFUSED_BEATS: set[int] = set()
 
 
 def unclaimed(store: dist.Store) -> list[int]:
@@ -193,19 +218,12 @@ def position_done(store: dist.Store, world_size: int) -> bool:
     return False
 
 
-def _launch_ranks(store: dist.Store, key: str) -> set[int]:
-    if not store.check([key]):
-        return set()
-    raw = store.get(key).decode()
-    return {int(r) for r in raw.split(",") if r}
-
-
 def agents_lost(store: dist.Store) -> int:
     """torchrun agents that will never reach the exit barrier: the agents of the processes
     declared lost that did not exit by themselves (dead, not fenced), each agent once — under
     one agent per node a lost node is one agent for all of its ranks. (A fenced process exits 0;
     its agent arrives unless another of its workers died, which then counts it here.)"""
-    dead = _launch_ranks(store, keys.lost_holders()) - _launch_ranks(store, keys.fenced_holders())
+    dead = _listed(store, keys.lost_holders()) - _listed(store, keys.fenced_holders())
     agents = set()
     for rank in dead:
         key = keys.agent_of(rank)

@@ -22,6 +22,7 @@ from ..comm import _c10d
 from ..comm.lifecycle import forget_retired, make_group, parse_group_name
 from ..errors import ConfigError
 from . import keys
+from .sealed import unsealed
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ def init_world(job_store: dist.Store, world: int, *, position: int, world_size: 
     must not wait that long for a claimed spare that died before it connected."""
     if dist.is_initialized():
         dist.destroy_process_group()
-    store = dist.PrefixStore(keys.world_prefix(world), job_store)
+    store = dist.PrefixStore(keys.world_prefix(world), unsealed(job_store))  # c10d's rendezvous: its own values
     dist.init_process_group(backend, store=store, rank=position, world_size=world_size,
                             timeout=connect_timeout or timeout)
     if connect_timeout is not None:
