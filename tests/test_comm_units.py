@@ -131,3 +131,21 @@ def test_an_op_that_completes_as_a_poll_times_out_is_not_reported_as_timed_out()
     failed = _PendingWork(done_after=None, error=RuntimeError("Connection closed by peer"), done_as_poll_ends=True)
     with pytest.raises(RuntimeError, match="Connection closed by peer"):  # its own error, not the poll's
         wait_unless(failed, lambda: False)
+
+
+def test_a_retired_generation_is_never_built_again_until_a_rebuilt_world_forgets_it():
+    """Found by review: only live groups were checked, so `replace_group(..., generation=0)` after
+    g0 had been replaced was accepted: the same store prefix as the retired g0 (a rendezvous could
+    read its keys), and an identity the classifier reads as retired."""
+    from accelpact.comm.lifecycle import claim_identity, forget_retired, retire_group
+
+    group = dist.new_group([0, 1])
+    group._set_group_desc("accelpact:units-x:g0")  # as `replace_group` describes a generation it builds
+    with pytest.raises(ValueError, match="is generation 'accelpact:units-x:g0' already"):
+        claim_identity("units-x", 0)
+    retire_group(group)
+    with pytest.raises(ValueError, match="was retired in this process"):
+        claim_identity("units-x", 0)
+    assert claim_identity("units-x", 1) == "accelpact:units-x:g1"
+    forget_retired(["accelpact:units-x:g0"])  # a world rebuilt on a fresh store prefix
+    assert claim_identity("units-x", 0) == "accelpact:units-x:g0"

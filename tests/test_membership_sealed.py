@@ -10,6 +10,7 @@ import pytest
 import torch.distributed as dist
 
 from accelpact.control.auth import ForgedValue
+from accelpact.errors import SpareReleased
 from accelpact.membership import keys, liveness, pool, register
 from accelpact.membership.decide import MembershipDecision
 from accelpact.membership.sealed import SealedStore, membership_store, unsealed
@@ -99,11 +100,46 @@ def test_a_forged_claim_never_puts_a_spare_in_the_job():
     pool.register(store, 5)
     activation = pool.Activation(spare=5, world=1, position=3, world_size=4)
     store.raw.set(keys.spare_claim(5), activation.to_json())  # unsigned: as a client without the secret writes it
-    with pytest.raises(ForgedValue):
+    assert pool.unclaimed(store) == [5]  # a forged claim is no claim: the spare is still offered
+    with pytest.raises(ForgedValue):  # and the decider, whose genuine claim it blocks, rejects on it
+        pool.claim(store, activation)
+    pool.end_job(store, 75, "the change rejected")
+    with pytest.raises(SpareReleased):  # the spare never joined: it waited on, until the job ended
         pool.wait_for_claim(store, 5, heartbeat_s=0.01, poll_s=0.01)
     store.raw.delete_key(keys.spare_claim(5))
+    store.raw.delete_key(keys.job_end())
     assert pool.claim(store, activation)  # the decider's genuine claim
     assert pool.wait_for_claim(store, 5, heartbeat_s=0.01, poll_s=0.01) == activation
+
+
+def test_a_forged_flag_is_as_if_absent():
+    """Keys obeyed for being there: a forged "change under way" starts no change, a forged
+    "shrunk" withholds no spare, a forged "taken in" ends no wait (found by review: `check` alone
+    obeyed them without opening them)."""
+    from accelpact.membership import transfer
+    from accelpact.membership.sealed import holds
+
+    store = sealed()
+    for key in (keys.changing(0), keys.shrunk()):
+        store.raw.set(key, "1")
+        assert store.check([key]) and not holds(store, key)
+        store.set(key, "1")
+        assert holds(store, key)
+    store.raw.set(keys.taken_in(1, 3), "ok")
+    with pytest.raises(transfer.TransferError, match="fails authentication"):
+        transfer.await_taken_in(store, 1, [3], floor_s=0.1)
+    store.set(keys.taken_in(1, 3), "ok")
+    assert transfer.await_taken_in(store, 1, [3], floor_s=0.1) == 0.1
+
+
+def test_a_forged_member_beat_counts_as_silence_never_as_a_certificate_or_an_error():
+    """Found by review: a forged heartbeat raised ForgedValue (a ControlPlaneError) out of the
+    boundary's silence watch, which the runtime reads as "a member may be lost"."""
+    store = sealed()
+    store.raw.set(keys.heartbeat(0, 1), "1|0|garbage")
+    assert register.beat_of(store, 0, 1) is None
+    store.set(keys.heartbeat(0, 1), liveness.beat_value(1, 0))
+    assert register.beat_of(store, 0, 1) == liveness.beat_value(1, 0).encode()
 
 
 def test_a_spare_whose_beat_fails_authentication_is_not_offered():

@@ -606,6 +606,39 @@ def test_a_mesh_naming_a_live_group_is_no_reason_to_drop_the_caches_one_naming_a
     assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("kept", 0)
 
 
+def test_an_uncollected_mesh_of_a_dead_model_is_no_reason_to_drop_the_caches(monkeypatch):
+    """Found in CI: meshes of earlier models, unreachable but in reference cycles not yet
+    collected, named destroyed groups and the caches were dropped (4 of them). The tracker holds
+    meshes weakly, so the decision collects garbage before it counts; a mesh something still
+    holds counts."""
+    import copy
+    import gc
+
+    from accelpact.rebind import mesh as mesh_rule
+
+    dropped = []
+    monkeypatch.setattr(mesh_rule, "clear_dtensor_sharding_caches", lambda: dropped.append(True))
+    model, _, groups = wrapped("fsdp2", 2)
+    root = model._get_fsdp_state()._fsdp_param_group.mesh_info.mesh
+    gone = dist.new_group([0, 2])
+    retire_group(gone)
+    gc.disable()  # the cycle below must survive until the decision
+    try:
+        dead = copy.copy(root)
+        dead.__dict__["_dim_group_names"] = [gone.group_name, root._dim_group_names[1]]
+        dead.__dict__["_cycle"] = dead
+        del dead
+        mesh_rule._decide([])
+        assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("kept", 0) and dropped == []
+        held = copy.copy(root)
+        held.__dict__["_dim_group_names"] = [gone.group_name, root._dim_group_names[1]]
+        mesh_rule._decide([])
+        assert mesh_rule.CACHE_DECISIONS[-1][:2] == ("dropped", 1) and dropped == [True]
+        del held
+    finally:
+        gc.enable()
+
+
 def test_a_group_without_a_rebind_plan_is_named_in_the_vote():
     from types import SimpleNamespace
 

@@ -137,14 +137,20 @@ def claim_name(label: str, generation: int) -> str:
 
 
 def claim_identity(label: str, generation: int) -> str:
-    """The identity of ``label`` at ``generation``, refused if a live group of this process has it:
-    the two would share the generation's store prefix, and a rendezvous would read the other's
-    keys."""
+    """The identity of ``label`` at ``generation``, refused if a live group of this process has it
+    or had it (the retired-group ledger): the two would share the generation's store prefix, and a
+    rendezvous would read the other's keys; and an error naming the identity would read as the
+    retired one's. A world rebuilt on a fresh store prefix forgets its names first (`forget_retired`)."""
     identity = group_name(label, generation)
     holder = next((pg for pg in _c10d.registered_groups() if group_identity(pg) == identity), None)
     if holder is not None:
         raise ValueError(f"the live group {holder.group_name!r} is generation {identity!r} already; "
                          "use a new generation for every replacement")
+    with _ledger_lock:
+        retired = identity in _retired_names
+    if retired:
+        raise ValueError(f"generation {identity!r} was retired in this process; use a new generation for every "
+                         "replacement")
     return identity
 
 

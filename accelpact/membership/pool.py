@@ -14,10 +14,9 @@ from dataclasses import dataclass
 
 import torch.distributed as dist
 
-from ..control.auth import ForgedValue
 from ..errors import ControlPlaneError, SpareReleased
 from . import keys, liveness
-from .sealed import unsealed
+from .sealed import holds, opened_or_none, unsealed
 
 log = logging.getLogger("accelpact.membership")
 
@@ -73,7 +72,7 @@ def wait_for_claim(store: dist.Store, spare: int, *, heartbeat_s: float = SPARE_
             store.set(keys.spare_alive(spare), liveness.beat_value(beat, SPARE_WORLD))
             last_beat = now
         if store.check([keys.spare_claim(spare)]):
-            raw = store.get(keys.spare_claim(spare))
+            raw = opened_or_none(store, keys.spare_claim(spare))  # a forged claim: not claimed, keep waiting
             if raw:
                 return Activation.from_json(raw)
         ended = job_ended(store)
@@ -168,24 +167,12 @@ def _beat(store: dist.Store, spare: int) -> bytes | None:
     a spare without the job's secret, or a forgery). Such a spare is never seen to move, so it is
     not offered; the change goes on with the others."""
     key = keys.spare_alive(spare)
-    if not store.check([key]):
-        return None
-    try:
-        return store.get(key)
-    except ForgedValue as exc:
-        if spare not in _REFUSED_BEATS:  # once per spare: the decider looks every 0.1 s
-            _REFUSED_BEATS.add(spare)
-            log.warning("spare %d is not offered: %s", spare, exc)
-        return None
-
-
-#: Spares whose beat failed authentication here (each is reported once).
-_REFUSED_BEATS: set[int] = set()
+    return opened_or_none(store, key) if store.check([key]) else None
 
 
 def unclaimed(store: dist.Store) -> list[int]:
     """Spares registered and not claimed, in id order (alive or not)."""
-    return [spare for spare in registered(store) if not store.check([keys.spare_claim(spare)])]
+    return [spare for spare in registered(store) if not holds(store, keys.spare_claim(spare))]
 
 
 def free_spares(store: dist.Store, watch: SpareWatch | None = None) -> list[int]:

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from ..errors import ControlPlaneError
 from . import keys, liveness, pool
 from .decide import MembershipDecision, Presence, decide_membership
+from .sealed import holds, opened_or_none
 
 log = logging.getLogger("accelpact.membership")
 
@@ -72,8 +73,10 @@ def own_client(store: dist.Store) -> dist.Store:
 
 
 def beat_of(store: dist.Store, world: int, position: int) -> bytes | None:
+    """`position`'s beat in `world`; None when there is none, or one that fails authentication
+    (`membership.sealed`: as if deleted; its death certificate is never believed)."""
     key = keys.heartbeat(world, position)
-    return store.get(key) if store.check([key]) else None
+    return opened_or_none(store, key) if store.check([key]) else None
 
 
 #: position -> (its heartbeat value, when this process last saw it change; time.monotonic())
@@ -164,7 +167,7 @@ def _decide(store, world, world_size, present, small_state_at, peer_rejected: st
     reports = [Presence.from_json(json.loads(store.get(keys.present(world, p)))) for p in present]
     here = set(present)
     lost = [p for p in range(world_size) if p not in here]
-    shrunk = store.check([keys.shrunk()])
+    shrunk = holds(store, keys.shrunk())
     wanted = lost and not shrunk and not peer_rejected  # otherwise no spare is taken: none is judged
     decision = decide_membership(world=world, world_size=world_size, reports=reports,
                                  free_spares=pool.free_spares(store, spares) if wanted else [],

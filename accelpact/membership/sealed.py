@@ -8,8 +8,11 @@ of them: release a rejected change, hand a spare a position, or run code in a sp
 pickle. With a secret every process holds, spares included, each value carries an HMAC over the
 job's namespace (run and attempt), its key (which names the world, the position and the kind)
 and the value: a value forged without the secret, copied from another key, world, attempt or
-run, or garbled is refused (`ForgedValue`) and never obeyed. A membership change that meets one
-rejects with it as the reason; a spare whose beat fails is not offered.
+run, or garbled is refused (`ForgedValue`) and never obeyed. Where a value is read for what it
+says (a presence, the decision, a vote, the release, a digest, a small state) a membership change
+that meets a forged one rejects with it as the reason. Where a key is obeyed for being there (a
+change under way, a shrink, a spare's claim, a beat) a forged value counts as absent (`holds`):
+what the same client could do by deleting the key, never more.
 
 What stays unsigned: the store's counters and lists (`add`, `append`: how many positions are done
 or were lost, which spares registered, which holders were lost or fenced). Forging them can end
@@ -23,13 +26,16 @@ Without a secret nothing is sealed (a spare could not know the secret rank 0 dra
 from __future__ import annotations
 
 import datetime
+import logging
 from collections.abc import Mapping
 
 import torch.distributed as dist
 
-from ..control.auth import Sealer, job_secret
+from ..control.auth import ForgedValue, Sealer, job_secret
 
-__all__ = ["SealedStore", "membership_store", "unsealed"]
+__all__ = ["SealedStore", "holds", "membership_store", "opened_or_none", "unsealed"]
+
+log = logging.getLogger("accelpact.membership")
 
 
 class SealedStore:
@@ -84,6 +90,30 @@ def membership_store(store: dist.Store, environ: Mapping[str, str], namespace: s
     if secret is None:
         return store
     return SealedStore(store, Sealer(secret, f"membership/{namespace}"))
+
+
+def holds(store: dist.Store | SealedStore, key: str) -> bool:
+    """Whether `key` holds a value this process may obey for being there: one that fails
+    authentication counts as absent (a client without the secret could as well have deleted the
+    key; what it wrote is never obeyed)."""
+    if not store.check([key]):
+        return False
+    return not isinstance(store, SealedStore) or opened_or_none(store, key) is not None
+
+
+def opened_or_none(store: dist.Store | SealedStore, key: str) -> bytes | None:
+    """`key`'s value, or None when it fails authentication (reported once per key)."""
+    try:
+        return store.get(key)
+    except ForgedValue as exc:
+        if key not in _REFUSED:  # the watchers poll: once per key is enough
+            _REFUSED.add(key)
+            log.warning("ignored as absent: %s", exc)
+        return None
+
+
+#: Keys whose value failed authentication here (each reported once).
+_REFUSED: set[str] = set()
 
 
 def unsealed(store: dist.Store | SealedStore) -> dist.Store:

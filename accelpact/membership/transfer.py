@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..control.auth import ForgedValue
 from ..errors import AccelPactError
 from . import keys
 
@@ -336,6 +337,11 @@ def await_taken_in(store: dist.Store, world: int, positions: Sequence[int], floo
     while True:
         try:
             store.wait(wanted, datetime.timedelta(seconds=max(start + bound - time.monotonic(), 0.01)))
+            for key in wanted:  # opened: a forged "taken in" must not end the wait (`membership.sealed`)
+                try:
+                    store.get(key)
+                except ForgedValue as exc:
+                    raise TransferError(f"a spare's word that it took in its state {exc}") from exc
             return bound
         except RuntimeError as exc:  # DistStoreError on timeout
             longer = floor_s + announced_s(store, world, positions)

@@ -117,6 +117,9 @@ def replay(recipe: WorldRecipe, *, build_timeout_s: float) -> dict[str, dist.Pro
     it: at the control group's name."""
     built: dict[str, dist.ProcessGroup] = {}
     for g in recipe.groups:
+        # the name is in use again, on the new world's store prefix: failures naming it are not
+        # "retired", and its generation may be built again
+        forget_retired([g.name])
         timeout = datetime.timedelta(seconds=max(build_timeout_s, g.timeout_s))
         if g.name.isdigit():
             _c10d.set_group_count(int(g.name))
@@ -126,7 +129,6 @@ def replay(recipe: WorldRecipe, *, build_timeout_s: float) -> dict[str, dist.Pro
             pg = make_group(g.ranks, label=label, generation=generation, timeout=timeout, backend=g.backend or "gloo")
         if pg.group_name != g.name:
             raise ConfigError(f"replayed group got name {pg.group_name!r}, expected {g.name!r}")
-        forget_retired([g.name])  # the name is in use again: failures naming it are not "retired"
         _c10d.set_group_timeout(pg, datetime.timedelta(seconds=g.timeout_s))
         built[g.name] = pg
     _c10d.set_group_count(int(recipe.control_name))

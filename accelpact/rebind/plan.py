@@ -18,6 +18,7 @@ from typing import Any
 from torch._C._distributed_c10d import ProcessGroup
 
 from accelpact.comm import _c10d
+from accelpact.comm.naming import group_identity
 from accelpact.comm.reaper import free_later
 from accelpact.rebind.errors import MembershipMismatchError, StaleReferenceError
 from accelpact.rebind.sites import Access, Site, slot_descriptor
@@ -228,7 +229,7 @@ class RebindPlan:
             stale.append(f"c10d name registry [{name}] does not resolve to the current group")
         elapsed_us = (time.perf_counter_ns() - start) / 1e3
         if stale:
-            raise StaleReferenceError(name, stale, None if old is None else old.group_name)
+            raise StaleReferenceError(group_identity(current), stale, None if old is None else group_identity(old))
         return ProofResult(name, len(self.sites), elapsed_us)
 
     def _stale_in_tables(self, old: Any, old_name: str) -> list[str]:
@@ -263,7 +264,7 @@ class RebindPlan:
             kept = old.group_name == self._name
             stale = [site.path for site in old_ctx.sites if not (kept and site.access is Access.NAME)]
             if stale:
-                raise StaleReferenceError(self._name, stale, old.group_name)
+                raise StaleReferenceError(group_identity(self._group), stale, group_identity(old))
         ctx = walk_for(self.roots, self._group)
         recorded = {(id(site.holder), _key_identity(site)) for site in self.sites}
         found = tuple(site.path for site in ctx.sites)
