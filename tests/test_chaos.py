@@ -419,9 +419,13 @@ def _qualified_envelope(path: Path) -> Path:
     """An envelope file for this platform as `accelpact qualify` writes it: Preserve at committed
     boundaries, Rewind in forward, backward and the step (tests never read the machine's own)."""
     from accelpact.envelope import file as ef
+    from accelpact.testing.envelopes import passing_evidence
 
-    rows = [ef.QualifiedRow("cpu-gloo", profile, phase, ("preserve" if phase == "committed" else "rewind", "reject"),
-                            {"runs": 1}) for profile in ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
+    def row(profile: str, phase: str) -> ef.QualifiedRow:
+        actions = ("preserve" if phase == "committed" else "rewind", "reject")
+        return ef.QualifiedRow("cpu-gloo", profile, phase, actions, passing_evidence(actions))
+
+    rows = [row(profile, phase) for profile in ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
             for phase in ("committed", "forward", "backward", "optimizer")]
     return ef.write_envelope(path, rows, ef.platform_fingerprint("gloo", "cpu"))
 

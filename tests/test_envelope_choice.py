@@ -14,6 +14,7 @@ from accelpact.envelope import choice as envelope_choice
 from accelpact.envelope import file as ef
 from accelpact.errors import ConfigError
 from accelpact.fsm.phases import FailurePhase, RecoveryAction
+from accelpact.testing.envelopes import passing_evidence
 
 PROFILES = ("fsdp1-hsdp", "fsdp2-hsdp", "ddp")
 
@@ -30,7 +31,7 @@ def write(path, *, rewind_phases=("forward", "backward"), fingerprint=None, requ
                 actions = ("rewind", "reject")
             else:
                 actions = ("reject",)
-            evidence = {"runs": 1, "rewind": {"requires": list(requires)}} if "rewind" in actions else {"runs": 1}
+            evidence = passing_evidence(actions, requires if "rewind" in actions else ())
             rows.append(ef.QualifiedRow("cpu-gloo", profile, phase, actions, evidence))
     return ef.write_envelope(path, rows, fingerprint or ef.platform_fingerprint("gloo", "cpu"))
 

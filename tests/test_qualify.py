@@ -272,7 +272,19 @@ CORRUPTIONS = {
     "lacks evidence": lambda p: rewrite(p, lambda d: d["rows"][1].pop("evidence")),
     "'rows' must be a list": lambda p: rewrite(p, lambda d: d.update(rows={})),
     "fingerprint has no 'torch'": lambda p: rewrite(p, lambda d: d["platform"].pop("torch")),
+    # found by review: a row's actions were trusted over its own evidence (and dropping the
+    # evidence dropped the conditions it records with it)
+    "but its evidence for": lambda p: rewrite(p, lambda d: _granting(d)["evidence"][_granting(d)["actions"][0]]
+                                              .update(qualified=False)),
+    "but has no evidence for": lambda p: rewrite(p, lambda d: _granting(d)["evidence"].pop(_granting(d)["actions"][0])),
+    "runs passed": lambda p: rewrite(p, lambda d: _granting(d)["evidence"][_granting(d)["actions"][0]].update(passed=2)),
+    "platform probe ('rebuild') did not pass": lambda p: rewrite(p, lambda d: _granting(d)["evidence"].pop("rebuild")),
 }
+
+
+def _granting(document: dict) -> dict:
+    """The first row of an envelope document that grants something besides reject."""
+    return next(row for row in document["rows"] if row["actions"] != ["reject"])
 
 
 @pytest.mark.parametrize("why", sorted(CORRUPTIONS))
@@ -493,10 +505,16 @@ def test_qualify_measures_preserve_at_the_boundary_and_rewind_in_backward(tmp_pa
 
 def test_replace_qualifies_only_a_bitwise_replacement_of_the_killed_rank():
     ok = {"bitwise_ok": True, "verdicts": [{"history": [
-        {"action": "replace", "repair_s": 1.5, "replacement": {"lost": [2]}}]}]}
+        {"action": "replace", "repair_s": 1.5, "replacement": {"lost": [2]}}], "mismatches": []}, {"mismatches": []}]}
     got = probes.judge_replace(ok, 2)
     assert (got.action, got.runs, got.passed, got.bitwise, got.repair_s) == ("replace", 1, 1, True, (1.5,))
     assert not probes.judge_replace({**ok, "bitwise_ok": False}, 2).qualified
+    # found by review: the trainer's bitwise_ok stays true when no comparison ran (--no-reference)
+    uncompared = {**ok, "verdicts": [{k: v for k, v in ok["verdicts"][0].items() if k != "mismatches"}, {}]}
+    verdict = probes.judge_replace(uncompared, 2)
+    assert not verdict.qualified and "was not compared" in verdict.failures[0]
+    differing = {**ok, "verdicts": [ok["verdicts"][0], {"mismatches": ["param layers.0.weight"]}]}
+    assert not probes.judge_replace(differing, 2).qualified
     assert "no Replace of rank 3" in probes.judge_replace(ok, 3).failures[0]
     assert "wrote no result" in probes.judge_replace(None, 2).failures[0]
     placed = dataclasses.replace(got, profile="fsdp2-hsdp", phase="forward")

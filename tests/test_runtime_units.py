@@ -349,3 +349,44 @@ def test_a_failed_late_discovery_travels_with_the_updates_own_error():
     got, phase = discover_late(rt, error, FailurePhase.FORWARD, line_up=False)
     assert got is error and phase is FailurePhase.FORWARD
     assert any("rebind plans could not be discovered: KeyError" in note for note in error.__notes__)
+
+
+def test_a_profile_or_platform_override_never_contradicts_what_detection_found(monkeypatch):
+    """Found by review: ACCELPACT_PROFILE / ACCELPACT_PLATFORM replaced the envelope's key
+    unchecked: a DDP job told "fsdp2-hsdp" obeyed FSDP2's Rewind rows (without the pre-step copy
+    DDP's need), and an NCCL job told "cpu-gloo" obeyed rows measured on gloo. An override counts
+    only where detection cannot tell."""
+    from accelpact.errors import ConfigError, UnsupportedModelError
+    from accelpact.runtime import detect
+
+    model = torch.nn.Linear(2, 2)
+    monkeypatch.setattr(detect, "detect_profile", lambda m: "ddp")
+    assert detect.envelope_profile(model, None) == detect.envelope_profile(model, "ddp") == "ddp"
+    with pytest.raises(ConfigError, match="is 'fsdp2-hsdp', but the model is 'ddp'"):
+        detect.envelope_profile(model, "fsdp2-hsdp")
+
+    def unknown(m):
+        raise UnsupportedModelError("unknown model type Linear")
+
+    monkeypatch.setattr(detect, "detect_profile", unknown)
+    assert detect.envelope_profile(model, "ddp") == "ddp"  # a wrapper detection does not know
+    with pytest.raises(UnsupportedModelError):
+        detect.envelope_profile(model, None)
+
+    monkeypatch.setattr(detect, "detect_platform", lambda groups: "cuda-nccl")
+    with pytest.raises(ConfigError, match="is 'cpu-gloo', but the data plane runs on 'cuda-nccl'"):
+        detect.envelope_platform({}, "cpu-gloo")
+    assert detect.envelope_platform({}, None) == "cuda-nccl"
+    monkeypatch.setattr(detect, "detect_platform", lambda groups: "cpu:gloo,cuda:gloo+cuda:nccl")
+    assert detect.envelope_platform({}, "cuda-nccl") == "cuda-nccl"  # a mix no envelope names: the user's word
+
+
+def test_the_permissive_envelope_is_named_at_attach():
+    """Found by review: a production run with ACCELPACT_ENVELOPE=permissive (every action granted,
+    nothing measured) got only an info line."""
+    from accelpact.envelope.model import permissive_envelope
+    from accelpact.fsm.decisions import envelope_facts, envelope_warning
+
+    facts = envelope_facts(permissive_envelope("cpu-gloo", "fsdp2-hsdp"), "cpu-gloo", "fsdp2-hsdp")
+    warning = envelope_warning(facts, "fsdp2-hsdp", "permissive (qualification run)")
+    assert warning is not None and "grants every action without a measurement" in warning

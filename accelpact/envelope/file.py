@@ -285,6 +285,25 @@ def envelope_from_results(
     return rows
 
 
+def _unverified(evidence: Mapping[str, Any], action: str) -> str:
+    """Why `evidence` does not back granting `action` (empty when it does): what `envelope_from_results`
+    requires of a probe before it lists the action (every run passed, bitwise equal; the platform
+    probe passed). A hand-edited or half-merged row could otherwise grant an action its own
+    evidence denies, and dropping the evidence dropped its conditions (`requires`) with it."""
+    item = evidence.get(action)
+    if not isinstance(item, Mapping):
+        return f"has no evidence for {action!r}"
+    runs, passed = item.get("runs"), item.get("passed")
+    if item.get("qualified") is not True or item.get("bitwise") is not True:
+        return f"its evidence for {action!r} says qualified={item.get('qualified')!r}, bitwise={item.get('bitwise')!r}"
+    if not isinstance(runs, int) or isinstance(runs, bool) or runs <= 0 or passed != runs:
+        return f"its evidence for {action!r} says {passed!r} of {runs!r} runs passed"
+    rebuild = evidence.get(REBUILD_PROBE)
+    if not isinstance(rebuild, Mapping) or rebuild.get("qualified") is not True:
+        return f"its platform probe ({REBUILD_PROBE!r}) did not pass"
+    return ""
+
+
 def compact_evidence(evidence: Mapping[str, Any]) -> str:
     """One line for logs and `Envelope` rows: verdict, counts and median repair of each probe."""
     parts = []
@@ -505,5 +524,9 @@ def _parse_row(raw: Any, index: int, path: Path, platform: str) -> QualifiedRow:
         needs = item.get("requires", []) if isinstance(item, dict) else []
         if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
             raise _corrupt(path, f"{where}: evidence {name!r}: 'requires' must be a list of strings, got {needs!r}")
+    for action in actions[:-1]:
+        why = _unverified(raw["evidence"], action)
+        if why:
+            raise _corrupt(path, f"{where} grants {action!r} but {why}: a row grants only what its probes passed")
     return QualifiedRow(raw["platform"], raw["profile"], raw["phase"], tuple(actions), raw["evidence"],
                         raw["objective"])

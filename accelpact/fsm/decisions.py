@@ -467,8 +467,9 @@ def envelope_facts(envelope: Envelope, platform: str, profile: str, *, met: Coll
 
 def envelope_warning(facts: EnvelopeFacts, profile: str, source: str) -> str | None:
     """What a user must hear at attach: the envelope file never measured this model's profile
-    (every failure would then be rejected, where the built-in envelope would preserve), or it
-    qualified an action only under a condition this run's config does not meet."""
+    (every failure would then be rejected, where the built-in envelope would preserve), it
+    qualified an action only under a condition this run's config does not meet, or the envelope
+    is the permissive one, which measured nothing."""
     said = []
     if facts.not_probed:
         phases = ", ".join(map(str, facts.not_probed))
@@ -479,4 +480,8 @@ def envelope_warning(facts: EnvelopeFacts, profile: str, source: str) -> str | N
         needs = " and ".join(CONDITIONS.get(c, f"{c!r}, a condition this accelpact does not know") for c in unmet)
         said.append(f"the envelope {source} qualifies {action} in phase {phase} for {profile} only with {needs}, "
                     f"which this run does not have: failures there will be rejected")
+    if source.startswith("permissive"):
+        said.append("the permissive envelope grants every action without a measurement (it is for qualification "
+                    "runs only): a failure may be rewound or preserved where no probe showed that to end bitwise "
+                    "equal; use the file `accelpact qualify` wrote, or ACCELPACT_ENVELOPE=builtin")
     return "; ".join(said) or None

@@ -443,8 +443,10 @@ REPLACE_FRAMEWORKS = ("fsdp1", "fsdp2", "ddp")
 
 
 def judge_replace(result: Mapping[str, Any] | None, lost: int) -> ProbeResult:
-    """A kill passes when every rank recorded a Replace of exactly `lost` and the job ended bitwise
-    equal to the uninterrupted reference (rank 0's result file of the demo trainer)."""
+    """A kill passes when rank 0 recorded a Replace of exactly `lost` (every rank agrees on the
+    change: its release is one register) and every rank's end state was compared with the
+    uninterrupted reference and found bitwise equal (the demo trainer's result file). The
+    trainer's own `bitwise_ok` is not enough: it stays true when no comparison ran."""
     action = RecoveryAction.REPLACE.value
     if result is None:
         return ProbeResult(action, 1, 0, None, failures=("the job wrote no result (a rank crashed or rejected)",))
@@ -453,11 +455,14 @@ def judge_replace(result: Mapping[str, Any] | None, lost: int) -> ProbeResult:
     failures = []
     if not replaced or replaced[0].get("replacement", {}).get("lost") != [lost]:
         failures.append(f"no Replace of rank {lost}: recoveries {[h['action'] for h in history]}")
-    if not result.get("bitwise_ok"):
+    compared = [verdict.get("mismatches") for verdict in result["verdicts"]]
+    bitwise = bool(result.get("bitwise_ok")) and bool(compared) and all(m == [] for m in compared)
+    if any(m is None for m in compared) or not compared:
+        failures.append("a rank's end state was not compared with the uninterrupted reference")
+    elif not bitwise:
         failures.append("the end state differs from the uninterrupted reference")
     repair = tuple(float(h.get("repair_s", 0.0)) for h in replaced[:1])
-    return ProbeResult(action, 1, 0 if failures else 1, bool(result.get("bitwise_ok")), repair_s=repair,
-                       failures=tuple(failures))
+    return ProbeResult(action, 1, 0 if failures else 1, bitwise, repair_s=repair, failures=tuple(failures))
 
 
 def _probe_replace(framework: str, phase: FailurePhase, data_timeout_s: float, control_timeout_s: float) -> ProbeResult:

@@ -34,7 +34,7 @@ from ..rebind import NotReadyError
 from ..trace import TraceWriter
 from .calibrate import adopt_timeouts, provisional, publish_timeouts, settle_timeouts
 from .data_plane import DataPlane
-from .detect import detect_platform, detect_profile
+from .detect import envelope_platform, envelope_profile
 from .digests import ReplicaDigests
 from .fail_stop import fail_stop
 from .rewind import RewindState, schedulers_of
@@ -83,7 +83,7 @@ def attach(
     config = _with_spares((config or Config()).with_env().validate(), model)
     _check_data_state(data_state, config)
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
-    profile = config.profile or detect_profile(model)
+    profile = envelope_profile(model, config.profile)
     plane = DataPlane(model, timeout_s=provisional(config)[0], extra=[optimizer, *meshes])  # "auto": measured
     plane.refuse_default_group()
     _check_environment(plane, rank)
@@ -263,7 +263,7 @@ def _injector(faults, every_attempt: bool, rank: int, world_size: int, attempt: 
 
 def _build(model, optimizer, data_state, config: Config, envelope: Envelope | None, profile: str,
            plane: DataPlane, rank: int, world_size: int, attempt: int, stateful: tuple[Any, ...]) -> Runtime:
-    platform = config.platform or detect_platform(plane.groups)
+    platform = envelope_platform(plane.groups, config.platform)
     if envelope is None:
         envelope, source = choose_envelope(config, platform, profile, rank=rank)
     else:

@@ -9,11 +9,12 @@ import torch.distributed as dist
 from torch import nn
 
 from ..comm.backends import backends_of
-from ..errors import UnsupportedModelError
+from ..errors import ConfigError, UnsupportedModelError
 
 
 def detect_profile(model: nn.Module) -> str:
-    """fsdp1-hsdp, fsdp2-hsdp or ddp, from the wrappers inside `model`."""
+    """fsdp1-hsdp, fsdp2-hsdp or ddp, from the wrappers inside `model`. A fully sharded FSDP1 or
+    FSDP2 job gets its framework's HSDP profile: `accelpact qualify` probes HSDP only (README)."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
     from torch.distributed.fsdp._fully_shard._fsdp_state import _get_module_fsdp_state
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -26,7 +27,7 @@ def detect_profile(model: nn.Module) -> str:
         return "fsdp2-hsdp"
     raise UnsupportedModelError(
         f"unknown model type {type(model).__name__}: AccelPact protects models wrapped with FSDP1 "
-        "(FullyShardedDataParallel, HYBRID_SHARD), FSDP2 (fully_shard on a 2-D DeviceMesh) or DDP"
+        "(FullyShardedDataParallel), FSDP2 (fully_shard) or DDP"
     )
 
 
@@ -40,3 +41,34 @@ def detect_platform(groups: dict[str, dist.ProcessGroup]) -> str:
     if all(m.get("cuda") == "nccl" for m in maps.values()):
         return "cuda-nccl"
     return "+".join(sorted({",".join(f"{d}:{b}" for d, b in m.items()) for m in maps.values()}))
+
+
+#: The platforms detection names (and envelopes are qualified on); anything else is a mix of backends.
+KNOWN_PLATFORMS = ("cpu-gloo", "cuda-nccl")
+
+
+def envelope_profile(model: nn.Module, override: str | None) -> str:
+    """The profile of the envelope's key. An override (`Config.profile`, ACCELPACT_PROFILE) counts
+    only where detection cannot tell (a wrapper it does not know): one that differs from what it
+    found would have a recovery obey rows probed on another framework (DDP given FSDP2's Rewind)."""
+    try:
+        detected = detect_profile(model)
+    except UnsupportedModelError:
+        if override:
+            return override
+        raise
+    if override and override != detected:
+        raise ConfigError(f"Config.profile (ACCELPACT_PROFILE) is {override!r}, but the model is {detected!r}: the "
+                          "envelope's rows of one framework do not qualify recoveries of another; unset it")
+    return detected
+
+
+def envelope_platform(groups: dict[str, dist.ProcessGroup], override: str | None) -> str:
+    """The platform of the envelope's key. An override (`Config.platform`, ACCELPACT_PLATFORM)
+    counts only where detection finds a mix of backends no envelope names: one that differs from a
+    platform it found would have gloo's measured rows decide NCCL recoveries."""
+    detected = detect_platform(groups)
+    if override and override != detected and detected in KNOWN_PLATFORMS:
+        raise ConfigError(f"Config.platform (ACCELPACT_PLATFORM) is {override!r}, but the data plane runs on "
+                          f"{detected!r}: an envelope qualified on one platform does not qualify another; unset it")
+    return override or detected
