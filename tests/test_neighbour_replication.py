@@ -14,7 +14,7 @@ import torch.distributed as dist
 from accelpact.config import Config
 from accelpact.control.auth import Sealer
 from accelpact.errors import ConfigError
-from accelpact.membership import keys
+from accelpact.membership import keys, transfer
 from accelpact.membership.decide import Presence, decide_membership
 from accelpact.membership.neighbour import HeldCopies, NeighbourCopy, holder_of, ring_stride, source_of
 from accelpact.membership.replication import NeighbourReplicator
@@ -134,10 +134,10 @@ def store():
     del s
 
 
-def _ring(store, sealers, *, world: int = 2):
+def _ring(store, sealers, *, world: int = 2, epoch=lambda: 0):
     return [NeighbourReplicator(store=store, position=p, world_size=world, stride=1, sends=True,
                                 sealer=(lambda s=sealers[p]: s), world=lambda: 0, timeout_s=5.0,
-                                store_host="127.0.0.1") for p in range(world)]
+                                store_host="127.0.0.1", epoch=epoch) for p in range(world)]
 
 
 def _wait(predicate, timeout_s: float = 10.0) -> bool:
@@ -174,6 +174,67 @@ def test_a_copy_reaches_the_neighbour_with_the_bytes_read_before_the_step_change
     finally:
         for r in ring:
             r.stop()
+
+
+def test_a_rewind_drops_the_undone_updates_copy_and_a_frame_offered_before_a_recovery_is_refused(store):
+    """Found by review: after a Rewind the undone update's copy kept its label until the re-run's
+    frame began to arrive, so a loss in between handed the spare the undone update's state (it
+    verifies against its own digest); and a frame still in flight across the recovery completed
+    under that label again."""
+    recoveries = [0]
+    secret = Sealer(b"s" * 32, "job")
+    ring = _ring(store, [secret, secret], epoch=lambda: recoveries[0])
+    layout = {"tensors": [["w", [4], "float32"]], "scalars": {}}
+    try:
+        for f in (4, 5):
+            ring[0].offer(f, [("w", torch.full((4,), float(f)))], lambda: layout)
+            assert _wait(lambda f=f: ring[0].acked == f)
+        recoveries[0] = 1  # the Rewind of update 5 (every rank counts it)
+        ring[1].on_recovery_step(5, "restore")
+        assert ring[1].held.frontiers(0) == [4]  # the copy of the undone update 5 is gone, F's stays
+        ring[0].on_recovery_step(5, "restore")
+        ring[0].offer(5, [("w", torch.zeros(4))], lambda: layout)  # the re-run's copy: accepted
+        assert _wait(lambda: ring[0].sent == 3) and ring[1].held.get(0, 5).data == bytearray(16)
+        # found by review: the socket's timeout bounds all of `sendall`, so a copy slower to stream
+        # than the control timeout failed on every update; the bound grows with the bytes
+        assert ring[0]._conn.gettimeout() == transfer.transfer_timeout_s(16, 5.0) > 5.0
+        stale = 6
+        ring[0]._epoch = lambda: 0  # a frame offered before recovery 1
+        ring[0].offer(stale, [("w", torch.ones(4))], lambda: layout)
+        assert _wait(lambda: ring[0].refused == 1), ring[0].stats()
+        assert ring[1].held.frontiers(0) == [4, 5]
+    finally:
+        for r in ring:
+            r.stop()
+
+
+def test_of_two_frames_of_one_label_the_later_one_stands_whichever_finishes_last():
+    held = HeldCopies()
+    later = NeighbourCopy(source=1, frontier=5, digest="b", layout={}, data=bytearray(b"b"), seq=7)
+    earlier = NeighbourCopy(source=1, frontier=5, digest="a", layout={}, data=bytearray(b"a"), seq=6)
+    held.complete(later)
+    assert held.complete(earlier) == [earlier] and held.get(1, 5) is later
+    assert held.drop_from(5) == [later] and held.frontiers(1) == []
+
+
+def test_buffers_go_as_copies_taken_on_the_training_thread():
+    """Found by review: buffers (BatchNorm's running stats) are written by the next forward, which
+    the sender may still be packing through; parameters and optimizer state wait for the pack."""
+    from types import SimpleNamespace
+
+    from accelpact.runtime import neighbours
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    offered = []
+    rt = SimpleNamespace(model=model, optimizer=optimizer, update_index=3,
+                         neighbours=SimpleNamespace(sends=True, offer=lambda f, moved, layout: offered.append(moved)))
+    neighbours.offer(rt)
+    moved = dict(offered[0])
+    assert moved["param:0.weight"].data_ptr() == model[0].weight.data_ptr()  # read before the next step
+    assert moved["buffer:1.running_mean"].data_ptr() != model[1].running_mean.data_ptr()
+    model(torch.randn(4, 2))  # the next forward updates the live buffer, not the offered copy
+    assert torch.equal(moved["buffer:1.running_mean"], torch.zeros(2))
 
 
 def test_a_copy_signed_with_another_secret_is_refused(store):
@@ -272,7 +333,8 @@ def test_a_frame_sent_again_is_refused_and_an_older_senders_too(store):
     def frame(frontier: int, sender: str, seq: int, fill: int) -> bytes:
         body = bytes([fill]) * 16
         header = {"source": 0, "frontier": frontier, "nbytes": len(body), "digest": "0" * 64,
-                  "layout": {"tensors": [["w", [4], "float32"]], "scalars": {}}, "sender": sender, "seq": seq}
+                  "layout": {"tensors": [["w", [4], "float32"]], "scalars": {}}, "sender": sender, "seq": seq,
+                  "epoch": 0}
         header["mac"] = _frame_mac(secret, header)
         raw = json.dumps(header).encode()
         return b"APN1" + struct.pack(">I", len(raw)) + raw + body
@@ -361,3 +423,26 @@ def test_a_rank_and_the_holder_of_its_copy_lost_together_reject_cleanly_with_the
     text = "\n".join(job.output)
     assert "no survivor holds a complete neighbour copy of it at F=2 (none held" in text, _explain(job)
     assert "shard of lost rank 2" not in text, _explain(job)  # its copy at rank 3 would have served
+
+
+def test_a_recovery_never_waits_for_the_network_only_for_a_pack_under_way(store):
+    """Found by review: the wait before a restore (and before a membership change's presence)
+    waited for an offer the sender had not taken, which it takes only once the copy before it is
+    sent: a holder that vanished held the survivor for up to the control timeout. A recovery
+    drops such an offer instead; a step still waits for it (a copy per update)."""
+    rep = NeighbourReplicator(store=store, position=0, world_size=2, stride=1, sends=True,
+                              sealer=lambda: Sealer(b"s" * 32, "job"), world=lambda: 0, timeout_s=0.3,
+                              store_host="127.0.0.1")
+    try:
+        untaken = (5, [("w", torch.zeros(4))], lambda: {"tensors": [], "scalars": {}}, 0)
+        with rep._slot:  # as if the sender were still sending the copy before it (not notified)
+            rep._next = untaken
+        t = time.perf_counter()
+        rep.on_recovery_step(5, "restore")
+        assert time.perf_counter() - t < 0.2 and rep._next is None and rep.join_wait_s == 0.0
+        with rep._slot:
+            rep._next = untaken
+        rep.wait_packed()  # the optimizer step's wait: for the copy, up to the timeout
+        assert rep.join_wait_s >= 0.25 and rep._next is None
+    finally:
+        rep.stop()

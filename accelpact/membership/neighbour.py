@@ -55,6 +55,7 @@ class NeighbourCopy:
     digest: str  # SHA-256 the source computed over exactly these bytes
     layout: dict  # the source's `transfer.manifest`: what a spare materialises before receiving
     data: bytearray = field(repr=False)
+    seq: int = 0  # the sender's number for the frame: of two copies of one label, the later one counts
 
     def verifies(self) -> bool:
         return hashlib.sha256(self.data).hexdigest() == self.digest
@@ -81,8 +82,18 @@ class HeldCopies:
         returned: its memory may be reused)."""
         with self._lock:
             held = self._copies.setdefault(copy.source, {})
+            earlier = held.get(copy.frontier)
+            if earlier is not None and earlier.seq > copy.seq:  # a later frame of this label finished first
+                return [copy]
             held[copy.frontier] = copy
             return [held.pop(old) for old in sorted(held)[:-KEEP]]
+
+    def drop_from(self, frontier: int) -> list[NeighbourCopy]:
+        """Every copy labelled `frontier` or later, of every source: the updates that produced them
+        were undone (a Rewind, or a membership change that re-runs them), and a copy of an undone
+        update verifies against its own digest all the same. Returns what went."""
+        with self._lock:
+            return [held.pop(label) for held in self._copies.values() for label in [f for f in held if f >= frontier]]
 
     def get(self, source: int, frontier: int) -> NeighbourCopy | None:
         with self._lock:

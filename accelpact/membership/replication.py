@@ -4,10 +4,14 @@ After each optimizer step the training thread hands the sender the *references* 
 (`transfer.entries`: a parameter's local shard, buffers, optimizer state; no copy) and goes on.
 The sender packs them into its own buffer, hashes the bytes (SHA-256) and streams them to its
 ring neighbour over a plain TCP connection, which acknowledges once every byte is in its memory.
-Only the next optimizer step writes those tensors in place, so the training thread waits for the
-pack (not the network) in that step's pre-hook, and before a recovery restores anything; the
-time it waits there is the critical-path cost (`join_wait_s`), the rest overlaps forward and
-backward (`bench/replication.py`).
+Only the next optimizer step writes those tensors in place (buffers, which a forward writes, go as
+copies taken by the training thread), so the training thread waits in that step's pre-hook until
+the sender has packed them, and before a recovery restores anything; the time it waits there is
+the critical-path cost (`join_wait_s`), the rest overlaps forward and backward
+(`bench/replication.py`). The sender takes an offer once the copy before it is sent: where a copy
+takes longer to send than an update's forward and backward, the step waits for the network too
+(replication then paces training, for at most the control timeout, after which that copy is
+dropped). A recovery never waits for the network (`wait_packed(drop_untaken=True)`).
 
 Why a socket of its own, not a process group: the copy must outlive the groups a recovery
 retires and rebuilds, a broken connection must only lose one copy (never a collective's
@@ -57,7 +61,8 @@ _ACK, _REFUSED = b"K", b"R"
 
 def _frame_mac(sealer: Any, header: dict) -> str:
     return sealer.mac("neighbour-copy", header["source"], header["frontier"], header["nbytes"], header["digest"],
-                      json.dumps(header["layout"], sort_keys=True), header.get("sender"), header.get("seq"))
+                      json.dumps(header["layout"], sort_keys=True), header.get("sender"), header.get("seq"),
+                      header.get("epoch"))
 
 
 def local_address(store_host: str) -> str:
@@ -70,6 +75,18 @@ def local_address(store_host: str) -> str:
         return probe.getsockname()[0]
     finally:
         probe.close()
+
+
+def _keep_alive(conn: socket.socket) -> None:
+    """Probe an idle connection, so that a sender whose host vanished between two copies frees
+    this holder's receive thread and descriptor (about 20 s) instead of never (found by review)."""
+    try:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for option, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 3), ("TCP_KEEPCNT", 3)):
+            if hasattr(socket, option):
+                conn.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
+    except OSError as exc:  # not a TCP socket, or a platform without the options: idle as before
+        log.info("neighbour copies: no keepalive on an accepted connection: %s", exc)
 
 
 def _recv_exact(conn: socket.socket, n: int) -> bytes:
@@ -95,9 +112,13 @@ class NeighbourReplicator:
     changes who listens at a position), `sealer()` the control plane's current authenticator."""
 
     def __init__(self, *, store: dist.Store, position: int, world_size: int, stride: int, sends: bool,
-                 sealer: Callable[[], Any], world: Callable[[], int], timeout_s: float, store_host: str):
+                 sealer: Callable[[], Any], world: Callable[[], int], timeout_s: float, store_host: str,
+                 epoch: Callable[[], int] = lambda: 0):
         self.store, self.position, self.world_size, self.stride = store, position, world_size, stride
         self.sends, self._sealer, self._world, self.timeout_s = sends, sealer, world, timeout_s
+        #: the job's recovery count (equal on every rank, a spare's included): a frame offered
+        #: before the latest recovery may carry an update that recovery undid, and is refused
+        self._epoch = epoch
         self.holder = holder_of(position, world_size, stride)
         self.held = HeldCopies()
         self._reused: list[bytearray] = []  # one evicted copy's buffer, for the next arrival
@@ -110,7 +131,7 @@ class NeighbourReplicator:
         # one slot: the newest offer not yet taken by the sender (an older one it replaces is
         # never sent), and whether the sender is still reading the training thread's tensors
         self._slot = threading.Condition()
-        self._next: tuple[int, list, Callable[[], dict]] | None = None
+        self._next: tuple[int, list, Callable[[], dict], int] | None = None
         self._packing = False
         self._torn = False  # the training thread stopped waiting: what is being packed is void
         self._buf: torch.Tensor | None = None
@@ -141,12 +162,22 @@ class NeighbourReplicator:
         if not self.sends:
             return
         with self._slot:
-            self._next = (frontier, moved, layout)
+            self._next = (frontier, moved, layout, self._epoch())
             self._slot.notify_all()
 
-    def wait_packed(self) -> None:
-        """Block until the sender has read every tensor it was offered (they may change next)."""
+    def wait_packed(self, *, drop_untaken: bool = False) -> None:
+        """Block until the sender has read every tensor it was offered (they may change next).
+
+        An offer the sender has not taken yet waits for the copy before it to be sent: between
+        two optimizer steps that is the price of a copy per update (replication paces training
+        when a copy takes longer to send than an update's forward and backward). A recovery does
+        not pay it (`drop_untaken`): that offer is dropped, never read, and only a pack under way
+        is waited for (found by review: a sender stuck on a holder that vanished held a survivor
+        before its presence for up to the control timeout, which the presence grace does not
+        budget)."""
         with self._slot:
+            if drop_untaken and self._next is not None:
+                self._next = None
             if self._next is None and not self._packing:
                 return
             t = time.perf_counter()
@@ -163,7 +194,15 @@ class NeighbourReplicator:
             self.wait_packed()
 
     def on_recovery_step(self, update: int, step: str) -> None:
-        self.wait_packed()
+        self.wait_packed(drop_untaken=True)
+        if step == "restore":  # a Rewind undoes `update`: a copy it produced must not stand for it
+            self.forget_from(update)
+
+    def forget_from(self, frontier: int) -> None:
+        """Drop the held copies labelled `frontier` or later (their updates were undone; found by
+        review: after a Rewind the undone update's copy kept its label until the re-run's frame
+        began to arrive, and a loss in between would have handed the spare its state)."""
+        self._recycle(self.held.drop_from(frontier))
 
     def probe_order(self, labels: list[str]) -> list[str]:
         return labels
@@ -207,7 +246,7 @@ class NeighbourReplicator:
                       out=self._buf)
         return self._buf
 
-    def _take(self) -> tuple[int, list, Callable[[], dict]] | None:
+    def _take(self) -> tuple[int, list, Callable[[], dict], int] | None:
         with self._slot:
             self._slot.wait_for(lambda: self._next is not None or self._closing)
             if self._closing:
@@ -222,7 +261,7 @@ class NeighbourReplicator:
         alone: a thread that died left every later optimizer step waiting its timeout for a
         pack nobody would make (found by review)."""
         while (item := self._take()) is not None:
-            frontier, moved, describe = item
+            frontier, moved, describe, epoch = item
             t = time.perf_counter()
             buf = layout = None
             try:
@@ -238,7 +277,7 @@ class NeighbourReplicator:
             if torn or buf is None:
                 continue
             try:
-                self._send(frontier, buf, layout)
+                self._send(frontier, buf, layout, epoch)
             except Exception as exc:  # noqa: BLE001 - one copy lost; the decision sees it is missing
                 self._lost(frontier, exc)
                 self._drop_connection()
@@ -247,16 +286,20 @@ class NeighbourReplicator:
         self.error = f"copy of F={frontier} to rank {self.holder}: {type(exc).__name__}: {exc}"
         log.warning("neighbour copy failed: %s", self.error, extra={"position": self.position})
 
-    def _send(self, frontier: int, buf: torch.Tensor, layout: dict) -> None:
+    def _send(self, frontier: int, buf: torch.Tensor, layout: dict, epoch: int = 0) -> None:
         t = time.perf_counter()
         data = buf.numpy()
         self._seq += 1
         header = {"source": self.position, "frontier": int(frontier), "nbytes": int(buf.numel()),
-                  "digest": transfer.digest(buf), "layout": layout, "sender": self._incarnation, "seq": self._seq}
+                  "digest": transfer.digest(buf), "layout": layout, "sender": self._incarnation, "seq": self._seq,
+                  "epoch": int(epoch)}
         header["mac"] = _frame_mac(self._sealer(), header)
         self.hash_s += time.perf_counter() - t
         t = time.perf_counter()
         conn = self._connection()
+        # a socket timeout bounds all of `sendall`, not each chunk: a shard that takes longer than
+        # the control timeout to stream failed on every update (found by review); bound it by size
+        conn.settimeout(transfer.transfer_timeout_s(int(buf.numel()), self.timeout_s))
         raw = json.dumps(header).encode()
         conn.sendall(_MAGIC + struct.pack(">I", len(raw)) + raw)
         conn.sendall(memoryview(data))
@@ -297,6 +340,7 @@ class NeighbourReplicator:
             except OSError:
                 return  # closed by stop()
             self._accepted.add(conn)  # stop() closes it: a receive blocked in it then ends
+            _keep_alive(conn)
             threading.Thread(target=self._receive_loop, args=(conn,), name="accelpact-neighbour-recv",
                              daemon=True).start()
 
@@ -334,6 +378,7 @@ class NeighbourReplicator:
         source, frontier = int(header["source"]), int(header["frontier"])
         authentic = hmac.compare_digest(str(header.get("mac", "")), _frame_mac(self._sealer(), header))
         why = "its header fails authentication" if not authentic else self._stale(source, header)
+        why = why or self._undone(header)
         if why:  # refused before its body is read or any memory is given to it
             conn.sendall(_REFUSED)
             log.warning("refused a neighbour copy claiming rank %d at F=%d: %s", source, frontier, why,
@@ -343,11 +388,26 @@ class NeighbourReplicator:
         self._recycle(self.held.begin(source, frontier))
         data = self._reused.pop() if self._reused and len(self._reused[-1]) == nbytes else bytearray(nbytes)
         _recv_into(conn, memoryview(data))
+        why = self._undone(header)  # a recovery may have come while the body arrived
+        if why:
+            self._recycle([NeighbourCopy(source, frontier, "", {}, data)])
+            conn.sendall(_REFUSED)
+            log.info("dropped a neighbour copy of rank %d at F=%d: %s", source, frontier, why,
+                     extra={"position": self.position})
+            return False
         self._recycle(self.held.complete(NeighbourCopy(source=source, frontier=frontier,
                                                        digest=str(header["digest"]), layout=header["layout"],
-                                                       data=data)))
+                                                       data=data, seq=int(header["seq"]))))
         conn.sendall(_ACK)
         return True
+
+    def _undone(self, header: dict) -> str:
+        """Why an authentic, fresh frame cannot be held ("" when it can): offered before this
+        job's latest recovery, it may carry an update that recovery undid."""
+        epoch, now = header.get("epoch"), self._epoch()
+        if not isinstance(epoch, int) or epoch < now:
+            return f"it was offered before recovery {now} (epoch {epoch!r}): its update may have been undone"
+        return ""
 
     def _stale(self, source: int, header: dict) -> str:
         """Why an authentic frame is not fresh ("" when it is), taking its number when it is."""

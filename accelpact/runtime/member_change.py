@@ -534,6 +534,7 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
     if not resumed:
         rt._reject(record.reasons or ["the membership change was rejected"], error, record)
     rt.frontier = d.frontier
+    neighbours.forget_undone(rt, d.frontier)
     rerun = rt.update_index > d.frontier  # every member re-runs update F+1, but one that committed it here
     rt.update_index, rt._rewound = d.frontier, rerun
     rt.rewind.rewinds += rerun

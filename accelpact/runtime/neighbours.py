@@ -37,7 +37,8 @@ def start(rt: Runtime, m: Membership, plane: DataPlane, config: Config) -> None:
     rt.neighbours = NeighbourReplicator(
         store=m.store, position=rt.rank, world_size=m.world_size, stride=stride, sends=sends,
         sealer=lambda: rt.control.sealer, world=lambda: rt.membership.world,
-        timeout_s=float(config.control_timeout_s), store_host=os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        timeout_s=float(config.control_timeout_s), store_host=os.environ.get("MASTER_ADDR", "127.0.0.1"),
+        epoch=lambda: rt._recoveries)
     rt.listeners.insert(0, rt.neighbours)  # the optimizer-phase wait comes before any other listener
     rt.neighbours.hook = rt.optimizer.register_step_post_hook(lambda *_: offer(rt))
 
@@ -47,13 +48,25 @@ def offer(rt: Runtime) -> None:
     if not rt.neighbours.sends:
         return
     moved = transfer.entries(rt.model, rt.optimizer)  # here: a forward swaps FSDP2's module parameters
+    # buffers are written by the next forward (BatchNorm's running stats), which the sender may
+    # still be packing through: they go as copies, taken here (they are small). Parameters and
+    # optimizer state change only at the next step, which waits for the pack (found by review:
+    # a copy could carry buffers one forward ahead, half updated, and still verify)
+    moved = [(name, t.clone() if name.startswith("buffer:") else t) for name, t in moved]
     rt.neighbours.offer(rt.update_index, moved, lambda: transfer.manifest(rt.model, rt.optimizer, moved))
+
+
+def forget_undone(rt: Runtime, frontier: int) -> None:
+    """A membership change resumed at `frontier`: copies labelled after it came from updates the
+    new world re-runs."""
+    if rt.neighbours is not None:
+        rt.neighbours.forget_from(frontier + 1)
 
 
 def hold_still(rt: Runtime) -> None:
     """Before a restore writes the tensors: wait until the sender has read what it was offered."""
     if rt.neighbours is not None:
-        rt.neighbours.wait_packed()
+        rt.neighbours.wait_packed(drop_untaken=True)  # a membership change: no wait for the network
 
 
 def audit(rt: Runtime) -> tuple[tuple[tuple[int, int], ...], tuple[str, ...]]:
