@@ -113,10 +113,8 @@ def make_group(
     members = normalise_ranks(ranks)
     require_member(members, "build a group")
     name = claim_name(label, generation)
-    pg, prefix = connect(members, name=name, identity=name, prefix=store_prefix(label, generation, members),
-                         timeout=timeout, store=store, backend=backend)
-    _c10d.register_group(pg, name=name, ranks=members, store=prefix, backend=backend)
-    return pg
+    return _built_and_registered(members, name, name, store_prefix(label, generation, members), timeout, store,
+                                 backend)
 
 
 def require_member(members: Sequence[int], what: str) -> None:
@@ -269,9 +267,15 @@ def replace_group(
     retire_group(old, abort=abort)
     if standby is not None:
         return standby.adopt(ranks=members, name=name, identity=identity, timeout=timeout)
-    pg, prefix = connect(members, name=name, identity=identity, prefix=store_prefix(label, generation, members),
-                         timeout=timeout, store=store, backend=backend)
-    _c10d.register_group(pg, name=name, ranks=members, store=prefix, backend=backend)
+    return _built_and_registered(members, name, identity, store_prefix(label, generation, members), timeout, store,
+                                 backend)
+
+
+def _built_and_registered(members: list[int], name: str, identity: str, prefix: str,
+                          timeout: datetime.timedelta | float, store: Store | None, backend: str) -> ProcessGroup:
+    pg, prefixed = connect(members, name=name, identity=identity, prefix=prefix, timeout=timeout, store=store,
+                           backend=backend)
+    _c10d.register_group(pg, name=name, ranks=members, store=prefixed, backend=backend)
     return pg
 
 
