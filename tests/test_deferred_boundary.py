@@ -372,3 +372,51 @@ def test_an_update_a_join_could_not_throw_away_fails_the_guard_of_the_recovery_i
     assert not verdict.ok and "could not be thrown away" in verdict.reason and "Reducer" in verdict.reason
     ex.left_behind = ()
     assert ex.quiesce(Quiesce(discard=False, failed=())).ok
+
+
+def test_a_snapshot_restore_that_fails_in_a_join_goes_into_the_vote_not_out_of_the_protocol(monkeypatch):
+    """Found by review: `_abandon` restored the boundary snapshot unguarded. A restore that
+    raised (a buffer whose shape changed, a cursor that does not match) left `rt.step` as a bare
+    exception: this rank never reached the recovery it joins, and its peers waited for its report
+    until the control timeout. It now fails that recovery's guard, on every rank together."""
+    from types import SimpleNamespace
+
+    from accelpact.runtime import deferred, discard
+
+    monkeypatch.setattr(discard, "discard_partial_update", lambda model, optimizer: None)
+    monkeypatch.setattr(discard, "partial_state", lambda model, optimizer: [])
+
+    def broken(data_state):
+        raise RuntimeError("buffer layers.0.running_mean changed shape")
+
+    rt = SimpleNamespace(rank=1, model=None, optimizer=None, data_state=None, deferral=deferred.DeferralCounts(),
+                         rewind=SimpleNamespace(snapshot=SimpleNamespace(restore=broken)))
+    deferred._abandon(rt, [], next_update_ran=True)
+    assert rt.deferral.left == ("restoring the boundary snapshot failed: RuntimeError: buffer layers.0.running_mean "
+                                "changed shape",)
+
+
+def test_a_deferred_check_that_failed_is_recorded_against_its_own_update_at_the_boundary():
+    """Found by review: it was recorded against the update after it (the one running when it was
+    settled), with no phase."""
+    from types import SimpleNamespace
+
+    from accelpact.errors import ControlPlaneError
+    from accelpact.fsm.phases import FailurePhase
+    from accelpact.runtime.deferred import DeferralCounts, PendingBoundary, settle
+
+    recorded = []
+
+    class Rejected(Exception):
+        pass
+
+    def reject(reason, error, phase=None):
+        recorded.append((rt.update_index, phase, reason))
+        raise Rejected
+
+    failure = ControlPlaneError("the control group timed out")
+    rt = SimpleNamespace(update_index=5, deferral=DeferralCounts(pending=PendingBoundary(4, 1, 0.0, failure=failure)),
+                         _reject_without_protocol=reject)
+    with pytest.raises(Rejected):
+        settle(rt)
+    assert recorded[0][:2] == (4, FailurePhase.COMMITTED) and "boundary of update 4" in recorded[0][2]

@@ -99,9 +99,10 @@ def settle(rt, error: BaseException | None = None, *, rerun: bool = True) -> boo
         return False
     flag = _agreed_flag(rt, pending)  # an interrupt in this wait leaves the boundary pending: close() settles it
     rt.deferral.pending = None
-    if flag is None:
+    if flag is None:  # recorded against the update whose boundary failed, not the one after it
+        rt.update_index = pending.update
         rt._reject_without_protocol(f"control plane failed at the deferred boundary of update {pending.update}: "
-                                    f"{pending.failure}", error or pending.failure)
+                                    f"{pending.failure}", error or pending.failure, FailurePhase.COMMITTED)
     if pending.flag == 0:
         rt._commit(time.perf_counter() - pending.posted)  # timed from its body's end (`Observers.commit`)
         return False
@@ -167,11 +168,14 @@ def _abandon(rt, failed: list, *, next_update_ran: bool) -> None:
     else:
         try:
             discard_partial_update(rt.model, rt.optimizer)
-            left = partial_state(rt.model, rt.optimizer)
+            left = list(partial_state(rt.model, rt.optimizer))
         except (RuntimeError, AttributeError, ValueError) as exc:  # framework state we cannot reset
             left = [f"discarding it failed: {type(exc).__name__}: {exc}"]
+    if rt.rewind.snapshot is not None:
+        try:
+            rt.rewind.snapshot.restore(rt.data_state)
+        except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # as `restore_boundary`: into the vote
+            left.append(f"restoring the boundary snapshot failed: {type(exc).__name__}: {exc}")
     if left:  # the recovery's guard fails with it (`RecoveryExecutor.quiesce`): the decision rejects
         log.error("rank %d could not throw the update after a deferred boundary away: %s", rt.rank, "; ".join(left))
         rt.deferral.left = tuple(left)
-    if rt.rewind.snapshot is not None:
-        rt.rewind.snapshot.restore(rt.data_state)
