@@ -91,7 +91,7 @@ def test_a_deferred_boundary_whose_check_failed_is_rejected_when_it_is_settled()
     boundary and rejects it without the protocol, naming the boundary and the cause."""
     said: list[str] = []
 
-    def reject(why, exc):
+    def reject(why, exc, phase=None):  # `Runtime._reject_without_protocol`'s signature
         said.append(why)
         raise _Rejected(why) from exc
 
