@@ -56,7 +56,7 @@ log = logging.getLogger("accelpact.membership")
 _MAGIC = b"APN1"
 #: The largest frame header a holder reads (its layout: ~60 bytes per tensor, so a million tensors).
 MAX_HEADER_BYTES = 64 << 20
-_ACK, _REFUSED = b"K", b"R"
+_ACK, _REFUSED, _UNDONE = b"K", b"R", b"U"  # taken; refused (authentication, replay); from before a recovery
 
 
 def _frame_mac(sealer: Any, header: dict) -> str:
@@ -124,7 +124,7 @@ class NeighbourReplicator:
         self._reused: list[bytearray] = []  # one evicted copy's buffer, for the next arrival
         self.hook: Any = None  # the optimizer post-hook that offers copies (`runtime.neighbours`)
         # what the sender did (the bench and rt.history read these)
-        self.sent = self.bytes = self.refused = 0
+        self.sent = self.bytes = self.refused = self.undone = 0
         self.pack_s = self.hash_s = self.send_s = self.join_wait_s = 0.0
         self.acked: int | None = None  # the newest frontier the holder acknowledged
         self.error = ""
@@ -228,7 +228,8 @@ class NeighbourReplicator:
 
     def stats(self) -> dict[str, Any]:
         return {"sends": self.sends, "holder": self.holder, "sent": self.sent, "bytes": self.bytes,
-                "acked": self.acked, "refused": self.refused, "pack_s": self.pack_s, "hash_s": self.hash_s,
+                "acked": self.acked, "refused": self.refused, "undone": self.undone, "pack_s": self.pack_s,
+                "hash_s": self.hash_s,
                 "send_s": self.send_s, "join_wait_s": self.join_wait_s, "held": {
                     str(s): self.held.frontiers(s) for s in self.held.sources()}, "error": self.error}
 
@@ -305,6 +306,9 @@ class NeighbourReplicator:
         conn.sendall(memoryview(data))
         answer = _recv_exact(conn, 1)
         self.send_s += time.perf_counter() - t
+        if answer == _UNDONE:  # a recovery came between the offer and the holder: this copy is void
+            self.undone += 1
+            raise ValueError(f"rank {self.holder} dropped the copy of F={frontier}: offered before the latest recovery")
         if answer != _ACK:
             self.refused += 1
             raise ValueError(f"rank {self.holder} refused the copy (authentication)")
@@ -378,9 +382,10 @@ class NeighbourReplicator:
         source, frontier = int(header["source"]), int(header["frontier"])
         authentic = hmac.compare_digest(str(header.get("mac", "")), _frame_mac(self._sealer(), header))
         why = "its header fails authentication" if not authentic else self._stale(source, header)
-        why = why or self._undone(header)
-        if why:  # refused before its body is read or any memory is given to it
-            conn.sendall(_REFUSED)
+        undone = "" if why else self._undone(header)
+        if why or undone:  # refused before its body is read or any memory is given to it
+            conn.sendall(_UNDONE if undone else _REFUSED)
+            why = why or undone
             log.warning("refused a neighbour copy claiming rank %d at F=%d: %s", source, frontier, why,
                         extra={"position": self.position})
             return False  # the connection closes: its body is never read
@@ -391,7 +396,7 @@ class NeighbourReplicator:
         why = self._undone(header)  # a recovery may have come while the body arrived
         if why:
             self._recycle([NeighbourCopy(source, frontier, "", {}, data)])
-            conn.sendall(_REFUSED)
+            conn.sendall(_UNDONE)
             log.info("dropped a neighbour copy of rank %d at F=%d: %s", source, frontier, why,
                      extra={"position": self.position})
             return False
