@@ -71,10 +71,9 @@ def wait_for_claim(store: dist.Store, spare: int, *, heartbeat_s: float = SPARE_
             beat += 1
             store.set(keys.spare_alive(spare), liveness.beat_value(beat, SPARE_WORLD))
             last_beat = now
-        if store.check([keys.spare_claim(spare)]):
-            raw = opened_or_none(store, keys.spare_claim(spare))  # a forged claim: not claimed, keep waiting
-            if raw:
-                return Activation.from_json(raw)
+        raw = opened_or_none(store, keys.spare_claim(spare))  # a forged claim: not claimed, keep waiting
+        if raw:
+            return Activation.from_json(raw)
         ended = job_ended(store)
         if ended is not None:
             raise SpareReleased(*ended)
@@ -167,7 +166,7 @@ def _beat(store: dist.Store, spare: int) -> bytes | None:
     a spare without the job's secret, or a forgery). Such a spare is never seen to move, so it is
     not offered; the change goes on with the others."""
     key = keys.spare_alive(spare)
-    return opened_or_none(store, key) if store.check([key]) else None
+    return opened_or_none(store, key)
 
 
 def unclaimed(store: dist.Store) -> list[int]:

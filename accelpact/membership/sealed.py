@@ -96,13 +96,15 @@ def holds(store: dist.Store | SealedStore, key: str) -> bool:
     """Whether `key` holds a value this process may obey for being there: one that fails
     authentication counts as absent (a client without the secret could as well have deleted the
     key; what it wrote is never obeyed)."""
-    if not store.check([key]):
-        return False
-    return not isinstance(store, SealedStore) or opened_or_none(store, key) is not None
+    if not isinstance(store, SealedStore):
+        return store.check([key])  # nothing to open: one round trip (the boundary's wait polls this)
+    return opened_or_none(store, key) is not None
 
 
 def opened_or_none(store: dist.Store | SealedStore, key: str) -> bytes | None:
-    """`key`'s value, or None when it fails authentication (reported once per key)."""
+    """`key`'s value, or None when there is none or it fails authentication (reported once per key)."""
+    if not store.check([key]):
+        return None
     try:
         return store.get(key)
     except ForgedValue as exc:
