@@ -39,7 +39,7 @@ test: lint pytest modelcheck
 # must be reached), and conformance (guards generated from the table, then edges). The 4-rank model
 # (2x2 HSDP, either pair may fail) is the slow one; see the README for measured times. The rank
 # models run one at a time with every worker (--jobs 1: MC4 was measured on 2 workers); the 30
-# mutants and witnesses (18 and 12; the membership model's 10 and 6 after them) side by side.
+# mutants and witnesses (18 and 12; the membership model's 16 and 10 after them) side by side.
 check: install
 	$(VENV)/bin/accelpact check --ranks 2 3 4 --membership 3 4 --workers $(WORKERS) --jobs 1 --timeout 3600
 	$(VENV)/bin/accelpact check --mutants --conformance --workers $(WORKERS)

@@ -16,11 +16,12 @@ from .errors import ConfigError
 ENV_PREFIX = "ACCELPACT_"
 
 #: ACCELPACT_* variables that are not Config fields: the drill's (accelpact.faults), the qualify
-#: command's and the test and chaos harnesses' (ACCELPACT_WORLD_PACKAGE: `testing.spawn.PACKAGE_ENV`,
-#: set on every rank `run_world` starts). Anything else is most likely a misspelling.
+#: command's and the test and chaos harnesses' (ACCELPACT_TEST_SEED replays a random test;
+#: ACCELPACT_WORLD_PACKAGE: `testing.spawn.PACKAGE_ENV`, set on every rank `run_world` starts).
+#: Anything else is most likely a misspelling.
 OTHER_VARIABLES = frozenset({"ACCELPACT_FAULTS", "ACCELPACT_FAULTS_EVERY_ATTEMPT", "ACCELPACT_ENVELOPE_DIR",
                              "ACCELPACT_TEST_ENV", "ACCELPACT_SECRET", "ACCELPACT_RDZV_ENDPOINT",
-                             "ACCELPACT_WORLD_PACKAGE", "ACCELPACT_SPARE_PRELOAD"})
+                             "ACCELPACT_WORLD_PACKAGE", "ACCELPACT_SPARE_PRELOAD", "ACCELPACT_TEST_SEED"})
 OTHER_PREFIXES = ("ACCELPACT_CHAOS_",)
 
 #: Timeouts are bounded: gloo counts milliseconds (1e-9 s would become 0, "no timeout"), and a

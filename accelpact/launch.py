@@ -8,8 +8,11 @@ scopes every key of the new attempt under its own prefix, so no attempt can read
 
 The attempt number comes from the job's store, not from TORCHELASTIC_RESTART_COUNT: each node's
 agent counts restarts on its own, and after a cut a node may restart its workers because another
-node re-rendezvoused without counting it. Every worker adds 1 to a counter at start; all workers
-of one attempt start before any worker of the next, so attempt = (count - 1) // world size.
+node re-rendezvoused without counting it. Rank 0 numbers the attempts (a counter only it adds to)
+and every other worker asks it (`agreed_attempt`). Not "every worker adds 1, attempt = (count - 1)
+// world size" (found by review): a worker that died before it added (an import, the device's
+initialisation) or a world that changed size put the count out of step for good, ranks then took
+different attempts, and every later start hung on keys nobody else wrote.
 """
 
 from __future__ import annotations
@@ -115,16 +118,19 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
         return
     rank = int(env["RANK"])
     launched = int(env["WORLD_SIZE"])
+    _take_launch_arguments(kwargs, rank=rank, world_size=launched, watched=watched)
     store_timeout = timeout or datetime.timedelta(minutes=5)
-    # under torchrun the agent hosts the store (it outlives every worker); launched without an
-    # agent, rank 0 hosts it, and rank 0 then cannot be lost
+    # under torchrun the agent hosts the store (it outlives every worker); without the agent's
+    # store, rank 0 hosts it, and rank 0 then cannot be lost. Decided as torch decides it
+    # (found by review: keyed on TORCHELASTIC_RUN_ID, a torchrun job whose agent hosts no store,
+    # TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, had no store host at all and timed out every start)
     client = dist.TCPStore(
         env["MASTER_ADDR"], int(env["MASTER_PORT"]), launched,
-        is_master="TORCHELASTIC_RUN_ID" not in env and rank == 0, timeout=store_timeout, use_libuv=True,
+        is_master=env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" and rank == 0, timeout=store_timeout,
+        use_libuv=True,
     )
     run = env.get("TORCHELASTIC_RUN_ID", "run")
-    starts = client.add(f"accelpact/{run}/worker-starts", 1)
-    _attempt = (starts - 1) // launched
+    _attempt = agreed_attempt(client, f"accelpact/{run}/", rank, launched, store_timeout.total_seconds())
     store = dist.PrefixStore(f"accelpact/{run}/attempt{_attempt}/", client)
     if watched:
         sealed = membership_store(store, env, f"{run}/attempt{_attempt}")
@@ -136,6 +142,65 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
         _start_with_spares(backend, sealed, rank, launched, spares, timeout, on_loss)
         return
     dist.init_process_group(backend, store=store, rank=rank, world_size=launched, timeout=timeout, **kwargs)
+
+
+#: How long a worker waits for rank 0's answer before it reads the attempt again (rank 0 of this
+#: attempt may not have published it yet: the value read was the last attempt's).
+ASK_AGAIN_S = 0.25
+
+
+def agreed_attempt(store: dist.Store, prefix: str, rank: int, world_size: int, timeout_s: float) -> int:
+    """This start's attempt number, the same on every worker of it (collective over `world_size`
+    workers on `store`, under `prefix`).
+
+    Rank 0 counts its own starts (an attempt in which it never got here takes no number) and
+    publishes the number; every other worker counts its own starts too, tells rank 0 under that
+    number which start it is, and takes the number once rank 0 acknowledges that very start. A
+    number read from the attempt before (rank 0 has not published yet) is never acknowledged for
+    it: the worker reads again. Raises ConfigError naming who did not arrive within `timeout_s`."""
+    mine = store.add(f"{prefix}starts/{rank}", 1)  # this worker's n-th start: never seen before
+    deadline = time.monotonic() + timeout_s
+    if rank == 0:
+        attempt = store.add(f"{prefix}attempts", 1) - 1
+        store.set(f"{prefix}current-attempt", str(attempt))
+        for peer in range(1, world_size):
+            arrived = f"{prefix}attempt{attempt}/arrived/{peer}"
+            try:
+                store.wait([arrived], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.01)))
+            except RuntimeError as exc:  # c10d's DistStoreError on a timeout
+                raise ConfigError(f"rank {peer} did not start attempt {attempt} within {timeout_s:.0f} s "
+                                  f"({type(exc).__name__}: {exc})") from exc
+            store.set(f"{prefix}attempt{attempt}/ack/{peer}/{int(store.get(arrived))}", "")
+        return attempt
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            store.wait([f"{prefix}current-attempt"], datetime.timedelta(seconds=max(left, 0.01)))
+            attempt = int(store.get(f"{prefix}current-attempt"))
+            store.set(f"{prefix}attempt{attempt}/arrived/{rank}", str(mine))
+            store.wait([f"{prefix}attempt{attempt}/ack/{rank}/{mine}"],
+                       datetime.timedelta(seconds=max(min(ASK_AGAIN_S, left), 0.01)))
+            return attempt
+        except RuntimeError as exc:  # not acknowledged yet: read again, until the deadline
+            if time.monotonic() >= deadline:
+                raise ConfigError(f"rank {rank}: rank 0 did not acknowledge this start within {timeout_s:.0f} s "
+                                  f"({type(exc).__name__}: {exc})") from exc
+
+
+def _take_launch_arguments(kwargs: dict, *, rank: int, world_size: int, watched: bool) -> None:
+    """`rank=` and `world_size=` as the launcher's environment gives them (taken out of `kwargs`);
+    anything else is refused where it would not reach the group: the worlds a membership change
+    builds take only backend, rank, size and timeout (found by review: `rank=` raised a bare
+    TypeError, and `device_id=` under spares was dropped without a word)."""
+    launcher = {"rank": rank, "world_size": world_size}
+    for name, expected in launcher.items():
+        if name in kwargs and kwargs.pop(name) != expected:
+            raise ConfigError(f"init_process_group({name}=...) differs from the launcher's environment "
+                              f"({'RANK' if name == 'rank' else 'WORLD_SIZE'}={expected}): leave it out under torchrun")
+    if watched and kwargs:
+        raise ConfigError(f"init_process_group({', '.join(sorted(kwargs))}=...): under {ENV_SPARES} or "
+                          f"{ENV_ON_LOSS}=shrink the worlds a membership change builds take only the backend and "
+                          "the timeout; leave the rest out")
 
 
 def _spares(env) -> int:

@@ -105,6 +105,7 @@ def launch_spares(run_dir: Path, *, spares: int, updates: int, faults: str, args
     for rank in range(launched):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK="0",
                    WORLD_SIZE=str(launched), ACCELPACT_SPARES=str(spares), TORCHELASTIC_RUN_ID="rankloss-bench",
+                   TORCHELASTIC_USE_AGENT_STORE="True",  # this bench hosts the store, as the agent does
                    TORCHELASTIC_RESTART_COUNT="0", OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
         log = open(run_dir / f"launch{rank}.log", "w")  # noqa: SIM115 - closed below
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=run_dir), log))

@@ -264,6 +264,13 @@ def _(W):
 
 
 def main(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    unknown = [a for a in argv if not any(a in name for name in CASES)]
+    if unknown:  # found by review: a typo matched nothing and overwrote the results with an empty run
+        print(f"no case matches {unknown}; the cases are:\n  " + "\n  ".join(CASES), file=sys.stderr)
+        return 2
     load = [round(x, 2) for x in os.getloadavg()]
     print(f"µs per call (best of repeats), {os.cpu_count()} cores, load {load}")
     print(f"{'case':78s} " + " ".join(f"{'W=' + str(w):>11s}" for w in WS) + "   k")

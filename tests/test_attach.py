@@ -78,6 +78,26 @@ def _attach_checks(rank: int, world_size: int) -> dict:
         shell.Runtime.line_up = real
     out["timeout_restored"] = _c10d.group_timeout(group) == before != datetime.timedelta(seconds=2)
     out["hooks_removed"] = (len(model._forward_pre_hooks), len(model._forward_hooks)) == hooks_before
+    # ... also when it fails after the runtime exists and its threads started (found by review: a
+    # ring stride refused there left the model marked attached and the membership's threads beating)
+    import importlib
+
+    attach_module = importlib.import_module("accelpact.runtime.attach")  # the package exports the function
+
+    real_watch = attach_module._watch_for_hangs
+
+    def failing_watch(rt, config):
+        raise ConfigError("refused after the runtime was built")
+
+    attach_module._watch_for_hangs = failing_watch
+    try:
+        accelpact.attach(model, opt, data_state=Cursor(), config=cfg)
+    except ConfigError as exc:
+        out["late_failure"] = str(exc)
+    finally:
+        attach_module._watch_for_hangs = real_watch
+    out["late_hooks_removed"] = (len(model._forward_pre_hooks), len(model._forward_hooks)) == hooks_before
+    out["late_unmarked"] = not getattr(model, "_accelpact_attached", False)
     # 4. one runtime per model: a second attach is refused until the first is closed
     rt = accelpact.attach(model, opt, data_state=Cursor(), config=cfg)
     out["timeout_set"] = _c10d.group_timeout(group) == datetime.timedelta(seconds=2)
@@ -86,6 +106,9 @@ def _attach_checks(rank: int, world_size: int) -> dict:
     except ConfigError as exc:
         out["second"] = str(exc)
     rt.close()
+    # the user's groups get their own timeout back (found by review: a final full-state gather
+    # after close ran under the 2 s detection bound)
+    out["timeout_after_close"] = _c10d.group_timeout(group) == before
     accelpact.attach(model, opt, data_state=Cursor(), config=cfg).close()
     out["reattached_after_close"] = True
     # 5. settings every rank must share, given differently (one rank's own ACCELPACT_* environment):
@@ -108,7 +131,9 @@ def test_attach_refuses_bad_input_and_leaves_nothing_behind_when_it_fails():
         assert "refusing to retire the default process group" in out["retire_default"]
         assert "has no state_dict or load_state_dict" in out["data_state"]
         assert out["failed"] == "peer vanished during attach"
-        assert out["timeout_restored"] and out["hooks_removed"] and out["timeout_set"]
+        assert out["timeout_restored"] and out["hooks_removed"] and out["timeout_set"] and out["timeout_after_close"]
+        assert out["late_failure"] == "refused after the runtime was built"
+        assert out["late_hooks_removed"] and out["late_unmarked"]
         assert "already attached" in out["second"] and out["reattached_after_close"]
         assert out["reattached_after_refusal"]
     differing, other = (out["differ"] for out in sorted(outs, key=lambda o: -o["rank"]))
@@ -196,10 +221,17 @@ def test_the_shared_settings_cover_what_changes_collectives_and_decisions_and_re
     got = shared_settings(Config(data_timeout_s=2.0, control_timeout_s=8.0), envelope, profile="fsdp2",
                           platform="cpu-gloo", has_data_cursor=True)
     for name in ("boundary", "standby_groups", "step_copy", "health_check", "data_timeout_s", "checkpoint_every",
-                 "on_loss", "envelope", "data_state given"):
+                 "on_loss", "envelope", "data_state given", "restore", "checkpoint_failures_tolerated",
+                 "max_restarts", "checkpoint_dir given", "checkpoint_key"):
         assert name in got
     assert json.loads(json.dumps(got)) == got and len(json.dumps(got)) < SETTINGS_BYTES
     assert "trace_dir" not in got and "metrics_port" not in got  # a rank's own: may differ
+    keyed = shared_settings(Config(data_timeout_s=2.0, control_timeout_s=8.0, checkpoint_key="s3cret"), envelope,
+                            profile="fsdp2", platform="cpu-gloo", has_data_cursor=True)
+    other = shared_settings(Config(data_timeout_s=2.0, control_timeout_s=8.0, checkpoint_key="other"), envelope,
+                            profile="fsdp2", platform="cpu-gloo", has_data_cursor=True)
+    assert got["checkpoint_key"] is None and keyed["checkpoint_key"] != other["checkpoint_key"]
+    assert "s3cret" not in json.dumps(keyed)  # a fingerprint, never the secret
 
 
 def _too_large(rank: int, world_size: int) -> str:

@@ -405,3 +405,103 @@ def test_goodput_cli_names_an_output_it_cannot_write(tmp_path, capsys):
     out = tmp_path / "missing" / "g.json"
     assert cli.main(["goodput", "--paper-only", "--json", str(out)]) == 2
     assert f"accelpact goodput: cannot write {out}" in capsys.readouterr().out
+
+
+def test_launch_arguments_agree_with_the_launcher_or_are_refused_by_name():
+    """Found by review: under torchrun `rank=` raised a bare TypeError (passed twice), and under
+    spares every other argument (`device_id=`) was dropped without a word."""
+    from accelpact.launch import _take_launch_arguments
+
+    same = {"rank": 2, "world_size": 4, "device_id": "cuda:2"}
+    _take_launch_arguments(same, rank=2, world_size=4, watched=False)
+    assert same == {"device_id": "cuda:2"}  # passed on to c10d
+    with pytest.raises(ConfigError, match=r"init_process_group\(rank=...\) differs .*RANK=2"):
+        _take_launch_arguments({"rank": 0}, rank=2, world_size=4, watched=False)
+    with pytest.raises(ConfigError, match=r"init_process_group\(device_id=...\): under ACCELPACT_SPARES"):
+        _take_launch_arguments({"device_id": "cuda:0", "world_size": 4}, rank=2, world_size=4, watched=True)
+
+
+@pytest.mark.parametrize(("agent_store", "rank", "hosts"), [("True", 0, False), ("False", 0, True), (None, 0, True),
+                                                             (None, 1, False)])
+def test_the_store_is_hosted_where_torch_would_host_it(monkeypatch, agent_store, rank, hosts):
+    """torchrun's agent hosts the store unless TORCHELASTIC_USE_AGENT_STORE says otherwise
+    (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): then rank 0 does, as in torch's own rendezvous."""
+    import accelpact.launch as launch
+
+    _launch_env(monkeypatch, RANK=str(rank))
+    if agent_store is None:
+        monkeypatch.delenv("TORCHELASTIC_USE_AGENT_STORE", raising=False)
+    else:
+        monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", agent_store)
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def store(*args, is_master, **kwargs):
+        seen["is_master"] = is_master
+        raise Stop
+
+    monkeypatch.setattr(launch.dist, "TCPStore", store)
+    with pytest.raises(Stop):
+        launch.init_process_group("gloo")
+    assert seen["is_master"] is hosts
+
+
+def _start(store, ranks, world_size, timeout_s=3.0) -> dict:
+    """One attempt's workers `ranks` (of `world_size`) calling `agreed_attempt` at once, on threads."""
+    import threading
+
+    from accelpact.launch import agreed_attempt
+
+    got: dict = {}
+
+    def worker(rank):
+        try:
+            got[rank] = agreed_attempt(store, "accelpact/run/", rank, world_size, timeout_s)
+        except ConfigError as exc:
+            got[rank] = exc
+
+    threads = [threading.Thread(target=worker, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    return got
+
+
+def test_every_worker_of_an_attempt_agrees_on_its_number_though_one_died_before_it_counted():
+    """Found by review: with attempt = (starts - 1) // world size, one worker that died before it
+    added (W=4) gave the next attempts [0, 1, 1, 1] and [1, 2, 2, 2]: every start hung for good."""
+    import torch.distributed as dist
+
+    store = dist.HashStore()
+    assert _start(store, range(4), 4) == {0: 0, 1: 0, 2: 0, 3: 0}
+    died = _start(store, [0, 1, 2], 4, timeout_s=1.0)  # rank 3 died before it got here: rank 0 names it
+    assert isinstance(died[0], ConfigError) and "rank 3 did not start attempt 1" in str(died[0])
+    assert _start(store, range(4), 4) == {0: 2, 1: 2, 2: 2, 3: 2}
+    # rank 0 died before it got here: the others are told so; no number is spent on that attempt
+    orphans = _start(store, [1, 2, 3], 4, timeout_s=1.0)
+    assert all(isinstance(v, ConfigError) and "rank 0 did not acknowledge" in str(v) for v in orphans.values())
+    assert _start(store, range(4), 4) == {0: 3, 1: 3, 2: 3, 3: 3}
+    assert _start(store, range(6), 6) == dict.fromkeys(range(6), 4)  # a world that grew: no drift either
+
+
+def test_a_worker_that_reads_the_last_attempts_number_asks_again_until_rank_0_publishes():
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from accelpact.launch import agreed_attempt
+
+    store = dist.HashStore()
+    assert _start(store, range(2), 2) == {0: 0, 1: 0}
+    got = {}
+    follower = threading.Thread(target=lambda: got.setdefault(1, agreed_attempt(store, "accelpact/run/", 1, 2, 5.0)))
+    follower.start()
+    time.sleep(0.6)  # rank 1 has read attempt 0's number and asked under it: nobody answers there
+    assert follower.is_alive()
+    assert agreed_attempt(store, "accelpact/run/", 0, 2, 5.0) == 1
+    follower.join(10)
+    assert got == {1: 1}

@@ -285,21 +285,36 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     except BaseException:
         control.close()
         raise
-    trace = TraceWriter(config.trace_dir, rank, attempt, clock=control.clock)
+    try:
+        trace = TraceWriter(config.trace_dir, rank, attempt, clock=control.clock)  # a directory it cannot make
+    except BaseException:
+        control.close()
+        raise
     rewind = RewindState(step_copy=config.step_copy, max_rewinds=config.max_rewinds_per_update, stateful=stateful)
     if FailurePhase.BACKWARD in facts.rewind_phases:
         rewind.unisolated_ddp = _isolate_ddp_buckets(model, rank)
     rt = Runtime(model=model, optimizer=optimizer, data_state=data_state, config=config, rank=rank,
                  world_size=world_size, attempt=attempt, profile=profile, platform=platform, envelope=facts,
                  envelope_source=source, data_plane=plane, control=control, trace=trace, rewind=rewind)
+    try:  # from here on a failure closes what was built: hooks, trace, control plane, threads
+        _started(rt, facts, source, timeouts, stateful)
+    except BaseException:
+        # found by review: a refusal after the membership's threads started (a ring stride that
+        # does not fit the world) left this rank beating as if alive, its control plane open
+        rt.close()
+        raise
+    return rt
+
+
+def _started(rt: Runtime, facts: EnvelopeFacts, source: str, timeouts: Any, stateful: tuple[Any, ...]) -> None:
+    """What a runtime starts once it exists: the settings check, the membership's threads, the
+    trace's first record, the observers, the hang watch."""
+    config, plane, control, trace, rewind = rt.config, rt.data_plane, rt.control, rt.trace, rt.rewind
+    profile, platform, world_size, has_data_cursor = rt.profile, rt.platform, rt.world_size, rt.data_state is not None
     rt.timeouts = timeouts
     joining = membership()
     if joining is None or joining.activation is None:  # a joining spare: the survivors compared theirs
-        try:
-            _same_settings_everywhere(rt, facts, profile, platform, data_state is not None, rewind.refused_always())
-        except BaseException:
-            rt.close()  # hooks, trace and control plane: attach leaves nothing behind
-            raise
+        _same_settings_everywhere(rt, facts, profile, platform, has_data_cursor, rewind.refused_always())
     rt.digests = ReplicaDigests(config.digest_every) if config.digest_every else None
     _membership_workers(rt, plane, control, config)
     trace.write({
@@ -315,7 +330,6 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     for observer in observers_for(rt):  # incident log, torchelastic events; spans and metrics if asked
         rt.observers.add(observer)
     _watch_for_hangs(rt, config)
-    return rt
 
 
 def _same_settings_everywhere(rt: Runtime, facts: EnvelopeFacts, profile: str, platform: str,

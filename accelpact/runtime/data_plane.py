@@ -70,8 +70,10 @@ class DataPlane:
             _c10d.set_group_timeout(pg, timeout)
 
     def restore_timeouts(self) -> None:
+        """The timeouts the groups had before attach (a failed attach; `rt.close()`: a replaced
+        group's successor gets its predecessor's; a label a shrink dropped has no group left)."""
         for label, previous in self._saved_timeouts.items():
-            if previous is not None:
+            if previous is not None and label in self.groups:
                 _c10d.set_group_timeout(self.groups[label], previous)
         self._saved_timeouts.clear()
 

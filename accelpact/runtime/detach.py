@@ -32,3 +32,4 @@ def detach(rt: Any, attached_mark: str) -> None:
     else:
         rt.control.close()
     rt.data_plane.standby.clear()
+    rt.data_plane.restore_timeouts()  # the groups are the user's again, under the user's own timeout

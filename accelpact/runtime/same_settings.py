@@ -16,6 +16,7 @@ all-reduce, so every rank learns that some rank differs).
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -38,6 +39,10 @@ SHARED_FIELDS = (
     "data_timeout_s", "control_timeout_s", "rebind", "health_check", "boundary", "checkpoint_every",
     "step_copy", "max_rewinds_per_update", "spares", "heartbeat_s", "straggler_factor", "straggler_window",
     "digest_every", "replicate", "replicate_stride", "on_loss", "standby_groups",
+    # the checkpoint's collectives and verdicts (found by review: a rank that tolerated one failed
+    # save fewer fail-stopped alone, which under spares reads as a lost member; a rank with a lower
+    # restart budget exited 76 while rank 0, the only one that stops the agent, went on)
+    "restore", "checkpoint_failures_tolerated", "max_restarts",
 )
 
 
@@ -49,8 +54,19 @@ def shared_settings(config: Config, envelope: EnvelopeFacts, *, profile: str, pl
     out: dict[str, Any] = {name: getattr(config, name) for name in SHARED_FIELDS}
     out.update({"envelope": envelope.describe(), "envelope replace phases": [str(p) for p in envelope.replace_phases],
                 "profile": profile, "platform": platform, "data_state given": has_data_cursor,
-                "rewind refused": rewind_refused})
+                "rewind refused": rewind_refused,
+                # the directory's path may differ between hosts (its mount); whether there is one may not
+                "checkpoint_dir given": config.checkpoint_dir is not None,
+                "checkpoint_key": _fingerprint(config.checkpoint_key)})
     return json.loads(json.dumps(out, sort_keys=True, default=str))  # as the peers will read it back
+
+
+def _fingerprint(secret: str | None) -> str | None:
+    """A secret's fingerprint, never the secret: equal on ranks given the same one (a rank with
+    another checkpoint key would refuse every peer's signed checkpoint, and they its)."""
+    if secret is None:
+        return None
+    return hashlib.sha256(b"accelpact-checkpoint-key\0" + secret.encode()).hexdigest()[:16]
 
 
 def differences(mine: Mapping[str, Any], rank0: Mapping[str, Any]) -> list[str]:

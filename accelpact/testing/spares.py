@@ -94,6 +94,7 @@ def launch_with_spares(cmd: list[str], *, active: int, spares: int, log_dir: Pat
     for rank in range(launched):
         env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK="0",
                    WORLD_SIZE=str(launched), ACCELPACT_SPARES=str(spares), TORCHELASTIC_RUN_ID="spares-test",
+                   TORCHELASTIC_USE_AGENT_STORE="True",  # this harness hosts the store, as the agent does
                    OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(extra_env or {}))
         env.pop("TORCHELASTIC_RESTART_COUNT", None)
         if forked:
