@@ -253,3 +253,61 @@ def test_settings_too_large_to_compare_are_refused_by_every_rank_without_a_wait(
     """Rank 0 raising before the broadcast would leave its peers waiting in it for the timeout."""
     for out in run_world(_too_large, 2, timeout_s=45):
         assert "rank 0's settings take" in out and "more than the 4096" in out
+
+
+def test_a_spare_whose_owed_save_rejects_meets_the_edge_like_its_peers(monkeypatch):
+    """Found by review: the owed save's Reject left attach as a bare exception (exit 1 under
+    on_reject="exit") while the survivors exited 75 through `fail_stop`."""
+    import importlib
+    from types import SimpleNamespace
+
+    from accelpact.errors import RecoveryRejected
+    from accelpact.runtime.runtime import Runtime
+
+    attach_module = importlib.import_module("accelpact.runtime.attach")
+    member_change = importlib.import_module("accelpact.runtime.member_change")
+    after_commit = importlib.import_module("accelpact.runtime.after_commit")
+    runtime_module = importlib.import_module("accelpact.runtime.runtime")
+    change = SimpleNamespace(outcome="resume", reasons=[], decision=SimpleNamespace(save_owed=True), timings_s={})
+    monkeypatch.setattr(member_change, "join", lambda rt, m, activation: change)
+    monkeypatch.setattr(member_change, "describe", lambda change, rank: {})
+
+    def rejecting(rt):
+        raise RecoveryRejected(("the owed save failed",), rank=1)
+
+    monkeypatch.setattr(after_commit, "take_owed_save", rejecting)
+    stopped = []
+    monkeypatch.setattr(runtime_module, "fail_stop", lambda exc, **kw: stopped.append((exc, kw)))
+    rt = SimpleNamespace(membership=SimpleNamespace(activation=SimpleNamespace(spare=4)), prepare=lambda: None,
+                         trace=SimpleNamespace(write=lambda record: None), config=SimpleNamespace(on_reject="exit"),
+                         rank=1, frontier=3)
+    rt._fail_stop_on_reject = lambda fn, *a, **k: Runtime._fail_stop_on_reject(rt, fn, *a, **k)
+    attach_module._join(rt, None)
+    assert [(exc.reasons, kw) for exc, kw in stopped] == [(("the owed save failed",), {"on_reject": "exit", "rank": 1})]
+
+
+def _counted_apart(rank: int, world_size: int) -> dict:
+    """Each rank's torchrun agent counted restarts apart (rank r: attempt r), under plain
+    torch.distributed.init_process_group."""
+    import os
+
+    import torch.distributed as dist
+
+    import accelpact
+
+    os.environ["TORCHELASTIC_RESTART_COUNT"] = str(rank)
+    model, opt = _ddp(dist.new_group(list(range(world_size))))
+    cfg = Config(data_timeout_s=2.0, control_timeout_s=8.0, envelope="builtin", on_reject="raise")
+    rt = accelpact.attach(model, opt, data_state=Cursor(), config=cfg)
+    out = {"attempt": rt.attempt, "namespace": rt.control.namespace}
+    rt.close()
+    return out
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(60)
+def test_ranks_whose_agents_counted_restarts_apart_attach_under_rank_0s_attempt():
+    """Found by review: each rank took its own agent's count, so the ranks built different
+    control-plane namespaces and attach waited out its timeout."""
+    outs = run_world(_counted_apart, 2, timeout_s=45)
+    assert [o["attempt"] for o in outs] == [0, 0] and outs[0]["namespace"] == outs[1]["namespace"]

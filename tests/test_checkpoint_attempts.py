@@ -99,3 +99,24 @@ def test_a_run_launched_again_is_the_run_that_wrote_its_checkpoints(tmp_path: Pa
     assert run_identity(None, str(tmp_path)) == "launch-1"
     assert run_identity("given", str(tmp_path)) == "given"  # a given id still refuses another run's steps
     assert recorded_run(tmp_path / "missing") is None
+
+
+@pytest.mark.parametrize(("rank", "local_rank", "stops"), [(0, "0", True), (4, "0", True), (5, "1", False),
+                                                           (0, None, True), (3, None, False)])
+def test_a_spent_budget_stops_every_nodes_agent_once(monkeypatch, rank, local_rank, stops):
+    """Found by review: only global rank 0 stopped its agent; the other nodes' agents restarted their
+    workers and waited out the rendezvous."""
+    import signal
+
+    from accelpact.runtime import fail_stop as edge
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "r")
+    if local_rank is None:
+        monkeypatch.delenv("LOCAL_RANK", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_RANK", local_rank)
+    killed, exited = [], []
+    monkeypatch.setattr(edge.os, "kill", lambda pid, sig: killed.append(sig))
+    monkeypatch.setattr(edge.os, "_exit", lambda code: exited.append(code))
+    edge.fail_stop(RestartBudgetExceeded("4 restarts used > max_restarts=3"), on_reject="exit", rank=rank)
+    assert killed == ([signal.SIGTERM] if stops else []) and exited == [76]

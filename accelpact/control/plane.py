@@ -95,8 +95,17 @@ class ControlPlane:
         # token rank 0 draws for this attach (no process-global counter, and a key nobody can
         # guess in advance). With it rank 0 draws the job's secret unless ACCELPACT_SECRET gives
         # one; both reach every rank over the new group, never through the store.
-        drawn = self._from_rank0(8 + SECRET_BYTES)
-        self.namespace = f"attempt{attempt}/{int.from_bytes(drawn[:8], 'little') >> 2:016x}"
+        # Rank 0's attempt number rides along and is every rank's from here on (found by review:
+        # under plain torch.distributed.init_process_group each rank took its own agent's restart
+        # count, agents can count apart, and ranks then built different namespaces and hung)
+        drawn = self._from_rank0(8 + SECRET_BYTES, tail=int(attempt).to_bytes(8, "little"))
+        #: the attempt number every rank of this attach uses: rank 0's
+        self.attempt = int.from_bytes(drawn[-8:], "little")
+        if self.attempt != attempt:
+            log.warning("this rank counted attempt %d, rank 0 attempt %d: rank 0's is used (its torchrun agent "
+                        "counted restarts apart from rank 0's)", attempt, self.attempt)
+        drawn = drawn[:-8]
+        self.namespace = f"attempt{self.attempt}/{int.from_bytes(drawn[:8], 'little') >> 2:016x}"
         self.sealer = Sealer(job_secret(os.environ) or drawn[8:], self.namespace)
         self._check_same_secret()  # on every rank: a secret set on some ranks only must fail here too
         base = store if store is not None else _c10d.default_store()
@@ -117,9 +126,12 @@ class ControlPlane:
         self._reach_listener, self.links = reach.publish(self.store, self.group, self.rank, self.world_size,
                                                          self.timeout, silent_hosts)
 
-    def _from_rank0(self, n: int) -> bytes:
-        """`n` random bytes drawn by rank 0, received by every rank over the control group."""
-        buf = torch.frombuffer(bytearray(secrets.token_bytes(n) if self.rank == 0 else bytes(n)), dtype=torch.uint8)
+    def _from_rank0(self, n: int, tail: bytes = b"") -> bytes:
+        """`n` random bytes drawn by rank 0 and rank 0's `tail`, received by every rank over the
+        control group (every rank gives a tail of the same length)."""
+        size = n + len(tail)
+        mine = secrets.token_bytes(n) + tail if self.rank == 0 else bytes(size)
+        buf = torch.frombuffer(bytearray(mine), dtype=torch.uint8)
         try:
             dist.broadcast(buf, src=0, group=self.group)
         except Exception as exc:  # gloo raises RuntimeError/DistError kinds

@@ -91,7 +91,7 @@ def attach(
     try:
         rt = _build(model, optimizer, data_state, config, envelope, profile, plane, rank, world_size, attempt,
                     stateful)
-        injector = _injector(faults, faults_every_attempt, rank, world_size, attempt, rt.config)  # measured timeouts
+        injector = _injector(faults, faults_every_attempt, rank, world_size, rt.attempt, rt.config)  # rank 0's
         if injector is not None:
             rt.add_listener(injector)
         _checkpointing(rt, config, rank)
@@ -170,7 +170,9 @@ def _join(rt: Runtime, injector: FaultInjector | None) -> None:
     if change.decision.save_owed:  # the survivors take it right after the release too (on_lost_member)
         from .after_commit import take_owed_save
 
-        take_owed_save(rt)
+        # its Reject goes to the edge as the survivors' does (found by review: it left attach as a
+        # bare exception, exit 1 where every peer exited 75)
+        rt._fail_stop_on_reject(take_owed_save, rt)
 
 
 def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, config: Config) -> None:
@@ -286,7 +288,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
         control.close()
         raise
     try:
-        trace = TraceWriter(config.trace_dir, rank, attempt, clock=control.clock)  # a directory it cannot make
+        trace = TraceWriter(config.trace_dir, rank, control.attempt, clock=control.clock)  # a directory it cannot make
     except BaseException:
         control.close()
         raise
@@ -294,7 +296,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     if FailurePhase.BACKWARD in facts.rewind_phases:
         rewind.unisolated_ddp = _isolate_ddp_buckets(model, rank)
     rt = Runtime(model=model, optimizer=optimizer, data_state=data_state, config=config, rank=rank,
-                 world_size=world_size, attempt=attempt, profile=profile, platform=platform, envelope=facts,
+                 world_size=world_size, attempt=control.attempt, profile=profile, platform=platform, envelope=facts,
                  envelope_source=source, data_plane=plane, control=control, trace=trace, rewind=rewind)
     try:  # from here on a failure closes what was built: hooks, trace, control plane, threads
         _started(rt, facts, source, timeouts, stateful)

@@ -17,6 +17,11 @@ from typing import NoReturn
 from ..errors import RankFenced, RecoveryRejected, RestartBudgetExceeded
 
 
+def _stops_its_agent(rank: int) -> bool:
+    """The one worker of each node (its local rank 0) that stops the node's torchrun agent."""
+    return os.environ.get("LOCAL_RANK", str(rank)) == "0"
+
+
 def fail_stop(exc: RecoveryRejected | RestartBudgetExceeded | RankFenced, *, on_reject: str, rank: int) -> NoReturn:
     """A rank whose update raised a bug (`RecoveryRejected.original`) sees that exception itself,
     type, message and traceback, with a note that every rank rejected."""
@@ -33,9 +38,11 @@ def fail_stop(exc: RecoveryRejected | RestartBudgetExceeded | RankFenced, *, on_
         print(f"[accelpact] rank {rank}: {exc}; this process stops (exit {exc.exit_code})", file=sys.stderr, flush=True)
     elif isinstance(exc, RestartBudgetExceeded):
         print(f"[accelpact] rank {rank}: {exc}", file=sys.stderr, flush=True)
-        if rank == 0 and os.environ.get("TORCHELASTIC_RUN_ID"):
+        if _stops_its_agent(rank) and os.environ.get("TORCHELASTIC_RUN_ID"):
             # torchrun restarts any failed worker until its own --max-restarts; stopping the agent
-            # is the only way a worker can end the job instead of looping.
+            # is the only way a worker can end the job instead of looping. Every node's agent:
+            # one stopped on rank 0's node alone left the others' waiting out their rendezvous
+            # (found by review); every rank reaches the same verdict.
             try:
                 os.kill(os.getppid(), signal.SIGTERM)
             except OSError as err:  # pragma: no cover - the agent is already gone
