@@ -120,3 +120,30 @@ def test_a_spent_budget_stops_every_nodes_agent_once(monkeypatch, rank, local_ra
     monkeypatch.setattr(edge.os, "_exit", lambda code: exited.append(code))
     edge.fail_stop(RestartBudgetExceeded("4 restarts used > max_restarts=3"), on_reject="exit", rank=rank)
     assert killed == ([signal.SIGTERM] if stops else []) and exited == [76]
+
+
+def test_how_the_previous_attempt_ended_is_recorded_before_the_budget_stops_the_job(monkeypatch):
+    """Found by review: the budget was enforced first, so the attempt that spent it was never logged."""
+    import importlib
+    from types import SimpleNamespace
+
+    attach_module = importlib.import_module("accelpact.runtime.attach")
+    checkpointing = importlib.import_module("accelpact.runtime.checkpointing")
+    calls = []
+
+    class Checkpointer:
+        def __init__(self, rt):
+            pass
+
+        def note_previous_attempt(self):
+            calls.append("noted")
+
+        def enforce_budget(self):
+            calls.append("enforced")
+            raise RestartBudgetExceeded("4 restarts used > max_restarts=3")
+
+    monkeypatch.setattr(checkpointing, "Checkpointer", Checkpointer)
+    monkeypatch.setattr(attach_module, "fail_stop", lambda exc, **kw: calls.append("stopped"))
+    config = SimpleNamespace(checkpoint_dir="/ckpt", on_reject="exit", restore=False)
+    attach_module._checkpointing(SimpleNamespace(membership=None), config, rank=0)
+    assert calls == ["noted", "enforced", "stopped"]

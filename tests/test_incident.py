@@ -168,3 +168,19 @@ def test_the_report_leads_with_one_sentence_per_incident():
                       "update 2; every rank preserved its state; detected in 2.00 s, repaired in 50 ms, training "
                       "past it 3.00 s after the fault")
     assert "MTTD" in text  # the tables follow
+
+
+def test_a_relaunchs_reject_evidence_keeps_the_last_launchs(tmp_path):
+    """Attempts count from 0 again in every launch: found by review, attempt 0's evidence of the
+    next launch overwrote the last one's."""
+    import dataclasses
+    import json
+
+    from accelpact.runtime.evidence import Evidence, write_reject_evidence
+
+    fields = {f.name: None for f in dataclasses.fields(Evidence)}
+    first = Evidence(**{**fields, "rank": 1, "attempt": 0, "reasons": ["first launch"]})
+    again = Evidence(**{**fields, "rank": 1, "attempt": 0, "reasons": ["second launch"]})
+    paths = [write_reject_evidence(str(tmp_path), e) for e in (first, again)]
+    assert [p.rsplit("/", 1)[-1] for p in paths] == ["reject-rank1-attempt0.json", "reject-rank1-attempt0-2.json"]
+    assert [json.loads(open(p).read())["reasons"] for p in paths] == [["first launch"], ["second launch"]]

@@ -239,11 +239,13 @@ def _checkpointing(rt: Runtime, config: Config, rank: int) -> None:
     rt.checkpointer = Checkpointer(rt)  # a collective: a spare meets the survivors' (member_change)
     if rt.membership is not None and rt.membership.activation is not None:
         return  # a spare taking over: no restart of its own to count, its state comes from a peer
+    # how the previous attempt ended goes on record first: it may be the one that spent the budget
+    # (found by review: it was never logged when the budget then stopped the job)
+    rt.checkpointer.note_previous_attempt()
     try:
         rt.checkpointer.enforce_budget()
     except RestartBudgetExceeded as exc:
         fail_stop(exc, on_reject=config.on_reject, rank=rank)
-    rt.checkpointer.note_previous_attempt()
     if config.restore:
         rt.checkpointer.restore()
 

@@ -103,11 +103,22 @@ def _error(error: BaseException | None) -> dict | None:
             "traceback": "".join(traceback.format_exception(error))}
 
 
+def _unused(path: Path) -> Path:
+    n = 2
+    found = path
+    while found.exists():  # found by review: a relaunch's attempt 0 overwrote the last launch's evidence
+        found = path.with_name(f"{path.stem}-{n}{path.suffix}")
+        n += 1
+    return found
+
+
 def write_reject_evidence(trace_dir: str | None, evidence: Evidence) -> str | None:
-    """The reject's file (`reject-rank<r>-attempt<a>.json`), or None without a trace directory."""
+    """The reject's file (`reject-rank<r>-attempt<a>.json`; `...-attempt<a>-<n>.json` where an
+    earlier launch of the same trace directory left one: attempts count from 0 again in every
+    launch, and its evidence is kept), or None without a trace directory."""
     if trace_dir is None:
         return None
-    path = Path(trace_dir) / f"reject-rank{evidence.rank}-attempt{evidence.attempt}.json"
+    path = _unused(Path(trace_dir) / f"reject-rank{evidence.rank}-attempt{evidence.attempt}.json")
     err = evidence.error or {}
     body = {
         "rank": evidence.rank, "attempt": evidence.attempt, "exit_code": EXIT_REJECTED,
