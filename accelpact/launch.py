@@ -21,6 +21,7 @@ import atexit
 import datetime
 import logging
 import os
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ from .membership.sealed import membership_store
 log = logging.getLogger("accelpact.launch")
 
 _attempt: int | None = None
+_launch: str | None = None
 
 #: ACCELPACT_SPARES=S: the launch's last S processes are hot spares (see `Membership`).
 ENV_SPARES = "ACCELPACT_SPARES"
@@ -92,13 +94,20 @@ def current_attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def current_launch() -> str | None:
+    """This launch's identity (the same on every worker of every attempt of one torchrun launch,
+    new at the next launch), when `init_process_group` ran under torchrun; else None. Attempts
+    count from 0 again in every launch: the attempts log tells them apart by it."""
+    return _launch
+
+
 def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | None = None, **kwargs) -> None:
     """Drop-in for `torch.distributed.init_process_group` that is safe across torchrun restarts.
 
     With an NCCL backend it first sets the NCCL environment a recovery needs
     (`comm.nccl_env.REQUIRED`: ProcessGroupNCCL reads it when communicators are created, so it
     must be in place before this call), logging every value it changes."""
-    global _attempt
+    global _attempt, _launch
     env = os.environ
     # the environment is checked before anything changes: a refusal leaves the process as it was
     spares, on_loss = _spares(env), _on_loss(env)
@@ -131,6 +140,7 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     )
     run = env.get("TORCHELASTIC_RUN_ID", "run")
     _attempt = agreed_attempt(client, f"accelpact/{run}/", rank, launched, store_timeout.total_seconds())
+    _launch = launch_id(client, f"accelpact/{run}/", rank)
     store = dist.PrefixStore(f"accelpact/{run}/attempt{_attempt}/", client)
     if watched:
         sealed = membership_store(store, env, f"{run}/attempt{_attempt}")
@@ -185,6 +195,14 @@ def agreed_attempt(store: dist.Store, prefix: str, rank: int, world_size: int, t
             if time.monotonic() >= deadline:
                 raise ConfigError(f"rank {rank}: rank 0 did not acknowledge this start within {timeout_s:.0f} s "
                                   f"({type(exc).__name__}: {exc})") from exc
+
+
+def launch_id(store: dist.Store, prefix: str, rank: int) -> str:
+    """The launch's identity: drawn by rank 0 of its first attempt into the launcher's store (which
+    lives as long as the launch), read by everyone after (a store's `get` waits for its key)."""
+    if rank == 0:
+        return store.compare_set(f"{prefix}launch", "", secrets.token_hex(8)).decode()
+    return store.get(f"{prefix}launch").decode()
 
 
 def _take_launch_arguments(kwargs: dict, *, rank: int, world_size: int, watched: bool) -> None:

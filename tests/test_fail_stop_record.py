@@ -122,3 +122,30 @@ def test_the_next_attempt_records_one_that_ended_without_its_fail_stop(tmp_path:
     assert [(r.attempt, r.event) for r in third.records()] == [
         (0, FAIL_STOP), (1, RESTORED), (1, ENDED_UNRECORDED), (2, RESTORED)]
     assert AttemptLog(tmp_path, run_id="job", attempt=0).note_unrecorded_end() is None  # a first attempt
+
+
+def test_an_earlier_launchs_fail_stop_does_not_hide_this_launchs_crash(tmp_path):
+    """Attempts count from 0 again in every launch of a run: found by review, the first launch's
+    attempt-0 fail-stop made the second launch's attempt-0 crash look recorded."""
+    AttemptLog(tmp_path, run_id="job", attempt=0, launch="first").record_fail_stop(5, "rejected")
+    rec = AttemptLog(tmp_path, run_id="job", attempt=1, launch="second").note_unrecorded_end()
+    assert rec is not None and rec.attempt == 0 and rec.launch == "second"
+    assert AttemptLog(tmp_path, run_id="job", attempt=1, launch="first").note_unrecorded_end() is None
+
+
+def test_every_worker_of_a_launch_reads_one_launch_id_and_the_next_launch_draws_another():
+    import threading
+
+    import torch.distributed as dist
+
+    from accelpact.launch import launch_id
+
+    store, got = dist.HashStore(), {}
+    followers = [threading.Thread(target=lambda r=r: got.setdefault(r, launch_id(store, "p/", r))) for r in (1, 2)]
+    for t in followers:
+        t.start()
+    got[0] = launch_id(store, "p/", 0)
+    for t in followers:
+        t.join(10)
+    assert len(set(got.values())) == 1 and launch_id(store, "p/", 0) == got[0]  # a later attempt: the same
+    assert launch_id(dist.HashStore(), "p/", 0) != got[0]  # a new launch (a new launcher store)

@@ -15,7 +15,7 @@ import logging
 import os
 import platform
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -74,6 +74,9 @@ class AttemptRecord:
     reason: str | None = None
     refused: tuple[dict[str, str], ...] = ()
     host: str = field(default_factory=platform.node)
+    #: the launch it belongs to (`launch.current_launch`; None: unknown, or written before it was
+    #: recorded): attempts count from 0 again in every launch of a run
+    launch: str | None = None
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -94,16 +97,20 @@ def _now() -> str:
 class AttemptLog:
     """Append-only attempts.jsonl in a checkpoint root, for one run. Call its writers on rank 0 only."""
 
-    def __init__(self, root: str | os.PathLike[str], *, run_id: str, attempt: int | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, run_id: str, attempt: int | None = None,
+                 launch: str | None = None) -> None:
         self.root = Path(root)
         self.run_id = run_id
         self.attempt = restart_count() if attempt is None else attempt
+        self.launch = launch
 
     @property
     def path(self) -> Path:
         return self.root / ATTEMPTS_NAME
 
     def append(self, record: AttemptRecord) -> AttemptRecord:
+        if record.launch is None and self.launch is not None:
+            record = replace(record, launch=self.launch)
         self.root.mkdir(parents=True, exist_ok=True)
         append_durable(self.path, (record.to_json() + "\n").encode("utf-8"))
         log_event(logging.INFO, f"checkpoint.attempt.{record.event}", f"attempt {record.attempt} recorded",
@@ -144,7 +151,10 @@ class AttemptLog:
         record when it left no fail-stop (torchrun restarted it, so it failed). Not counted
         against the budget: torchrun's own attempt number already counts it."""
         previous = self.attempt - 1
-        if previous < 0 or any(r.attempt == previous and r.event == FAIL_STOP for r in self.records()):
+        # of this launch: found by review, an earlier launch's fail-stop of the same number (they
+        # count from 0 again) hid this launch's crash
+        if previous < 0 or any(r.attempt == previous and r.event == FAIL_STOP and r.launch == self.launch
+                               for r in self.records()):
             return None
         return self.append(AttemptRecord(
             self.run_id, previous, ENDED_UNRECORDED, _now(),

@@ -26,6 +26,7 @@ from ..checkpoint import (
 from ..checkpoint.failed_saves import FailedSaveVerdict, judge_failed_save
 from ..checkpoint.selection import recorded_run
 from ..errors import ControlPlaneError
+from ..launch import current_launch
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -78,7 +79,7 @@ class Checkpointer:
             keep=cfg.checkpoint_keep, group=rt.control.group, attempt=rt.attempt, key=cfg.checkpoint_key,
         )
         self.manager.notes["shrinks"] = rt.shrinks  # the experiment's changes, kept in every manifest
-        self.attempts = AttemptLog(cfg.checkpoint_dir, run_id=self.run_id, attempt=rt.attempt)
+        self.attempts = AttemptLog(cfg.checkpoint_dir, run_id=self.run_id, attempt=rt.attempt, launch=current_launch())
         self.saves: list[dict] = []
         self.failed: list[dict] = []  # saves that failed on every rank alike and were gone on from
         self.in_a_row = 0  # failed saves since the last one that published
