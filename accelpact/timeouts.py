@@ -209,3 +209,15 @@ def derive_timeouts(
                               f"[{MIN_TIMEOUT_S}, {MAX_TIMEOUT_S:g}]: the measurement is broken")
     return DerivedTimeouts(data_s, control_s, data_source, control_source, policy, (*measured, ctrl),
                            qualified, bytes_per_collective)
+
+
+def timeouts_too_close(data_timeout_s: float, control_timeout_s: float) -> str | None:
+    """Why a given pair is risky, or None: a rank's boundary check can be posted up to two data
+    timeouts after the first rank's (`fsm.link_wait`), and a check that outwaits the control
+    timeout rejects the recovery; "auto" derives pairs well past it (found by review: the config
+    asked only control > data)."""
+    if control_timeout_s >= 2 * data_timeout_s:
+        return None
+    return (f"control_timeout_s ({control_timeout_s:g} s) is under twice data_timeout_s ({data_timeout_s:g} s): a "
+            "rank's boundary check can come two data timeouts after the first rank's, and one that outwaits the "
+            f"control timeout rejects the recovery; give at least {2 * data_timeout_s:g} s, or 'auto'")

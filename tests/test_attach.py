@@ -120,6 +120,14 @@ def _attach_checks(rank: int, world_size: int) -> dict:
         out["differ"] = str(exc)
     accelpact.attach(model, opt, data_state=Cursor(), config=cfg).close()  # nothing left behind
     out["reattached_after_refusal"] = True
+    # 6. one host given explicit timeouts, the other "auto" (which measures): refused by name before
+    #    anyone measures, not met as mismatched collectives
+    timed = cfg if rank == 1 else dataclasses.replace(cfg, data_timeout_s="auto", control_timeout_s="auto")
+    try:
+        accelpact.attach(model, opt, data_state=Cursor(), config=timed)
+    except ConfigError as exc:
+        out["timeouts_differ"] = str(exc)
+    accelpact.attach(model, opt, data_state=Cursor(), config=cfg).close()
     return out
 
 
@@ -141,6 +149,8 @@ def test_attach_refuses_bad_input_and_leaves_nothing_behind_when_it_fails():
     assert "boundary: 'deferred' here, 'sync' on rank 0" in differing
     assert "standby_groups: 'off' here, 'gloo' on rank 0" in differing
     assert "another rank was given settings that differ" in other
+    timed = {out["rank"]: out["timeouts_differ"] for out in outs}
+    assert "data_timeout_s: 2.0 here, 'auto' on rank 0" in timed[1] and "settings that differ" in timed[0]
 
 
 @pytest.mark.parametrize("value", [1e-9, 0.0, -1.0, float("inf"), float("nan"), 1e9])
@@ -311,3 +321,4 @@ def test_ranks_whose_agents_counted_restarts_apart_attach_under_rank_0s_attempt(
     control-plane namespaces and attach waited out its timeout."""
     outs = run_world(_counted_apart, 2, timeout_s=45)
     assert [o["attempt"] for o in outs] == [0, 0] and outs[0]["namespace"] == outs[1]["namespace"]
+

@@ -238,7 +238,8 @@ def test_close_releases_everything_also_when_its_settle_raises():
         checks.stuck = stuck
         rt = SimpleNamespace(model=model, rank=0, observers=part("observers"), _tracker=part("hooks"),
                              trace=part("trace"), control=part("control"),
-                             data_plane=SimpleNamespace(standby=part("standby")),
+                             data_plane=SimpleNamespace(standby=part("standby"),
+                                                        restore_timeouts=lambda: closed.append("timeouts")),
                              deferral=DeferralCounts(checks=checks), heartbeat=None, replicator=None,
                              neighbours=None)
 
@@ -248,8 +249,8 @@ def test_close_releases_everything_also_when_its_settle_raises():
         rt.settle = settle
         return rt
 
-    for stuck, want in ((False, ["observers", "hooks", "trace", "control", "standby"]),
-                        (True, ["observers", "hooks", "trace", "standby"])):
+    for stuck, want in ((False, ["observers", "hooks", "trace", "control", "standby", "timeouts"]),
+                        (True, ["observers", "hooks", "trace", "standby", "timeouts"])):
         closed.clear()
         rt = fake(stuck)
         with pytest.raises(RuntimeError, match="re-raised"):

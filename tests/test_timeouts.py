@@ -374,7 +374,9 @@ def test_the_floor_is_the_largest_of_the_ranks_envelope_files(monkeypatch):
     assert (config.data_timeout_s, derived.data_source) == (2.0, "derived")  # no file anywhere
 
 
-def test_a_joining_spare_adopts_the_survivors_timeouts_and_keeps_its_explicit_ones():
+def test_a_joining_spare_runs_with_the_survivors_timeouts_and_refuses_its_own_that_differ():
+    """Found by review: a spare's explicit value was kept; given 30 s among survivors at 2 s it
+    waited in a collective they had left, and came to the boundary check past their control timeout."""
     import torch.distributed as dist
 
     from accelpact.runtime import calibrate
@@ -386,9 +388,16 @@ def test_a_joining_spare_adopts_the_survivors_timeouts_and_keeps_its_explicit_on
     adopted = calibrate.adopt_timeouts(store, Config(), plane, control)
     assert (adopted.data_timeout_s, adopted.control_timeout_s) == (2.5, 7.6)
     assert plane.enforced == [2.5] and control.timeouts == [7.6]
-    kept = calibrate.adopt_timeouts(store, Config(control_timeout_s=20.0), plane, control)
-    assert (kept.data_timeout_s, kept.control_timeout_s) == (2.5, 20.0)
-    with pytest.raises(ConfigError, match=r"control_timeout_s \(2.0\) must exceed data_timeout_s \(2.5\)"):
-        calibrate.adopt_timeouts(store, Config(control_timeout_s=2.0), plane, control)
-    given = Config(data_timeout_s=1.0, control_timeout_s=4.0)
-    assert calibrate.adopt_timeouts(store, given, plane, control) is given
+    same = calibrate.adopt_timeouts(store, Config(data_timeout_s=2.5, control_timeout_s=7.6), plane, control)
+    assert (same.data_timeout_s, same.control_timeout_s) == (2.5, 7.6)
+    with pytest.raises(ConfigError, match="given control_timeout_s=20.0, the job it joins runs with 7.6"):
+        calibrate.adopt_timeouts(store, Config(control_timeout_s=20.0), plane, control)
+    with pytest.raises(ConfigError, match="given data_timeout_s=1.0, the job it joins runs with 2.5"):
+        calibrate.adopt_timeouts(store, Config(data_timeout_s=1.0, control_timeout_s=4.0), plane, control)
+
+
+def test_a_given_pair_with_the_control_timeout_under_twice_the_data_timeout_is_named():
+    from accelpact.timeouts import timeouts_too_close
+
+    assert timeouts_too_close(2.0, 6.1) is None and timeouts_too_close(10.0, 20.0) is None
+    assert "give at least 20 s" in timeouts_too_close(10.0, 15.0)

@@ -31,6 +31,7 @@ from ..launch import current_attempt, membership
 from ..observe import observers_for
 from ..observe.hang_watch import HangWatch
 from ..rebind import NotReadyError
+from ..timeouts import timeouts_too_close
 from ..trace import TraceWriter
 from .calibrate import adopt_timeouts, provisional, publish_timeouts, settle_timeouts
 from .data_plane import DataPlane
@@ -357,7 +358,15 @@ def _settle(config: Config, plane: DataPlane, control: ControlPlane, model: nn.M
     m = membership()
     if m is not None and m.activation is not None:
         return adopt_timeouts(m.store, config, plane, control), None
+    # whether a rank calibrates decides which collectives it posts next: compared first (found by
+    # review: a host given explicit timeouts went on to the settings check while its peers
+    # measured, and the two met as mismatched collectives instead of this ConfigError)
+    check_same_settings(control.group, rank, {name: getattr(config, name)
+                                              for name in ("data_timeout_s", "control_timeout_s")})
     config, timeouts = settle_timeouts(config, plane, control, model, rank=rank, qualified=envelope.timeouts)
+    if rank == 0 and (close := timeouts_too_close(float(config.data_timeout_s), float(config.control_timeout_s))):
+        log.warning(close)
+        print(f"[accelpact] WARNING: {close}", file=sys.stderr, flush=True)
     if m is not None and rank == 0:
         publish_timeouts(m.store, config)
     return config, timeouts

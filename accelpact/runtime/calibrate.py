@@ -152,18 +152,15 @@ def publish_timeouts(store, config: Config) -> None:
 
 
 def adopt_timeouts(store, config: Config, plane: DataPlane, control: ControlPlane) -> Config:
-    """A spare joining a running job takes the survivors' timeouts for its "auto" ones: a warm-up
-    of its own would be a collective the survivors never run, and every rank must time out alike.
-    An explicit value is kept (the survivors' check of it against the other happened at their
-    attach; a spare's own is checked here)."""
-    if not config.calibrates:
-        return config
+    """A spare joining a running job takes the survivors' timeouts: a warm-up of its own would be a
+    collective the survivors never run, and every rank must time out alike. An explicit value of
+    its own that differs is refused (found by review: kept, a spare given 30 s waited in a
+    collective its peers had left after 2 s, came to the boundary check past their control
+    timeout, and the job rejected)."""
     data_s, control_s = (float(v) for v in json.loads(store.get(TIMEOUTS_KEY)))
-    if config.data_timeout_s != AUTO:
-        data_s = float(config.data_timeout_s)
-    if config.control_timeout_s != AUTO:
-        control_s = float(config.control_timeout_s)
-    if not control_s > data_s:
-        raise ConfigError(f"control_timeout_s ({control_s}) must exceed data_timeout_s ({data_s}) (a spare "
-                          f"joining with the survivors' timeouts)")
+    for name, theirs in (("data_timeout_s", data_s), ("control_timeout_s", control_s)):
+        mine = getattr(config, name)
+        if mine != AUTO and float(mine) != theirs:
+            raise ConfigError(f"this spare was given {name}={mine}, the job it joins runs with {theirs}: give every "
+                              f"process the same value, or {AUTO!r}")
     return apply_timeouts(config, plane, control, data_s, control_s)
