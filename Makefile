@@ -6,13 +6,19 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 WORKERS ?= 2
 
-.PHONY: install test lint pytest modelcheck check demo bench clean campaign campaign-spares campaign-full qualify
+.PHONY: install python java test lint pytest modelcheck check demo bench clean campaign campaign-spares campaign-full qualify
 
-install: $(STAMP)
+# Everything: the Python environment and a Java runtime for TLC (the model checks, and the trace
+# validation the test suite runs). `make demo` needs the Python environment only: no root, no apt.
+install: python java
 
-$(STAMP): pyproject.toml
+python: $(STAMP)
+
+java:
 	@command -v java >/dev/null 2>&1 || { echo "java missing: installing a Java runtime with apt"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null; }
+
+$(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
 	@# torch first, pinned: the CPU wheel on local disk (any other spec downloads gigabytes)
 	@$(PY) -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '2.13.0')" 2>/dev/null || $(PIP) install torch==2.13.0
@@ -44,7 +50,7 @@ check: install
 	$(VENV)/bin/accelpact check --ranks 2 3 4 --membership 3 4 --workers $(WORKERS) --jobs 1 --timeout 3600
 	$(VENV)/bin/accelpact check --mutants --conformance --workers $(WORKERS)
 
-demo: install
+demo: python
 	$(VENV)/bin/accelpact demo
 
 # Every benchmark at its quick settings: about 17 minutes on 2 shared cores (the torchrun jobs of
