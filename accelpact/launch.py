@@ -154,9 +154,9 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     dist.init_process_group(backend, store=store, rank=rank, world_size=launched, timeout=timeout, **kwargs)
 
 
-#: How long a worker waits for rank 0's answer before it reads the attempt again (rank 0 of this
-#: attempt may not have published it yet: the value read was the last attempt's).
-ASK_AGAIN_S = 0.25
+#: How long a worker waits for rank 0's answer under a number it read before it reads the number
+#: again: only a number left by a rank 0 that died during its handshake goes unanswered.
+ASK_AGAIN_S = 2.0
 
 
 def agreed_attempt(store: dist.Store, prefix: str, rank: int, world_size: int, timeout_s: float) -> int:
@@ -165,33 +165,39 @@ def agreed_attempt(store: dist.Store, prefix: str, rank: int, world_size: int, t
 
     Rank 0 counts its own starts (an attempt in which it never got here takes no number) and
     publishes the number; every other worker counts its own starts too, tells rank 0 under that
-    number which start it is, and takes the number once rank 0 acknowledges that very start. A
-    number read from the attempt before (rank 0 has not published yet) is never acknowledged for
-    it: the worker reads again. Raises ConfigError naming who did not arrive within `timeout_s`."""
+    number which start it is, and takes the number once rank 0 acknowledges that very start. Rank
+    0 withdraws the number once every worker has it, so the next attempt's workers wait for the
+    next one; a number left by a rank 0 that died during its handshake is never acknowledged for
+    a new start, and the worker reads again. Raises ConfigError naming who did not arrive within
+    `timeout_s`."""
     mine = store.add(f"{prefix}starts/{rank}", 1)  # this worker's n-th start: never seen before
     deadline = time.monotonic() + timeout_s
+    current = f"{prefix}current-attempt"
     if rank == 0:
         attempt = store.add(f"{prefix}attempts", 1) - 1
-        store.set(f"{prefix}current-attempt", str(attempt))
-        for peer in range(1, world_size):
-            arrived = f"{prefix}attempt{attempt}/arrived/{peer}"
-            try:
-                store.wait([arrived], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.01)))
-            except RuntimeError as exc:  # c10d's DistStoreError on a timeout
-                raise ConfigError(f"rank {peer} did not start attempt {attempt} within {timeout_s:.0f} s "
-                                  f"({type(exc).__name__}: {exc})") from exc
-            store.set(f"{prefix}attempt{attempt}/ack/{peer}/{int(store.get(arrived))}", "")
+        store.set(current, str(attempt))
+        try:
+            for peer in range(1, world_size):
+                arrived = f"{prefix}attempt{attempt}/arrived/{peer}"
+                try:
+                    store.wait([arrived], datetime.timedelta(seconds=max(deadline - time.monotonic(), 0.01)))
+                except RuntimeError as exc:  # c10d's DistStoreError on a timeout
+                    raise ConfigError(f"rank {peer} did not start attempt {attempt} within {timeout_s:.0f} s "
+                                      f"({type(exc).__name__}: {exc})") from exc
+                store.set(f"{prefix}attempt{attempt}/ack/{peer}/{int(store.get(arrived))}", "")
+        finally:
+            store.delete_key(current)
         return attempt
     while True:
         left = deadline - time.monotonic()
         try:
-            store.wait([f"{prefix}current-attempt"], datetime.timedelta(seconds=max(left, 0.01)))
-            attempt = int(store.get(f"{prefix}current-attempt"))
+            store.wait([current], datetime.timedelta(seconds=max(left, 0.01)))
+            attempt = int(store.get(current))
             store.set(f"{prefix}attempt{attempt}/arrived/{rank}", str(mine))
             store.wait([f"{prefix}attempt{attempt}/ack/{rank}/{mine}"],
                        datetime.timedelta(seconds=max(min(ASK_AGAIN_S, left), 0.01)))
             return attempt
-        except RuntimeError as exc:  # not acknowledged yet: read again, until the deadline
+        except RuntimeError as exc:  # not acknowledged: a number left behind; read again, until the deadline
             if time.monotonic() >= deadline:
                 raise ConfigError(f"rank {rank}: rank 0 did not acknowledge this start within {timeout_s:.0f} s "
                                   f"({type(exc).__name__}: {exc})") from exc

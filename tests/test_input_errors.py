@@ -487,7 +487,30 @@ def test_every_worker_of_an_attempt_agrees_on_its_number_though_one_died_before_
     assert _start(store, range(6), 6) == dict.fromkeys(range(6), 4)  # a world that grew: no drift either
 
 
-def test_a_worker_that_reads_the_last_attempts_number_asks_again_until_rank_0_publishes():
+def test_a_number_left_by_a_rank_0_that_died_in_its_handshake_is_read_again_not_taken():
+    import threading
+    import time
+
+    import torch.distributed as dist
+
+    from accelpact.launch import agreed_attempt
+
+    store = dist.HashStore()
+    store.set("accelpact/run/current-attempt", "7")  # its rank 0 was killed before it withdrew it
+    got: dict = {}
+    followers = [threading.Thread(target=lambda r=r: got.setdefault(r, agreed_attempt(store, "accelpact/run/", r, 3,
+                                                                                       8.0))) for r in (1, 2)]
+    for t in followers:
+        t.start()
+    time.sleep(0.5)  # both read 7 and asked under it: nobody answers there
+    assert store.check(["accelpact/run/attempt7/arrived/1", "accelpact/run/attempt7/arrived/2"])
+    got[0] = agreed_attempt(store, "accelpact/run/", 0, 3, 8.0)
+    for t in followers:
+        t.join(10)
+    assert got == {0: 0, 1: 0, 2: 0}
+
+
+def test_a_worker_that_starts_before_rank_0_waits_for_its_number():
     import threading
     import time
 
