@@ -203,10 +203,16 @@ def derive_timeouts(
     if not control_s > data_s:
         raise ConfigError(f"control_timeout_s ({control_s}, {control_source}) must exceed data_timeout_s "
                           f"({data_s}, {data_source}): the control plane waits out data-plane timeouts")
+    sources = {"data_timeout_s": data_source, "control_timeout_s": control_source}
     for name, value in (("data_timeout_s", data_s), ("control_timeout_s", control_s)):
         if not MIN_TIMEOUT_S <= value <= MAX_TIMEOUT_S:
-            raise ConfigError(f"{name} {value} s derived from the measurement is outside "
-                              f"[{MIN_TIMEOUT_S}, {MAX_TIMEOUT_S:g}]: the measurement is broken")
+            # found by review: a given data timeout above 8 h made the derived control timeout too
+            # large, and the message blamed the measurement
+            why = ("derived from the data timeout given, which leaves no room for it: give "
+                   "control_timeout_s too, or a smaller data_timeout_s" if data_source == "given" else
+                   "derived from the measurement: the measurement is broken")
+            raise ConfigError(f"{name} {value:g} s ({sources[name]}) is outside [{MIN_TIMEOUT_S}, {MAX_TIMEOUT_S:g}]: "
+                              f"{why}")
     return DerivedTimeouts(data_s, control_s, data_source, control_source, policy, (*measured, ctrl),
                            qualified, bytes_per_collective)
 

@@ -401,3 +401,10 @@ def test_a_given_pair_with_the_control_timeout_under_twice_the_data_timeout_is_n
 
     assert timeouts_too_close(2.0, 6.1) is None and timeouts_too_close(10.0, 20.0) is None
     assert "give at least 20 s" in timeouts_too_close(10.0, 15.0)
+
+
+def test_a_given_data_timeout_that_leaves_no_room_for_a_derived_control_one_is_named_not_blamed_on_the_measurement():
+    """Found by review: data_timeout_s=30000 with "auto" control derived 3 x 30000 s, past the maximum,
+    and the message said the measurement was broken."""
+    with pytest.raises(ConfigError, match=r"control_timeout_s 90000.* s \(derived\) .* give control_timeout_s too"):
+        derive_timeouts({"shard": FAST}, CTRL, given_data=30000.0)
