@@ -170,12 +170,20 @@ def test_a_check_that_fails_on_one_rank_while_its_peers_recover_is_one_reject_wi
     a membership change; its peers meet its closed connections in their agreement and reject: a
     control plane that broke with every rank alive is a Reject, on every rank. What CI met as a
     race (a poll's timeout taken for the check's failure) named the peers "3 rank(s) lost" and
-    their failure a crash; each now says what happened."""
+    their failure a crash; each now says what happened. When the peers reach rank 0's change
+    first, the world is rebuilt around the same members instead: also one outcome, bitwise."""
     job = run_spare_job(framework="fsdp2", faults="skip@3:committed:3,miss@3:check:0", updates=5, spares=1)
+    assert "rank(s) lost" not in job.output[0], _explain(job)
+    if job.codes == [0] * 5:
+        # the other order of the same race (CI met it once): the peers reached rank 0's membership
+        # change before their agreement met its closed connections, and the world was rebuilt
+        # around the same members; one outcome on every rank still, and bitwise
+        assert "nobody lost: the world was rebuilt around the same members" in job.output[0], _explain(job)
+        assert "result: PASS" in job.output[0], _explain(job)
+        return
     assert job.codes == [75] * 5, _explain(job)
     assert "the job was rejected by a peer while this membership change waited for it" in job.output[0], \
         _explain(job)
-    assert "rank(s) lost" not in job.output[0], _explain(job)
     for rank in (1, 2, 3):
         assert "a peer had left this world for a membership change" in job.output[rank], _explain(job)
 
