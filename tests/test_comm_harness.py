@@ -90,3 +90,30 @@ def test_a_hung_world_is_killed_at_its_timeout(tmp_path):
         if shutil.which("gdb"):  # and its native threads, where gdb can attach (a hang in C++ names its frame)
             assert "--- native stacks (gdb):" in detail and "\n#0 " in detail, detail[-3000:]
     assert not list(Path(tempfile.gettempdir()).glob(f"accelpact-world-{os.getpid()}-*.stacks"))
+
+
+def test_a_rank_starts_its_function_only_once_every_peer_has_connected():
+    """`wait_for_world`: the first ranks wait for the last one; a missing rank is named after the
+    timeout instead of letting the others run (and exit) while it still connects."""
+    import datetime
+    import threading
+
+    from accelpact.testing.spawn import wait_for_world
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=10),
+                          wait_for_workers=False)
+    peer = dist.TCPStore("127.0.0.1", store.port, None, False, timeout=datetime.timedelta(seconds=10))
+    returned: list[float] = []
+    early = threading.Thread(target=lambda: (wait_for_world(peer, 2, 10.0), returned.append(time.monotonic())))
+    early.start()
+    time.sleep(0.3)
+    assert not returned, "a rank went on before its peer had connected"
+    last_arrived = time.monotonic()
+    wait_for_world(store, 2, 10.0)
+    early.join(timeout=10)
+    assert returned and returned[0] >= last_arrived
+
+    alone = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=10),
+                          wait_for_workers=False)
+    with pytest.raises(TimeoutError, match="only 1 of 3 ranks connected their default group within 0.2 s"):
+        wait_for_world(alone, 3, 0.2)

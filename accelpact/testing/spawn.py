@@ -328,6 +328,30 @@ def same_package(callers: str | None, mine: str = _PACKAGE) -> None:
                          "without an accelpact/ package in it, or use start_method='spawn'")
 
 
+#: Every rank adds 1 to the first key once its default group is connected; the last one sets the
+#: second, which the others wait for (`wait_for_world`).
+WORLD_FORMED_KEYS = ("accelpact-testing/connected", "accelpact-testing/world-formed")
+
+
+def wait_for_world(store: Any, world_size: int, timeout_s: float) -> None:
+    """Return once every rank's default group is connected. Why: gloo's full mesh can complete on
+    one rank before its peers; a rank whose ``fn`` returns at once then destroys its group and
+    exits, and a peer still finishing its own half of the connect fails with "Connection closed by
+    peer" (CI met it: three ranks ok, rank 0 failed in ``init_process_group``)."""
+    connected_key, formed_key = WORLD_FORMED_KEYS
+    if store.add(connected_key, 1) >= world_size:
+        store.set(formed_key, "1")
+        return
+    import torch.distributed as dist
+
+    try:
+        store.wait([formed_key], datetime.timedelta(seconds=timeout_s))
+    except dist.DistStoreError as exc:
+        connected = store.add(connected_key, 0)
+        raise TimeoutError(f"only {connected} of {world_size} ranks connected their default group "
+                           f"within {timeout_s:.1f} s") from exc
+
+
 def _child_main(
     rank: int,
     world_size: int,
@@ -357,6 +381,7 @@ def _child_main(
         same_package(env.get(PACKAGE_ENV))
         store = dist.TCPStore(_LOCALHOST, store_port, world_size, False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timeout)
+        wait_for_world(store, world_size, pg_timeout_s)
         outcome = RankOutcome(rank, True, result=fn(rank, world_size, *args))
     except BaseException:  # noqa: BLE001 - every failure must reach the parent as text
         outcome = RankOutcome(rank, False, detail=traceback.format_exc())
