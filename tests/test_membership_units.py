@@ -659,3 +659,48 @@ def test_a_ddp_whose_constructor_cannot_be_told_is_not_offered_a_replace(monkeyp
         monkeypatch.setattr(mirror, "ddp_modules", lambda model, ddp=ddp: [ddp])
         why = mirror.unmirrorable(torch.nn.Module())
         assert (expected in why) if expected else why == "", (ddp, why)
+
+
+def test_a_spare_whose_join_is_rejected_leaves_the_evidence_and_the_fail_stop_record(monkeypatch, tmp_path):
+    """The spare rejects as its peers do (`Runtime._reject`): its record, the reject evidence file and
+    the attempt log's fail-stop record, which a spare on rank 0's position alone writes (before, it
+    went to `fail_stop` bare: no evidence, and its peers waited for a record never written)."""
+    import json
+    import types
+    from types import SimpleNamespace
+
+    from accelpact.errors import RecoveryRejected
+    from accelpact.membership.decide import MembershipDecision
+    from accelpact.runtime import member_change
+    from accelpact.runtime.attach import _join
+    from accelpact.runtime.runtime import Runtime
+
+    decision = MembershipDecision(outcome="replace", assign={0: 4}, source={0: 2}, holders={0: (2,)}, frontier=4,
+                                  lost=(0,), world=1)
+    reasons = ["rank 2: the spares taking over [0] did not take in their state"]
+    monkeypatch.setattr(member_change, "join", lambda rt, m, activation: member_change.MemberChange(
+        world=1, decision=decision, outcome="reject", reasons=list(reasons), timings_s={"transfer": 0.5}))
+    recorded, rejected_seen, trace = [], [], []
+    rt = SimpleNamespace(
+        rank=0, attempt=0, _recoveries=3, update_index=4, frontier=4, generation=5, opt_step=4, history=[],
+        config=SimpleNamespace(trace_dir=str(tmp_path), on_reject="raise", boundary="aligned"),
+        membership=SimpleNamespace(activation=pool.Activation(spare=4, position=0, world=2, world_size=4),
+                                   store=dist.HashStore()),
+        trace=SimpleNamespace(write=trace.append), observers=SimpleNamespace(rejected=rejected_seen.append),
+        checkpointer=SimpleNamespace(record_fail_stop=lambda frontier, why: recorded.append((frontier, why))),
+        prepare=lambda: None)
+    rt._reject = types.MethodType(Runtime._reject, rt)
+    rt._fail_stop_on_reject = types.MethodType(Runtime._fail_stop_on_reject, rt)
+
+    with pytest.raises(RecoveryRejected) as raised:
+        _join(rt, None)
+    assert raised.value.reasons == tuple(reasons)
+    assert recorded == [(4, reasons)]  # the attempt log's fail-stop record (rank 0 writes it)
+    [record] = rt.history
+    assert (str(record.action), record.index, record.replacement["lost"]) == ("reject", 3, [0])
+    assert [t["kind"] for t in trace] == ["recovery"] and trace[0]["reasons"] == reasons
+    evidence = json.loads(open(raised.value.evidence_path).read())
+    assert raised.value.evidence_path == str(tmp_path / "reject-rank0-attempt0.json")
+    assert evidence["reasons"] == reasons and evidence["incident"]["cause_kind"] == "peer"
+    assert len(rejected_seen) == 1  # the observers (metrics, incident export) saw the reject
+    assert json.loads(rt.membership.store.get(keys.job_end()))["code"] == 75  # waiting spares end too

@@ -151,7 +151,7 @@ def _with_spares(config: Config, model: nn.Module) -> Config:
 
 
 def _join(rt: Runtime, injector: FaultInjector | None) -> None:
-    from .member_change import describe, join
+    from .member_change import describe, join, reject_join
 
     m = rt.membership
     activation, m.activation = m.activation, None
@@ -161,9 +161,7 @@ def _join(rt: Runtime, injector: FaultInjector | None) -> None:
         rt._plans_deferred = "alone"  # the survivors discovered theirs long ago: no line-up after it
     change = join(rt, m, activation)
     if change.outcome != "resume":
-        from ..errors import RecoveryRejected
-
-        fail_stop(RecoveryRejected(tuple(change.reasons), rank=rt.rank), on_reject=rt.config.on_reject, rank=rt.rank)
+        rt._fail_stop_on_reject(reject_join, rt, change)  # exit 75, or raised under on_reject="raise"
     if injector is not None:
         injector.fired_through = rt.frontier + 1  # the lost process fired these
     rt.trace.write({"kind": "joined", **describe(change, rt.rank), "timings_s": change.timings_s})

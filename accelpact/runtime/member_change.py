@@ -352,6 +352,24 @@ def join(rt: Runtime, m: Membership, activation: Activation) -> MemberChange:
     return change
 
 
+def reject_join(rt: Runtime, change: MemberChange) -> None:
+    """The spare's side of a change that did not resume: the same record, evidence and fail-stop
+    record as the survivors' (`on_lost_member`), then `RecoveryRejected` for the edge. Found by
+    review: it exited through `fail_stop` with neither, and where it held rank 0's position the
+    attempt log missed the fail-stop record its peers waited for (`Checkpointer.record_fail_stop`)."""
+    d = change.decision
+    record = RecoveryRecord(
+        index=rt._recoveries, update=rt.update_index, action=RecoveryAction.REJECT,
+        failure_phase=FailurePhase.COMMITTED, saw_failure=False,  # it joins at a boundary; the loss was its peers'
+        cause=f"lost rank(s) {list(d.lost)}; this spare was taking over rank {rt.rank}",
+        frontier=rt.frontier, generation=rt.generation, reasons=list(change.reasons),
+        timings_s=dict(change.timings_s), repair_s=sum(change.timings_s.values()))
+    record.replacement = describe(change, rt.rank)
+    rt.history.append(record)
+    rt.trace.write({"kind": "recovery", **record.to_dict()})
+    rt._reject(record.reasons or ["the membership change was rejected"], None, record)
+
+
 def _take_in_state(rt: Runtime, m: Membership, activation: Activation, decision: MembershipDecision,
                    change: MemberChange, clock: PhaseClock) -> None:
     """The spare: the lost rank's shard from its source (verified against every holder's digest),
