@@ -147,7 +147,10 @@ def _warmup_world(rank: int, world_size: int, root: str) -> dict[str, Any]:
         rt.close()
         return at_attach, seen
 
-    return {"a": run(6), "b": run(6)}
+    out = {"a": run(6), "b": run(6)}
+    out["attempts"] = [(r.event, r.frontier if r.checkpoint_step is None else r.checkpoint_step) for r in accelpact.checkpoint.AttemptLog(root, run_id="").records(
+        all_runs=True)]
+    return out
 
 
 @pytest.mark.multiproc
@@ -159,6 +162,9 @@ def test_a_restart_restores_the_lr_warmup_as_an_uninterrupted_run_had_it(tmp_pat
     (_, uninterrupted), (restored_at, resumed) = out["a"], out["b"]
     assert restored_at == uninterrupted[3] == (4, 4, pytest.approx(0.1 * 5 / 8))
     assert resumed == uninterrupted[4:]
+    # each start and each `rt.close()` on record: a later launch counts neither as a failure
+    assert out["attempts"] == [("started", None), ("fresh_start", None), ("finished", 6),
+                               ("started", None), ("restored", 4), ("finished", 6)]
 
 
 def test_a_checkpoint_of_two_schedulers_is_refused_by_one_by_name(tmp_path: Path) -> None:

@@ -241,7 +241,7 @@ def test_close_releases_everything_also_when_its_settle_raises():
                              data_plane=SimpleNamespace(standby=part("standby"),
                                                         restore_timeouts=lambda: closed.append("timeouts")),
                              deferral=DeferralCounts(checks=checks), heartbeat=None, replicator=None,
-                             neighbours=None)
+                             neighbours=None, checkpointer=None)
 
         def settle():
             raise RuntimeError("the Reject, re-raised")

@@ -149,3 +149,85 @@ def test_every_worker_of_a_launch_reads_one_launch_id_and_the_next_launch_draws_
         t.join(10)
     assert len(set(got.values())) == 1 and launch_id(store, "p/", 0) == got[0]  # a later attempt: the same
     assert launch_id(dist.HashStore(), "p/", 0) != got[0]  # a new launch (a new launcher store)
+
+
+# -- a launch that ended without a word, counted by the next launch (the spares recipe relaunches) --
+
+def test_a_launchs_first_attempt_records_the_previous_launch_that_ended_without_an_end_line(tmp_path):
+    """Under the spares recipe every launch is attempt 0, so only the next launch can notice that
+    one crashed; found by review: such a crash loop was never counted against the budget."""
+    crashed = AttemptLog(tmp_path, run_id="job", attempt=0, launch="A")
+    crashed.record_started()
+    crashed.record_restore(report(3))
+    nxt = AttemptLog(tmp_path, run_id="job", attempt=0, launch="B")
+    rec = nxt.note_unrecorded_end()
+    assert rec is not None and (rec.attempt, rec.event, rec.launch) == (0, ENDED_UNRECORDED, "A")
+    assert "launch A ended at attempt 0 without a fail-stop or a finish record" in rec.reason
+    assert nxt.note_unrecorded_end() is None  # on record once: the next look finds the end line
+    assert nxt.failures_of_other_launches() == 1
+
+
+@pytest.mark.parametrize("end", ["fail_stop", "finished", "none_written_outside_torchrun"])
+def test_a_previous_launch_that_ended_on_record_or_cannot_be_told_apart_is_not_noted(tmp_path, end):
+    before = AttemptLog(tmp_path, run_id="job", attempt=0, launch=None if end.startswith("none") else "A")
+    before.record_started()
+    if end == "fail_stop":
+        before.record_fail_stop(4, "rejected")
+    elif end == "finished":
+        before.record_finished(9)
+    assert AttemptLog(tmp_path, run_id="job", attempt=0, launch="B").note_unrecorded_end() is None
+    # nor does a launch note itself (its own restart does, by attempt number)
+    assert AttemptLog(tmp_path, run_id="job", attempt=0, launch=before.launch).note_unrecorded_end() is None
+
+
+def test_a_crash_loop_of_relaunches_spends_the_budget(tmp_path):
+    """Three launches that each crashed (no fail-stop), then a fourth: 3 restarts used > 2. Under
+    the old rule, max(attempt 0, 0 fail-stops) = 0, the loop never ended."""
+    from accelpact.checkpoint.attempts import check_restart_budget
+    from accelpact.checkpoint.errors import RestartBudgetExceeded
+
+    for n, launch in enumerate("ABCD"):
+        log = AttemptLog(tmp_path, run_id="job", attempt=0, launch=launch)
+        log.note_unrecorded_end()
+        if n < 3:
+            assert check_restart_budget(2, attempt=0, log=log) == n
+            log.record_started()  # and crashed
+    with pytest.raises(RestartBudgetExceeded, match=r"3 restarts used .*3 failed attempts of earlier launches"):
+        check_restart_budget(2, attempt=0, log=log)
+    # this launch's own restarts add to the others' failures (torchrun's number counts its own)
+    assert check_restart_budget(9, attempt=2, log=AttemptLog(tmp_path, run_id="job", attempt=2, launch="D")) == 5
+    # a finished launch costs a resubmission nothing
+    AttemptLog(tmp_path, run_id="job", attempt=0, launch="D").record_finished(12)
+    fresh = AttemptLog(tmp_path, run_id="job", attempt=0, launch="E")
+    assert fresh.note_unrecorded_end() is None and check_restart_budget(9, attempt=0, log=fresh) == 3
+
+
+def test_the_end_of_training_is_recorded_once_and_never_for_a_failure(tmp_path, monkeypatch):
+    """`Checkpointer.record_finished` (called from `rt.close()`): rank 0 only, once, and not while
+    an exception is in flight (a close in the script's `finally`, a failed attach) or after a
+    reject, so the next launch still counts those as failures."""
+    from accelpact.checkpoint.attempts import FINISHED
+    from accelpact.fsm.phases import RecoveryAction
+
+    def finisher(rank, history=()):
+        ck = Checkpointer.__new__(Checkpointer)
+        ck.rt = SimpleNamespace(rank=rank, frontier=7, history=list(history))
+        ck.attempts, ck.finished = AttemptLog(tmp_path, run_id="job", attempt=0, launch="A"), False
+        return ck
+
+    def finished_lines():
+        return [(r.event, r.frontier) for r in AttemptLog(tmp_path, run_id="job").records() if r.event == FINISHED]
+
+    finisher(1).record_finished()
+    assert finished_lines() == []  # only rank 0 writes the log
+    try:
+        raise RuntimeError("the script's own failure")
+    except RuntimeError:
+        finisher(0).record_finished()  # a close inside `except` / `finally`
+    assert finished_lines() == []
+    finisher(0, [SimpleNamespace(action=RecoveryAction.REJECT)]).record_finished()
+    assert finished_lines() == []
+    ck = finisher(0, [SimpleNamespace(action=RecoveryAction.PRESERVE)])
+    ck.record_finished()
+    ck.record_finished()  # a second close
+    assert finished_lines() == [("finished", 7)]

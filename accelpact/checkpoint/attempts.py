@@ -37,6 +37,14 @@ SAVE_FAILED = "save_failed"
 #: written by the next attempt for one that ended without its fail-stop on record (a crash, a
 #: kill, rank 0 stopped before it wrote): the log never shows a failed attempt as a clean one
 ENDED_UNRECORDED = "ended_unrecorded"
+#: rank 0 at the start of every attempt: a launch that wrote nothing else (no restore asked for)
+#: is still on record, so the next launch can tell that it ended without a word
+STARTED = "started"
+#: rank 0 at `rt.close()`: the script ended its training itself. A launch whose last line is not
+#: one of these ends (a crash, a kill, a node lost) is counted as a failure by the next launch
+FINISHED = "finished"
+#: the lines an attempt's end leaves; any other last line of a launch means it ended unrecorded
+ENDS = (FAIL_STOP, ENDED_UNRECORDED, FINISHED)
 
 
 def restart_count(env: Mapping[str, str] | None = None) -> int:
@@ -64,7 +72,7 @@ class AttemptRecord:
 
     run_id: str
     attempt: int
-    event: str  # restored | fresh_start | fail_stop | save_failed | ended_unrecorded
+    event: str  # started | restored | fresh_start | save_failed | fail_stop | ended_unrecorded | finished
     time: str
     checkpoint_step: int | None = None
     checkpoint_path: str | None = None
@@ -140,6 +148,14 @@ class AttemptLog:
     def fail_stops(self) -> int:
         return sum(1 for r in self.records() if r.event == FAIL_STOP)
 
+    def failures_of_other_launches(self) -> int | None:
+        """Attempts of this run's other launches that failed (a fail-stop, or an end the next
+        attempt or launch recorded); None without this launch's identity (not under torchrun),
+        where no line can be told apart from this launch's own."""
+        if self.launch is None:
+            return None
+        return sum(1 for r in self.records() if r.event in (FAIL_STOP, ENDED_UNRECORDED) and r.launch != self.launch)
+
     def last_failure_frontier(self) -> int | None:
         """The frontier the latest failed attempt gave up at; None when it is not known (none
         failed, or the latest ended without a record)."""
@@ -147,9 +163,13 @@ class AttemptLog:
         return ends[-1].frontier if ends else None
 
     def note_unrecorded_end(self) -> AttemptRecord | None:
-        """At the start of a restart attempt: record the previous attempt as ended without a
-        record when it left no fail-stop (torchrun restarted it, so it failed). Not counted
-        against the budget: torchrun's own attempt number already counts it."""
+        """At the start of an attempt: record the one before it as ended without a record when it
+        left no end line. A restart (attempt > 0) looks at this launch's previous attempt
+        (torchrun restarted it, so it failed); a launch's first attempt looks at the last line of
+        the run's previous launch (found by review: under the spares recipe, where a scheduler
+        relaunches and every launch is attempt 0, a crash loop was never counted)."""
+        if self.attempt == 0:
+            return self._note_previous_launch()
         previous = self.attempt - 1
         # of this launch: found by review, an earlier launch's fail-stop of the same number (they
         # count from 0 again) hid this launch's crash
@@ -161,6 +181,26 @@ class AttemptLog:
             reason=f"attempt {previous} ended without a fail-stop record (a crash, a kill, or rank 0 stopped "
                    "before it wrote one); its frontier is unknown",
         ))
+
+    def _note_previous_launch(self) -> AttemptRecord | None:
+        records = self.records()
+        last = records[-1] if records else None
+        # a line without a launch was written outside torchrun (or before launches were recorded):
+        # nothing says whether it is another launch's
+        if last is None or last.launch is None or last.launch == self.launch or last.event in ENDS:
+            return None
+        return self.append(AttemptRecord(
+            self.run_id, last.attempt, ENDED_UNRECORDED, _now(), launch=last.launch,
+            reason=f"launch {last.launch} ended at attempt {last.attempt} without a fail-stop or a finish record "
+                   "(a crash, a kill, a lost node, or a script that never called rt.close()); its frontier is unknown",
+        ))
+
+    def record_started(self) -> AttemptRecord:
+        return self.append(AttemptRecord(self.run_id, self.attempt, STARTED, _now()))
+
+    def record_finished(self, frontier: int) -> AttemptRecord:
+        """The script closed its runtime after its last update: a later launch is a resubmission."""
+        return self.append(AttemptRecord(self.run_id, self.attempt, FINISHED, _now(), frontier=frontier))
 
     def record_fail_stop(self, frontier: int, reason: str) -> AttemptRecord:
         """The runtime rejected in-memory recovery (L2): note the frontier being abandoned."""
@@ -190,18 +230,22 @@ def check_restart_budget(
 ) -> int:
     """Raise RestartBudgetExceeded once this run has restarted more than ``max_restarts`` times.
 
-    Restarts used = max(torchrun's attempt number, fail-stops recorded for this run in ``log``).
-    Returns that number when still within budget.
+    Restarts used = torchrun's attempt number (this launch's failures) + the failed attempts of
+    the run's other launches on record in ``log``, and never fewer than the fail-stops recorded.
+    Without a launch identity (not under torchrun) the log's lines cannot be told apart by launch:
+    max(attempt number, fail-stops recorded). Returns that number when still within budget.
     """
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
     current = restart_count() if attempt is None else attempt
     recorded = log.fail_stops() if log is not None else 0
-    used = max(current, recorded)
+    earlier = log.failures_of_other_launches() if log is not None else None
+    used = max(current + (earlier or 0), recorded)
     if used > max_restarts:
         run = f" of run {log.run_id!r}" if log is not None else ""
+        launches = f", {earlier} failed attempts of earlier launches" if earlier else ""
         msg = (f"restart budget exceeded{run}: {used} restarts used (attempt {current} from {RESTART_ENV}, "
-               f"{recorded} fail-stops recorded) > max_restarts={max_restarts}; stopping instead of retrying "
+               f"{recorded} fail-stops recorded{launches}) > max_restarts={max_restarts}; stopping instead of retrying "
                "- inspect the failures, then resubmit with a larger max_restarts (ACCELPACT_MAX_RESTARTS): "
                "a resubmitted run goes on from its checkpoints and counts the fail-stops it recorded")
         log_event(logging.ERROR, "checkpoint.restart_budget_exceeded", msg, used=used, max_restarts=max_restarts)

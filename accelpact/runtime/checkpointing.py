@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from typing import TYPE_CHECKING
 
@@ -26,6 +27,7 @@ from ..checkpoint import (
 from ..checkpoint.failed_saves import FailedSaveVerdict, judge_failed_save
 from ..checkpoint.selection import recorded_run
 from ..errors import ControlPlaneError
+from ..fsm.phases import RecoveryAction
 from ..launch import current_launch
 
 if TYPE_CHECKING:
@@ -80,6 +82,7 @@ class Checkpointer:
         )
         self.manager.notes["shrinks"] = rt.shrinks  # the experiment's changes, kept in every manifest
         self.attempts = AttemptLog(cfg.checkpoint_dir, run_id=self.run_id, attempt=rt.attempt, launch=current_launch())
+        self.finished = False  # the end of training is on record (`record_finished`)
         self.saves: list[dict] = []
         self.failed: list[dict] = []  # saves that failed on every rank alike and were gone on from
         self.in_a_row = 0  # failed saves since the last one that published
@@ -95,8 +98,29 @@ class Checkpointer:
                         stateful=tuple(self.rt.rewind.stateful))
 
     def enforce_budget(self) -> None:
-        """RestartBudgetExceeded past the budget (`fail_stop` turns it into the exit)."""
+        """RestartBudgetExceeded past the budget (`fail_stop` turns it into the exit); within it,
+        rank 0 records the attempt's start. After the check: an attempt the budget stopped did
+        not run, and a resubmission must not count it as one that failed."""
         check_restart_budget(self.rt.config.max_restarts, attempt=self.rt.attempt, log=self.attempts)
+        if self.rt.rank == 0:
+            try:
+                self.attempts.record_started()
+            except OSError as exc:
+                log.error("could not record this attempt's start: %s: %s", type(exc).__name__, exc)
+
+    def record_finished(self) -> None:
+        """Rank 0, at `rt.close()` (`detach`): the end of training, once, so that the run's next
+        launch (a resubmission) counts no failure for this one. Not while an exception is in
+        flight (a deferred boundary that rejected in close, a failed attach, a close in the
+        script's `finally` or `except`), nor after a reject: those ended in a failure."""
+        rejected = bool(self.rt.history) and self.rt.history[-1].action is RecoveryAction.REJECT
+        if self.rt.rank != 0 or self.finished or rejected or sys.exc_info()[1] is not None:
+            return
+        self.finished = True
+        try:
+            self.attempts.record_finished(self.rt.frontier)
+        except OSError as exc:
+            log.error("could not record the end of training: %s: %s", type(exc).__name__, exc)
 
     def restore(self) -> RestoreResult | None:
         """Load the newest verified checkpoint into model, optimizer, RNG and data cursor."""
@@ -205,7 +229,8 @@ class Checkpointer:
         return verdict
 
     def note_previous_attempt(self) -> None:
-        """Rank 0, at a restart: an attempt that died without its fail-stop record gets one."""
+        """Rank 0, at every start: the attempt before this one (this launch's, or at a launch's
+        first attempt the run's previous launch) that died without an end line gets one."""
         if self.rt.rank != 0:
             return
         try:
@@ -214,7 +239,8 @@ class Checkpointer:
             log.error("could not record how the previous attempt ended: %s: %s", type(exc).__name__, exc)
             return
         if rec is not None:
-            log.warning("attempt %d ended without a fail-stop record", rec.attempt)
+            log.warning("attempt %d%s ended without a fail-stop record", rec.attempt,
+                        f" of launch {rec.launch}" if rec.launch != self.attempts.launch else "")
 
     def record_fail_stop(self, frontier: int, reasons: list[str]) -> None:
         """Rank 0 writes the record; the other ranks wait (bounded) until it has. torchrun stops

@@ -1,5 +1,6 @@
 """Undo what attach installed, also after a close whose settle failed: threads, hooks, the
-attached mark, the trace, the control plane, the standbys. Without it a close that raised (a
+attached mark, the trace, the control plane, the standbys; and put a clean close on record as
+the end of training (`Checkpointer.record_finished`). Without it a close that raised (a
 Reject re-raised under `on_reject="raise"`, a snapshot that could not be restored) left the
 model marked attached, its hooks in place and the check thread running: a second attach was
 refused until close() was called again."""
@@ -19,6 +20,8 @@ def detach(rt: Any, attached_mark: str) -> None:
     """Release everything `rt` holds (idempotent). A boundary-check thread that did not end within
     its join is still waiting inside the control plane's group: the plane is then left open
     (closing a gloo group under a live wait can crash the process) and that is logged."""
+    if rt.checkpointer is not None:  # first: the end of training on record, unless an exception is in flight
+        rt.checkpointer.record_finished()
     rt.observers.close()
     stop_workers(rt)
     rt._tracker.remove()
