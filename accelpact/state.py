@@ -29,6 +29,8 @@ def capture(
     state: dict[str, Any] = {}
     for name, p in model.named_parameters():
         state[f"param/{name}"] = _local(p)
+    for name, b in model.named_buffers():  # running statistics, counters: state a Rewind must put back too
+        state[f"buffer/{name}"] = _local(b)
     opt = optimizer.state_dict()
     for idx, per_param in opt["state"].items():
         for key, value in per_param.items():

@@ -64,6 +64,18 @@ def test_fsdp2_forward_and_backward_failures_are_rewound_bitwise(tmp_path):
 
 
 @pytest.mark.timeout(200)
+def test_a_buffer_the_interrupted_forward_changed_is_put_back_before_the_rerun(tmp_path):
+    """A running statistic (as BatchNorm's) that the discarded update's forward moved is restored
+    with the snapshot: counted twice, it ended the run off the reference (the captures compare
+    every module buffer). Found by review: no drill model had a buffer."""
+    results = drill(tmp_path, faults="late@2:backward:2,late@4:backward:1", running_stat=True)
+    assert_bitwise(results)
+    for r in results:
+        assert actions(r) == ["rewind", "rewind"], r["history"]
+        assert r["buffers"] == ["running_stat"]
+
+
+@pytest.mark.timeout(200)
 def test_a_compiled_region_on_the_mesh_is_not_recompiled_by_a_rewind_or_a_preserve(tmp_path):
     """Dynamo guards a compiled region that all-reduces over a mesh on the mesh's group names.
     With a new name per replacement it recompiled after each recovery (graphs 1, 2, 3 here) and,

@@ -76,6 +76,9 @@ class Drill:
     #: FSDP2 only: after every update call a compiled region that all-reduces over the model's
     #: mesh (`testing.compiled`); results under "compiled"
     compiled_probe: bool = False
+    #: FSDP2 only: a module buffer every forward changes in place, as BatchNorm's running
+    #: statistics are (the captures compare buffers: an update a Rewind discards must not count twice)
+    running_stat: bool = False
 
 
 _seed = seed_everything
@@ -93,7 +96,21 @@ def build(drill: Drill, generation: int):
     model, optimizer, data = build_hsdp_job(drill.framework, layers=drill.layers, seed=drill.seed, local=drill.local,
                                             seq_len=8, batch_size=2, generation=generation)
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup) if drill.scheduler else None
+    if drill.running_stat:
+        _add_running_stat(model, drill.framework)
     return model, optimizer, data, sched
+
+
+def _add_running_stat(model, framework: str) -> None:
+    if framework != "fsdp2":
+        raise ValueError(f"Drill.running_stat is built for fsdp2 only, not {framework!r}")
+    model.register_buffer("running_stat", torch.zeros(()))
+
+    def update(module, args, output):
+        with torch.no_grad():
+            module._buffers["running_stat"].mul_(0.5).add_(output.detach().float().mean())
+
+    model.register_forward_hook(update)
 
 
 def _warmup(step: int) -> float:
@@ -249,4 +266,5 @@ def run_drill(rank: int, world_size: int, drill: Drill) -> dict[str, Any]:
         reference = _capture(*job, frontier=drill.updates, opt_step=drill.updates)
         out["mismatches"] = app_state.diff(protected, reference)
         out["compared"] = len(protected)
+        out["buffers"] = [key.split("/", 1)[1] for key in protected if key.startswith("buffer/")]
     return out
