@@ -4,6 +4,7 @@ run `accelpact qualify` (an error when the file was asked for, the built-in enve
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -110,3 +111,12 @@ def test_a_rewind_qualified_only_with_a_pre_step_copy_is_not_taken_by_a_run_with
         assert [h["action"] for h in r["history"]] == ["reject"]
     assert any("envelope does not qualify rewind for phase backward" in why
                for r in results for why in r["rejected"]), results[0]["rejected"]
+    # and a run with the copy is given the Rewind the file qualified (found by review: only the
+    # refusal was tested, so `conditions_met` returning () for every config went unnoticed)
+    from accelpact.envelope import conditions_met
+
+    assert conditions_met(Config(step_copy=True)) == ("step_copy",) and conditions_met(Config()) == ()
+    with_copy = run_world(run_drill, 4, dataclasses.replace(drill, step_copy=True), timeout_s=150, pg_timeout_s=30)
+    for r in with_copy:
+        assert [h["action"] for h in r["history"]] == ["rewind"], r["history"]
+        assert r["rejected"] is None and r["mismatches"] == [], r["mismatches"]
