@@ -63,7 +63,12 @@ def _attach_checks(rank: int, world_size: int) -> dict:
         out["data_state"] = str(exc)
     # 3. a failed attach undoes its side effects: timeouts, hooks, the attached mark
     before = _c10d.group_timeout(group)
-    hooks_before = (len(model._forward_pre_hooks), len(model._forward_hooks))
+
+    def hooks() -> tuple[int, ...]:  # the model's and the optimizer's: a dead runtime must not count steps
+        return (len(model._forward_pre_hooks), len(model._forward_hooks), len(opt._optimizer_step_pre_hooks),
+                len(opt._optimizer_step_post_hooks))
+
+    hooks_before = hooks()
     real = shell.Runtime.line_up
 
     def failing_line_up(self):
@@ -77,7 +82,7 @@ def _attach_checks(rank: int, world_size: int) -> dict:
     finally:
         shell.Runtime.line_up = real
     out["timeout_restored"] = _c10d.group_timeout(group) == before != datetime.timedelta(seconds=2)
-    out["hooks_removed"] = (len(model._forward_pre_hooks), len(model._forward_hooks)) == hooks_before
+    out["hooks_removed"] = hooks() == hooks_before
     # ... also when it fails after the runtime exists and its threads started (found by review: a
     # ring stride refused there left the model marked attached and the membership's threads beating)
     import importlib
@@ -96,7 +101,7 @@ def _attach_checks(rank: int, world_size: int) -> dict:
         out["late_failure"] = str(exc)
     finally:
         attach_module._watch_for_hangs = real_watch
-    out["late_hooks_removed"] = (len(model._forward_pre_hooks), len(model._forward_hooks)) == hooks_before
+    out["late_hooks_removed"] = hooks() == hooks_before
     out["late_unmarked"] = not getattr(model, "_accelpact_attached", False)
     # 4. one runtime per model: a second attach is refused until the first is closed
     rt = accelpact.attach(model, opt, data_state=Cursor(), config=cfg)
@@ -106,6 +111,7 @@ def _attach_checks(rank: int, world_size: int) -> dict:
     except ConfigError as exc:
         out["second"] = str(exc)
     rt.close()
+    out["hooks_removed_at_close"] = hooks() == hooks_before
     # the user's groups get their own timeout back (found by review: a final full-state gather
     # after close ran under the 2 s detection bound)
     out["timeout_after_close"] = _c10d.group_timeout(group) == before
@@ -141,7 +147,7 @@ def test_attach_refuses_bad_input_and_leaves_nothing_behind_when_it_fails():
         assert out["failed"] == "peer vanished during attach"
         assert out["timeout_restored"] and out["hooks_removed"] and out["timeout_set"] and out["timeout_after_close"]
         assert out["late_failure"] == "refused after the runtime was built"
-        assert out["late_hooks_removed"] and out["late_unmarked"]
+        assert out["late_hooks_removed"] and out["late_unmarked"] and out["hooks_removed_at_close"]
         assert "already attached" in out["second"] and out["reattached_after_close"]
         assert out["reattached_after_refusal"]
     differing, other = (out["differ"] for out in sorted(outs, key=lambda o: -o["rank"]))

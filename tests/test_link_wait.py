@@ -399,7 +399,9 @@ def test_the_check_waits_for_a_returning_link_and_goes_when_it_answers(tmp_path)
         assert w["check_timeout_s"] == pytest.approx(6.0 - w["waited_s"])
     waited = {r["rank"]: r["history"][0]["link_wait_s"] for r in results}
     assert sorted(w["waited_s"] for w in waits) == sorted(v for v in waited.values() if v)  # the record has it
-    assert len(waits) < 4 or all(r["history"][0]["saw_failure"] for r in results)  # only those that saw it
+    for r in results:  # only a rank that saw the failure waits for its links
+        if r["history"][0]["link_wait_s"]:
+            assert r["history"][0]["saw_failure"], r["history"][0]
 
 
 @pytest.mark.multiproc
