@@ -29,6 +29,7 @@ __all__ = [
     "CheckpointError",
     "ConfigError",
     "ControlPlaneError",
+    "DeviceWorkFailed",
     "RebindError",
     "RankFenced",
     "RecoveryRejected",
@@ -93,6 +94,16 @@ class CollectiveAbandoned(AccelPactError, RuntimeError):
     #: a communication failure by declaration: it is raised `from None` (the poll's own "timed
     #: out" is not its cause), so no gloo text is left in its chain to say so
     failure_cause = "abandoned: a peer left this world for a membership change"
+
+
+class DeviceWorkFailed(AccelPactError, RuntimeError):
+    """The update's device work did not end, or NCCL recorded a failed collective during it, although
+    the update's body returned: on NCCL a collective that fails raises nothing on the CPU
+    (`runtime.device_fence`). A communication failure inside the update, by declaration."""
+
+    def __init__(self, cause: str):
+        super().__init__(cause)
+        self.failure_cause = cause
 
 
 class RebindError(AccelPactError):

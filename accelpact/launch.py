@@ -94,6 +94,12 @@ def current_attempt() -> int:
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def current_launch() -> str | None:
     """This launch's identity (the same on every worker of every attempt of one torchrun launch,
     new at the next launch), when `init_process_group` ran under torchrun; else None. Attempts
@@ -119,7 +125,9 @@ def init_process_group(backend: str = "gloo", *, timeout: datetime.timedelta | N
     if watched:  # used only at the job's end (`_position_done`): a bad value must stop the start
         rendezvous_endpoint(env)
     connections.track()  # a retired world's connections can then be closed (`comm.connections`)
-    if uses_nccl(parse_backends(backend)):
+    # also for a gloo default group on a CUDA host: its data plane may be `new_group(backend="nccl")`,
+    # and ProcessGroupNCCL reads these as each communicator is built (found by review)
+    if uses_nccl(parse_backends(backend)) or _cuda_available():
         for change in apply_required(env):
             log.warning("accelpact set %s", change)
     if not watched and ("TORCHELASTIC_RESTART_COUNT" not in env or "store" in kwargs or "init_method" in kwargs):

@@ -121,3 +121,46 @@ def test_attach_names_a_torch_other_than_the_verified_one(monkeypatch):
     assert "torch 2.14.0+cu126 is not the 2.13 release" in _c10d.unverified_torch()
     monkeypatch.setattr(torch, "__version__", "2.13.1+cpu")
     assert _c10d.unverified_torch() is None
+
+
+def test_a_backend_reports_the_error_its_watchdog_recorded():
+    """`_c10d.device_error`: an NCCL backend's `get_error()` (ErrorType, SUCCESS until its watchdog
+    meets a failed collective) is how the boundary's device fence learns of a collective that failed
+    inside an update without raising on the CPU."""
+    from torch._C._distributed_c10d import ErrorType
+
+    from accelpact.comm import _c10d
+
+    assert {e.name for e in (ErrorType.SUCCESS, ErrorType.TIMEOUT, ErrorType.COMM_ERROR, ErrorType.REMOTE_ERROR)} \
+        == {"SUCCESS", "TIMEOUT", "COMM_ERROR", "REMOTE_ERROR"}
+    nccl = getattr(torch._C._distributed_c10d, "ProcessGroupNCCL", None)
+    if nccl is not None:  # a CUDA build binds it on ProcessGroupNCCL (the CPU wheel has neither)
+        assert callable(nccl.get_error)
+
+    class Stuck:  # stands in for an NCCL backend whose watchdog met a timeout
+        def _group_start(self): ...
+
+        def get_error(self):
+            return ErrorType.TIMEOUT
+
+    class Fine(Stuck):
+        def get_error(self):
+            return ErrorType.SUCCESS
+
+    class Group:
+        def __init__(self, backend):
+            self.backend = backend
+
+        def _get_backend(self, device):
+            assert device == torch.device("cuda")
+            return self.backend
+
+    real = _c10d.backend_config
+    try:
+        _c10d.backend_config = lambda pg: "cuda:nccl"
+        assert _c10d.device_error(Group(Stuck())) == "TIMEOUT"
+        assert _c10d.device_error(Group(Fine())) is None
+        _c10d.backend_config = lambda pg: "cpu:gloo"
+        assert _c10d.device_error(Group(Stuck())) is None  # not NCCL: nothing to read
+    finally:
+        _c10d.backend_config = real

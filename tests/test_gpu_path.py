@@ -306,7 +306,7 @@ def test_the_driver_hands_the_failed_groups_to_the_guard():
 # ------------------------------------------------------------------ NCCL environment ---
 
 FIT = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "2", "TORCH_NCCL_DUMP_ON_TIMEOUT": "0", "TORCH_NCCL_ENABLE_MONITORING": "0",
-       "TORCH_NCCL_NONBLOCKING_TIMEOUT": "60"}
+       "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC": "0", "TORCH_NCCL_NONBLOCKING_TIMEOUT": "60"}
 
 
 def test_a_fit_environment_and_nccl_version_pass():
@@ -315,9 +315,14 @@ def test_a_fit_environment_and_nccl_version_pass():
 
 
 def test_every_unfit_variable_and_an_old_nccl_are_named_with_the_required_value():
-    found = nccl_env.problems({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1"}, (2, 25, 1))
+    found = nccl_env.problems({"TORCH_NCCL_ASYNC_ERROR_HANDLING": "1", "NCCL_BLOCKING_WAIT": "1"}, (2, 25, 1))
     text = "\n".join(found)
-    assert len(found) == 5
+    assert len(found) == 7
+    assert "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC is unset" in text
+    assert "NCCL_BLOCKING_WAIT is '1', must be unset or '0'" in text
+    assert nccl_env.problems({**FIT, "TORCH_NCCL_BLOCKING_WAIT": "0"}, (2, 26, 2)) == []
+    blocking = {**FIT, "TORCH_NCCL_BLOCKING_WAIT": "1"}
+    assert any("'1' -> '0'" in c for c in nccl_env.apply_required(blocking)) and blocking["TORCH_NCCL_BLOCKING_WAIT"] == "0"
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING is '1', must be '2'" in text
     assert "TORCH_NCCL_NONBLOCKING_TIMEOUT is unset (c10d's default applies: 30 minutes)" in text
     assert "TORCH_NCCL_DUMP_ON_TIMEOUT is unset" in text and "must be '0'" in text
@@ -346,6 +351,12 @@ def test_init_process_group_sets_the_nccl_environment_before_init_and_leaves_glo
     assert seen[-1]["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1" and seen[-1]["TORCH_NCCL_ENABLE_MONITORING"] is None
     launch.init_process_group("cpu:gloo,cuda:nccl")
     assert seen[-1] == FIT  # in place when the communicators read them
+    # a gloo default group on a CUDA host: its data plane may be new_group(backend="nccl")
+    for var in FIT:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(launch, "_cuda_available", lambda: True)
+    launch.init_process_group("gloo")
+    assert seen[-1] == FIT
 
 
 def test_attach_refuses_an_nccl_data_plane_in_an_unfit_environment(monkeypatch):
@@ -523,3 +534,23 @@ def test_a_replacement_communicators_setup_is_bounded_and_a_version_suffix_is_re
         mp.setattr(torch.cuda, "is_available", lambda: True)
         mp.setattr(torch.cuda, "nccl", _Nccl, raising=False)
         assert nccl_env.nccl_version() == (2, 26, 2)
+
+
+def test_the_drain_synchronizes_this_ranks_device_from_its_helper_thread(monkeypatch):
+    """The bounded drain runs `torch.cuda.synchronize` on a helper thread, whose current device is 0:
+    it must name the device the rank was on (found by review: LOCAL_RANK 3 drained GPU 0 instead)."""
+    import threading
+
+    import torch
+
+    import accelpact.runtime.guard as guard
+
+    synced = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: synced.append(
+        (device, threading.current_thread() is threading.main_thread())))
+    plane = _guard_plane({"host": "gloo"})
+    assert guard.settle(plane, Quiesce(discard=True)) is None
+    assert synced == [(3, False)]  # device 3, on the helper thread

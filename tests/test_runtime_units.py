@@ -227,7 +227,8 @@ def test_a_body_run_to_its_end_counts_in_tau_before_its_boundary_check(monkeypat
     rt = SimpleNamespace(
         frontier=3, opt_step=3, update_index=4,  # update 4 ran its body; its step was skipped
         deferral=SimpleNamespace(pending=None), _plans_deferred=False, listeners=[], membership=None,
-        config=SimpleNamespace(boundary="sync", health_check=False))
+        config=SimpleNamespace(boundary="sync", health_check=False),
+        data_plane=SimpleNamespace(uses_nccl=lambda: False))  # gloo: no device fence
     rt._notify = lambda phase: None
     rt._recover = lambda *args: seen.setdefault("tau", rt.opt_step)
     shell.Runtime._boundary(rt, None, None)

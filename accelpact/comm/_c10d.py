@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import (
+    ErrorType,
     PrefixStore,
     ProcessGroup,
     Store,
@@ -44,6 +45,7 @@ __all__ = [
     "backend_config",
     "default_group",
     "default_store",
+    "device_error",
     "group_backends",
     "group_timeout",
     "group_count",
@@ -178,6 +180,19 @@ def _nccl_backend(pg: ProcessGroup):
     except RuntimeError:
         return None
     return backend if hasattr(backend, "_group_start") else None
+
+
+def device_error(pg: ProcessGroup) -> str | None:
+    """The error `pg`'s NCCL backend recorded (its watchdog met a timed-out or failed collective:
+    "TIMEOUT", "COMM_ERROR", "REMOTE_ERROR"), or None: no NCCL backend, or nothing recorded. Why:
+    on NCCL a collective that failed inside an update raises nothing on the CPU; the watchdog
+    aborts it, the stream goes on, and this is where the failure is left (`runtime.device_fence`)."""
+    backend = _nccl_backend(pg)
+    read = getattr(backend, "get_error", None)  # bound on ProcessGroupNCCL (CUDA builds; init.cpp)
+    if read is None:
+        return None
+    error = read()
+    return None if error == ErrorType.SUCCESS else str(error.name)
 
 
 def backend_config(pg: ProcessGroup) -> str | None:

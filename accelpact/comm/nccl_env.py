@@ -12,6 +12,10 @@ the process on the first failure, before any recovery can run:
 * ``TORCH_NCCL_ENABLE_MONITORING``: the heartbeat monitor kills every rank once the watchdog has
   been quiet for ``TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC`` (480 s) or another rank signalled a dump, which
   after a recovery it would do. AccelPact bounds its own aborts instead (`comm.device`).
+* ``TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC``: the watchdog's wait for a dump after a failed collective
+  (4x it), taken while it holds the lock every new collective on that group needs.
+* ``TORCH_NCCL_BLOCKING_WAIT`` (or ``NCCL_BLOCKING_WAIT``): unset or 0; blocking waits create no
+  watchdog, and the watchdog is what aborts and records a collective that failed inside an update.
 * ``TORCH_NCCL_NONBLOCKING_TIMEOUT``: how long a call waits for a non-blocking communicator
   (every replacement AccelPact builds is one) to become ready; c10d's default is 30 minutes. A
   member lost after the unique-id exchange would hold the first collective on the replacement
@@ -49,7 +53,15 @@ REQUIRED = (
     Requirement("TORCH_NCCL_ENABLE_MONITORING", "0",
                 "the heartbeat monitor kills every rank after TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC once a "
                 "communicator was aborted"),
+    Requirement("TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC", "0",
+                "after a failed collective the watchdog waits 4x this for a debug dump (15 s by default: 60 s) "
+                "before it aborts, holding the lock every new collective on the group takes, so the boundary's "
+                "probe would wait outside any bound"),
 )
+
+#: Blocking waits (either name; ProcessGroupNCCL reads both): with them no watchdog is created, so a
+#: collective that fails inside an update is never aborted and never recorded (`runtime.device_fence`)
+BLOCKING_WAIT = ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")
 
 #: How long a non-blocking NCCL communicator may take to become ready (seconds): c10d reads it
 #: once per process, before the data timeout is known (it may be measured at attach), so a bound
@@ -79,6 +91,11 @@ def problems(env: Mapping[str, str], nccl_version: tuple[int, ...] | None) -> li
     nonblocking = _nonblocking_problem(env.get(NONBLOCKING))
     if nonblocking is not None:
         found.append(nonblocking)
+    for variable in BLOCKING_WAIT:
+        value = env.get(variable)
+        if value is not None and value.strip() not in ("", "0"):
+            found.append(f"{variable} is {value!r}, must be unset or '0': blocking waits run without the watchdog, "
+                         "so a collective that fails inside an update is never aborted nor recorded")
     if nccl_version is not None and tuple(nccl_version) < MIN_NCCL:
         have, need = ".".join(map(str, nccl_version)), ".".join(map(str, MIN_NCCL))
         found.append(f"NCCL {have} is older than {need}: its ncclCommAbort can hang (pytorch#149153)")
@@ -95,6 +112,11 @@ def apply_required(env: MutableMapping[str, str]) -> list[str]:
         if old is None or old.strip() != req.value:
             env[req.variable] = req.value
             changes.append(f"{req.variable}: {old!r} -> {req.value!r} ({req.why})")
+    for variable in BLOCKING_WAIT:
+        old = env.get(variable)
+        if old is not None and old.strip() not in ("", "0"):
+            env[variable] = "0"
+            changes.append(f"{variable}: {old!r} -> '0' (blocking waits run without the watchdog)")
     old = env.get(NONBLOCKING)
     if _nonblocking_problem(old) is not None:
         env[NONBLOCKING] = str(NONBLOCKING_TIMEOUT_S)

@@ -20,6 +20,7 @@ from ..comm.backends import backend_spec, parse_backends, probe_device, uses_ncc
 from ..errors import ConfigError, UnsupportedModelError
 from ..fsm.decisions import GroupId
 from ..rebind import data_plane_groups, discover
+from .device_fence import DeviceFence
 from .listeners import UpdateListener
 from .standby import StandbyPool
 
@@ -49,6 +50,7 @@ class DataPlane:
         self.cut_short: Callable[[], bool] | None = None
         #: each group's successor, connected ahead of a failure (`Config.standby_groups`; set by attach)
         self.standby = StandbyPool()
+        self.fence = DeviceFence()  # NCCL: the update's device work waited for at its boundary
 
     def refuse_default_group(self) -> None:
         """Replacing the default group would destroy it, and with it every group of the job."""

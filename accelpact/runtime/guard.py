@@ -80,7 +80,7 @@ def settle(plane: DataPlane, effect: Quiesce, synchronize=None) -> GuardVerdict 
     broken = dict(nccl) if effect.discard else {label: pg for label, pg in nccl.items() if label in failed}
     others = {label: pg for label, pg in nccl.items() if label not in broken}
     settled = settle_device(broken=broken, others=others, timeout_s=plane.timeout_s,
-                            synchronize=synchronize or (torch.cuda.synchronize if cuda_live else _nothing),
+                            synchronize=synchronize or (this_device_sync() if cuda_live else _nothing),
                             abort=lambda groups: retire_groups(groups, abort=True))
     if not settled.drained:
         return GuardVerdict(False, settled.reason)
@@ -92,6 +92,15 @@ def settle(plane: DataPlane, effect: Quiesce, synchronize=None) -> GuardVerdict 
 
 def _nothing() -> None:
     return None
+
+
+def this_device_sync():
+    """`torch.cuda.synchronize` of the calling thread's device, for a helper thread to run (the
+    bounded drain): a new thread's current device is 0, so a bare synchronize there waits on GPU 0,
+    not on this rank's. Found by review: every rank with LOCAL_RANK != 0 drained "at once" while its
+    own device was stuck, and the unbounded synchronize after it hung."""
+    device = torch.cuda.current_device()
+    return lambda: torch.cuda.synchronize(device)
 
 
 def guard(model: nn.Module, optimizer: torch.optim.Optimizer, effect: Quiesce,

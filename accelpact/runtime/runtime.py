@@ -1,10 +1,9 @@
 """The runtime shell: trainer hooks, the committed boundary, `rt.step` / `rt.update`, `close`.
 
-It owns the rank's accounting (F, g, tau, the update in flight) and the order of things at a boundary. The
-rest is a collaborator handed to it by `attach`: the data plane (groups, probes, rebind plans, standbys), the
-control plane, the trace, the envelope's facts, the rewind state, the checkpointer, update listeners. A
-recovery is the pure driver stepped against a `RecoveryExecutor` (`recovery.drive`); a Reject raises
-`RecoveryRejected`, which `fail_stop` (the edge) exits on."""
+It owns the rank's accounting (F, g, tau, the update in flight) and the order of things at a boundary;
+the rest is handed to it by `attach`: data plane (groups, probes, rebind plans, standbys, device fence),
+control plane, trace, envelope facts, rewind state, checkpointer, listeners. A recovery is the pure
+driver stepped against a `RecoveryExecutor`; a Reject raises `RecoveryRejected` for `fail_stop`."""
 
 from __future__ import annotations
 
@@ -31,6 +30,7 @@ from .data_plane import DataPlane
 from .deferred import DeferralCounts, defer, settle_before_step
 from .deferred import settle as settle_deferred
 from .detach import detach
+from .device_fence import fence_update
 from .evidence import evidence_of, write_reject_evidence
 from .executor import RecoveryExecutor
 from .fail_stop import fail_stop
@@ -62,15 +62,14 @@ class Runtime:
                  rewind: RewindState):
         self.model, self.optimizer, self.data_state, self.config = model, optimizer, data_state, config
         self.rank, self.world_size, self.attempt = rank, world_size, attempt
-        self.profile, self.platform = profile, platform
-        self.envelope, self.envelope_source = envelope, envelope_source
+        self.profile, self.platform, self.envelope, self.envelope_source = profile, platform, envelope, envelope_source
         self.data_plane, self.control, self.trace, self.rewind = data_plane, control, trace, rewind
         self.machine = RecoveryMachine(RecoveryContext(rank), on_edge=self._on_edge if trace.enabled else None)
         self.frontier = self.opt_step = 0  # F: committed updates; tau: optimizer steps applied
         self.generation = 0  # g: communicator generation (equal on every rank)
         self.update_index = 0  # 1-based index of the update in progress (this process)
-        self.history: list[RecoveryRecord] = []
         self.checkpointer = self.digests = None  # set by attach: Config.checkpoint_dir, Config.digest_every
+        self.history: list[RecoveryRecord] = []
         self.listeners: list[UpdateListener] = []
         self.observers = Observers()  # exporters of commits, recoveries, rejects (accelpact.observe)
         self.stragglers = StragglerWatch(control, config, rank=rank, world_size=world_size)  # .report(): p50/p90
@@ -203,6 +202,7 @@ class Runtime:
         if self._plans_deferred:  # first boundary of a lazily initialised wrapper (FSDP1)
             alone, self._plans_deferred = self._plans_deferred == "alone", False  # "alone": a spare that joined
             error, phase_at_error = discover_late(self, error, phase_at_error, line_up=not alone)
+        error, phase_at_error = fence_update(self, error, phase_at_error)  # NCCL: did its device work end?
         if error is None:  # tau counts a body run to its end, a step GradScaler skipped too (as the spec's records)
             phase, self.opt_step = FailurePhase.COMMITTED, max(self.opt_step, self.update_index)
             self._notify(phase)

@@ -1,0 +1,122 @@
+"""The boundary's device fence (NCCL only; `runtime.device_fence`), with a fake event and clock: the
+CPU build has no CUDA, and on NCCL a collective that fails inside an update raises nothing on the
+CPU, so this fence is what tells a failed update from a committed one there."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from accelpact.comm.classify import is_communication_failure
+from accelpact.errors import DeviceWorkFailed
+from accelpact.fsm.phases import FailurePhase
+from accelpact.runtime import device_fence
+from accelpact.runtime.device_fence import FIRST_UPDATE_S, DeviceFence, fence_bound_s, fence_update
+
+
+class FakeEvent:
+    def __init__(self, clock, ends_at: float | None):
+        self.clock, self.ends_at = clock, ends_at
+
+    def query(self) -> bool:
+        return self.ends_at is not None and self.clock.now >= self.ends_at
+
+
+class FakeClock:
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def fence(clock: FakeClock, device_s: list[float | None], errors: dict | None = None) -> DeviceFence:
+    """A fence whose n-th event completes `device_s[n]` seconds after it is recorded (None: never)."""
+    durations = iter(device_s)
+
+    def record():
+        took = next(durations)
+        return FakeEvent(clock, None if took is None else clock.now + took)
+
+    return DeviceFence(record=record, error_of=lambda pg: (errors or {}).get(pg), clock=clock, sleep=clock.sleep)
+
+
+def test_the_bound_is_generous_for_the_first_update_then_follows_the_updates_measured():
+    assert fence_bound_s(2.0, ()) == FIRST_UPDATE_S
+    assert fence_bound_s(900.0, ()) == 900.0
+    assert fence_bound_s(2.0, (0.5, 3.0, 1.0)) == 2.0 + 2 * 3.0
+
+
+def test_an_update_whose_device_work_ends_is_clean_and_times_the_next_bound():
+    clock = FakeClock()
+    f = fence(clock, [0.2, 0.1, 0.1])
+    first = f.wait({"shard": "pg-shard"}, 2.0)
+    assert first.ended and first.failure is None and first.bound_s == FIRST_UPDATE_S
+    assert 0.2 <= first.waited_s < 0.21  # polled, backing off from 50 us to at most 2 ms
+    assert max(clock.slept) <= 2e-3 and clock.slept[0] == pytest.approx(5e-5)
+    clock.now += 1.0  # the next update's CPU side
+    second = f.wait({"shard": "pg-shard"}, 2.0)
+    assert second.ended and second.failure is None and second.bound_s == FIRST_UPDATE_S  # nothing measured yet
+    assert list(f.recent) == [pytest.approx(1.1, abs=0.01)]  # fence to fence: the second update
+    clock.now += 1.0
+    third = f.wait({"shard": "pg-shard"}, 2.0)
+    assert third.bound_s == pytest.approx(2.0 + 2 * 1.1, abs=0.02)
+
+
+def test_device_work_that_never_ends_is_a_stuck_update_after_the_bound():
+    clock = FakeClock()
+    f = fence(clock, [0.1, 0.1, None])
+    f.wait({}, 2.0)
+    clock.now += 0.9
+    f.wait({}, 2.0)
+    clock.now += 0.9
+    stuck = f.wait({}, 2.0)
+    assert not stuck.ended and stuck.waited_s >= stuck.bound_s == pytest.approx(2.0 + 2 * 1.0, abs=0.02)
+    assert stuck.failure.startswith("timeout: the update's device work did not end within 4.0 s")
+    assert len(f.recent) == 1  # a stuck update is no measure of the next bound
+
+
+def test_a_collective_the_watchdog_aborted_is_a_failure_although_the_work_ended():
+    """The watchdog aborts a timed-out collective and the stream goes on: the event completes, and
+    only the group's recorded error says the update's reduction never happened."""
+    clock = FakeClock()
+    f = fence(clock, [0.3], errors={"pg-replicate": "TIMEOUT"})
+    fenced = f.wait({"shard": "pg-shard", "replicate": "pg-replicate"}, 2.0)
+    assert fenced.ended and fenced.errors == {"replicate": "TIMEOUT"}
+    assert fenced.failure == "comm_error: NCCL recorded a failed collective during the update (replicate: TIMEOUT)"
+
+
+def _rt(*, nccl: bool, result: device_fence.Fenced, opt_step: int, update_index: int = 5):
+    trace = []
+    plane = SimpleNamespace(uses_nccl=lambda: nccl, nccl_groups=lambda: {"shard": "pg"}, timeout_s=2.0,
+                            fence=SimpleNamespace(wait=lambda groups, timeout_s: result))
+    return SimpleNamespace(data_plane=plane, trace=SimpleNamespace(write=trace.append), opt_step=opt_step,
+                           update_index=update_index), trace
+
+
+def test_the_boundary_takes_a_fence_failure_for_the_updates_own_in_the_phase_its_step_reached():
+    stuck = device_fence.Fenced(ended=False, waited_s=4.0, bound_s=4.0)
+    rt, trace = _rt(nccl=True, result=stuck, opt_step=5)  # the step post-hook counted update 5
+    error, phase = fence_update(rt, None, None)
+    assert isinstance(error, DeviceWorkFailed) and phase is FailurePhase.OPTIMIZER
+    assert trace[0]["kind"] == "device_fence" and trace[0]["ended"] is False
+    rt, _ = _rt(nccl=True, result=stuck, opt_step=4)  # no step ran (its collectives were in backward)
+    assert fence_update(rt, None, None)[1] is FailurePhase.BACKWARD
+    # a communication failure by declaration: recovered (Rewind or Reject), never taken for a bug
+    assert is_communication_failure(error) and error.failure_cause.startswith("timeout:")
+
+
+def test_the_fence_is_not_waited_where_it_cannot_tell_anything():
+    clean = device_fence.Fenced(ended=True, waited_s=0.1, bound_s=600.0)
+    rt, trace = _rt(nccl=True, result=clean, opt_step=5)
+    assert fence_update(rt, None, None) == (None, None) and trace == []
+    raised = RuntimeError("the body raised")
+    rt, _ = _rt(nccl=True, result=device_fence.Fenced(ended=False, waited_s=1, bound_s=1), opt_step=5)
+    assert fence_update(rt, raised, FailurePhase.FORWARD) == (raised, FailurePhase.FORWARD)  # its own failure
+    rt, _ = _rt(nccl=False, result=device_fence.Fenced(ended=False, waited_s=1, bound_s=1), opt_step=5)
+    assert fence_update(rt, None, None) == (None, None)  # gloo: a failed collective raises on the CPU
