@@ -111,6 +111,14 @@ def test_probes_run_on_the_cpu_for_gloo_and_on_the_current_gpu_for_nccl(monkeypa
     assert probe_device(parse_backends("gloo")) == torch.device("cpu")
     assert probe_device(parse_backends("nccl")) == torch.device("cuda", 3)
     assert probe_device(parse_backends("cpu:gloo,cuda:nccl")) == torch.device("cuda", 3)
+    # a group bound to its device (init_process_group(device_id=...)) is probed there, whatever the
+    # current device is (found by review: a group bound to cuda:1 refuses a tensor on cuda:0)
+    from types import SimpleNamespace
+
+    bound = SimpleNamespace(bound_device_id=torch.device("cuda", 1))
+    assert probe_device(parse_backends("nccl"), bound) == torch.device("cuda", 1)
+    assert probe_device(parse_backends("nccl"), SimpleNamespace(bound_device_id=None)) == torch.device("cuda", 3)
+    assert probe_device(parse_backends("gloo"), bound) == torch.device("cpu")
 
 
 class _Work:
@@ -146,7 +154,7 @@ def test_an_nccl_probe_is_waited_for_with_a_bound_below_the_group_timeout_and_gl
         return _Work(waits)
 
     monkeypatch.setattr(data_plane.dist, "all_reduce", all_reduce)
-    monkeypatch.setattr(data_plane, "probe_device", lambda backends: torch.device("cpu"))  # no GPU here
+    monkeypatch.setattr(data_plane, "probe_device", lambda backends, pg=None: torch.device("cpu"))  # no GPU here
     plane = _bare_plane({"replicate": "nccl", "shard": "gloo"}, timeout_s=10.0)
     assert plane.health_check() == ([], [])
     # NCCL: a bare wait() only orders the stream and never raises; gloo: its group timeout bounds a
@@ -173,7 +181,7 @@ def test_validation_waits_with_the_bound_it_is_given_on_nccl(monkeypatch):
     monkeypatch.setattr(validate.dist, "all_reduce", all_reduce)
     monkeypatch.setattr(validate.dist, "get_rank", lambda: 0)
     monkeypatch.setattr(validate, "backends_of", lambda pg: {"cuda": "nccl"})
-    monkeypatch.setattr(validate, "probe_device", lambda backends: torch.device("cpu"))
+    monkeypatch.setattr(validate, "probe_device", lambda backends, pg=None: torch.device("cpu"))
     result = validate.validate_group(Group(), [0, 1], timeout=datetime.timedelta(seconds=4))
     assert result.observed_sum == 1 and waits == [datetime.timedelta(seconds=4)]
 

@@ -77,12 +77,15 @@ def uses_nccl(backends: DeviceBackends) -> bool:
     return "nccl" in backends.values()
 
 
-def probe_device(backends: DeviceBackends) -> torch.device:
-    """Where a group's probes and validation run: the current CUDA device when NCCL serves it
-    (NCCL takes device tensors only; a mixed cpu:gloo,cuda:nccl group carries the model's traffic
-    on NCCL, so that is the path to prove), the CPU otherwise."""
+def probe_device(backends: DeviceBackends, pg: ProcessGroup | None = None) -> torch.device:
+    """Where a group's probes and validation run: on NCCL (it takes device tensors only; a mixed
+    cpu:gloo,cuda:nccl group carries the model's traffic on NCCL, so that is the path to prove) the
+    device `pg` is bound to (`init_process_group(device_id=...)`, which does not make it the current
+    device, and a group bound to cuda:k refuses a tensor on another), else the current CUDA device;
+    the CPU otherwise."""
     if uses_nccl(backends):
-        return torch.device("cuda", torch.cuda.current_device())
+        bound = getattr(pg, "bound_device_id", None)
+        return bound if bound is not None else torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
 

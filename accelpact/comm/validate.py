@@ -64,7 +64,7 @@ def validate_groups(groups: Sequence[tuple[ProcessGroup, Sequence[int]]], *,
         if pg.size() != len(members):
             raise GroupValidationError(f"group {pg.group_name!r} has {pg.size()} members, expected {list(members)}")
         backends = _backends(pg)
-        contribution = torch.tensor([dist.get_rank()], dtype=torch.int64, device=probe_device(backends))
+        contribution = torch.tensor([dist.get_rank()], dtype=torch.int64, device=probe_device(backends, pg))
         start = time.perf_counter_ns()
         posted.append((pg, members, backends, contribution, start,
                        dist.all_reduce(contribution, group=pg, async_op=True)))

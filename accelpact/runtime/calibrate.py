@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..comm.backends import parse_backends, probe_device, wait_for
 from ..config import AUTO, Config
 from ..control import ControlPlane
 from ..errors import ConfigError
@@ -60,14 +61,13 @@ def warmup_rounds(nbytes: int, rounds: int) -> int:
     return max(min(MIN_ROUNDS, rounds), min(rounds, WARMUP_BYTES_PER_GROUP // max(1, nbytes)))
 
 
-def collective_size(model: nn.Module) -> tuple[int, torch.device]:
-    """(float32 elements, device) of a warm-up collective: the rank's local parameters, capped."""
-    numel, device = 0, None
+def collective_size(model: nn.Module) -> int:
+    """Float32 elements of a warm-up collective: the rank's local parameters, capped."""
+    numel = 0
     for p in model.parameters():
         local = p.to_local() if hasattr(p, "to_local") else p  # an FSDP2 DTensor: this rank's shard
         numel += local.numel()
-        device = device or local.device
-    return max(1, min(numel, BUCKET_CAP_BYTES // 4)), device or torch.device("cpu")
+    return max(1, min(numel, BUCKET_CAP_BYTES // 4))
 
 
 def measure(plane: DataPlane, control: ControlPlane, model: nn.Module,
@@ -76,20 +76,27 @@ def measure(plane: DataPlane, control: ControlPlane, model: nn.Module,
     one data-plane warm-up. The ranks first agree on its size (the largest local shard: FSDP's
     uneven shards differ, and an all-reduce needs the same size everywhere), which also lines
     them up; the size sets the rounds (`warmup_rounds`), so every rank runs as many."""
-    local, device = collective_size(model)
+    local = collective_size(model)
     numel = int(max(row[0] for row in control.gather_floats([float(local)])))
     rounds = warmup_rounds(numel * 4, rounds)
     control_s = control.round_trips(rounds + 1)[1:]
-    buf = torch.zeros(numel, dtype=torch.float32, device=device)
+    buffers: dict[torch.device, torch.Tensor] = {}
     data: dict[str, list[float]] = {}
     for label in sorted(plane.groups):  # the same order on every rank, as in training
+        # on the device the group's probes use, not the parameters' (found by review: parameters
+        # offloaded to the CPU put an NCCL group's warm-up there, which NCCL refuses), each round
+        # waited for with the probes' bound: a bare NCCL wait never raises, a sync behind a peer
+        # missing at attach would never return
+        backends = parse_backends(plane.backend_specs[label])
+        device = probe_device(backends, plane.groups[label])
+        if device not in buffers:
+            buffers[device] = torch.zeros(numel, dtype=torch.float32, device=device)
         times = []
         try:
             for _ in range(rounds + 1):
                 t = time.perf_counter()
-                dist.all_reduce(buf, group=plane.groups[label])
-                if buf.is_cuda:
-                    torch.cuda.synchronize(buf.device)
+                work = dist.all_reduce(buffers[device], group=plane.groups[label], async_op=True)
+                wait_for(work, backends, plane.probe_timeout())
                 times.append(time.perf_counter() - t)
         except Exception as exc:  # gloo/NCCL raise many kinds; attach fails with the cause
             raise ConfigError(f"timeout {AUTO!r}: the warm-up all-reduce on data-plane group {label!r} failed: "

@@ -96,7 +96,7 @@ class DataPlane:
         return datetime.timedelta(seconds=0.9 * self.timeout_s)
 
     def _probe(self, label: str) -> torch.Tensor:
-        device = probe_device(parse_backends(self.backend_specs[label]))
+        device = probe_device(parse_backends(self.backend_specs[label]), self.groups[label])
         probe = self._probes.get(label)
         if probe is None or probe.device != device:
             probe = self._probes[label] = torch.ones(1, dtype=torch.int64, device=device)
