@@ -704,3 +704,32 @@ def test_a_spare_whose_join_is_rejected_leaves_the_evidence_and_the_fail_stop_re
     assert evidence["reasons"] == reasons and evidence["incident"]["cause_kind"] == "peer"
     assert len(rejected_seen) == 1  # the observers (metrics, incident export) saw the reject
     assert json.loads(rt.membership.store.get(keys.job_end()))["code"] == 75  # waiting spares end too
+
+
+def test_a_survivor_aborts_the_retired_worlds_nccl_groups_before_anything_touches_the_device(monkeypatch):
+    """`settle_retired_device`: every NCCL data-plane group aborted together, then this rank's device
+    drained, each bounded; one that does not drain is the rank's vote against the change (c10d's
+    destroy would shut the communicators down gracefully behind a kernel stuck on the lost peer)."""
+    from types import SimpleNamespace
+
+    from accelpact.errors import DeviceWorkFailed
+    from accelpact.runtime import member_change
+
+    log = []
+    monkeypatch.setattr(member_change, "retire_groups", lambda groups, abort: log.append(("abort", sorted(groups),
+                                                                                           abort)))
+    monkeypatch.setattr(member_change, "this_device_sync", lambda: lambda: log.append(("drain",)))
+    groups = {"replicate": "pg-r", "shard": "pg-s"}
+    rt = SimpleNamespace(data_plane=SimpleNamespace(nccl_groups=lambda: groups, timeout_s=0.5))
+    member_change.settle_retired_device(rt)
+    assert log == [("abort", ["pg-r", "pg-s"], True), ("drain",)]
+
+    log.clear()
+    monkeypatch.setattr(member_change, "this_device_sync", lambda: lambda: time.sleep(5))  # a device that stays busy
+    with pytest.raises(DeviceWorkFailed, match="the retired world's device did not settle: device work still running"):
+        member_change.settle_retired_device(rt)
+
+    log.clear()
+    gloo = SimpleNamespace(data_plane=SimpleNamespace(nccl_groups=lambda: {}, timeout_s=0.5))
+    member_change.settle_retired_device(gloo)  # gloo: the connections were severed; nothing to abort
+    assert log == []

@@ -20,9 +20,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..comm import _c10d, connections
+from ..comm.device import settle_device
+from ..comm.lifecycle import retire_groups
 from ..comm.validate import validate_groups
 from ..control import ControlPlane
-from ..errors import EXIT_REJECTED, ControlPlaneError, RankFenced
+from ..errors import EXIT_REJECTED, ControlPlaneError, DeviceWorkFailed, RankFenced
 from ..fsm.decisions import applied_steps, may_rerun, must_undo_step
 from ..fsm.effects import RestoreBoundary
 from ..fsm.phases import FailurePhase, RecoveryAction
@@ -33,6 +35,7 @@ from ..membership.pool import Activation
 from ..membership.sealed import holds
 from ..rebind.mesh import one_cache_decision
 from . import neighbours, shrink
+from .guard import this_device_sync
 from .history import RecoveryRecord
 from .restore import restore_boundary
 
@@ -150,6 +153,7 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase, at_check: bool = Fa
                 rerun_ok=presence.rerun_ok, copies=[list(c) for c in presence.copies], at_check=presence.at_check)
     register.post_presence(m.store, failed_world, presence)
     _leave_world(rt, failed_world)
+    settle_retired_device(rt)
     decision = register.await_decision(
         m.store, failed_world, m.world_size, grace_s=presence_grace_s(rt.config.control_timeout_s,
                                                                       rt.data_plane.timeout_s),
@@ -205,6 +209,23 @@ def _leave_world(rt: Runtime, failed_world: int) -> None:
     severed = connections.sever(retired)
     rt.data_plane.standby.clear()  # connected to the retired world's processes
     trace_event(rt, "left_world", world=failed_world, closed=severed.total, skipped=sorted(severed.skipped))
+
+
+def settle_retired_device(rt: Runtime) -> None:
+    """NCCL: abort every data-plane group of the retired world together, then drain this rank's
+    device, each bounded (`comm.device`), before the restore writes device memory and before
+    `world.init_world` destroys the world. Found by review: c10d's destroy shuts NCCL communicators
+    down gracefully, which flushes their outstanding work, and that never returns behind a kernel
+    stuck on the lost peer (an aborted group has left c10d's tables, so the destroy skips it).
+    A device that does not settle is this rank's vote against the change (`on_lost_member`)."""
+    nccl = rt.data_plane.nccl_groups()
+    if not nccl:
+        return
+    settled = settle_device(broken=nccl, others={}, timeout_s=rt.data_plane.timeout_s, synchronize=this_device_sync(),
+                            abort=lambda groups: retire_groups(groups, abort=True))
+    log.info("retired world's NCCL groups aborted: %s; device drained: %s", list(settled.aborted), settled.drained)
+    if not settled.drained:
+        raise DeviceWorkFailed(f"the retired world's device did not settle: {settled.reason}")
 
 
 def restore_frontier(rt: Runtime, change: MemberChange, undo: bool, clock: PhaseClock) -> None:
