@@ -6,17 +6,22 @@ PIP   := $(PY) -m pip --disable-pip-version-check -q
 STAMP := $(VENV)/.installed
 WORKERS ?= 2
 
-.PHONY: install python java test lint pytest modelcheck check demo bench clean campaign campaign-spares campaign-full qualify
+.PHONY: install python java fabric test lint pytest modelcheck check demo bench clean campaign campaign-spares campaign-full qualify
 
-# Everything: the Python environment and a Java runtime for TLC (the model checks, and the trace
-# validation the test suite runs). `make demo` needs the Python environment only: no root, no apt.
-install: python java
+# Everything: the Python environment, a Java runtime for TLC (the model checks, and the trace
+# validation the test suite runs) and iproute2 for the emulated nodes of the chaos tests (as root;
+# without root those tests say why they skip). `make demo` needs the Python environment only.
+install: python java fabric
 
 python: $(STAMP)
 
 java:
 	@command -v java >/dev/null 2>&1 || { echo "java missing: installing a Java runtime with apt"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null; }
+
+fabric:
+	@command -v ip >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || { echo "ip missing: installing iproute2 with apt"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 >/dev/null; }
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
