@@ -116,3 +116,41 @@ def test_a_given_secret_must_be_the_same_on_every_rank():
         assert "ACCELPACT_SECRET differs between ranks" in out
     for out in run_world(_given_secret, 2, "rank 0 only", timeout_s=45):
         assert "ACCELPACT_SECRET differs between ranks (or is set on some ranks only)" in out
+
+
+def test_a_forged_vote_is_never_counted_for_the_rank_it_names():
+    """`collect_votes` opens each vote in its own context (epoch, "vote", rank): an unsigned one, one
+    signed with a guessed key, and a genuine vote of rank 0 replayed under rank 1's key all count as
+    missing, with the reason kept. Found by review: the end-to-end test's forged votes were always
+    overwritten by the ranks' own, so dropping this check went unnoticed."""
+    import datetime
+    import json
+
+    import torch.distributed as dist
+
+    from accelpact.control.plane import ControlPlane, ReleaseVote
+
+    def plane(sealer: Sealer) -> ControlPlane:
+        p = ControlPlane.__new__(ControlPlane)
+        p.store, p.world_size, p.sealer, p.clock, p.seq, p.forged = store, 2, sealer, None, 0, {}
+        p.timeout = datetime.timedelta(seconds=0.2)
+        return p
+
+    key, namespace = b"k" * 32, "attempt0/abc"
+    store = dist.HashStore()
+    rank0 = plane(Sealer(key, namespace))
+    rank0.post_vote("r5", ReleaseVote(0, True, ""))
+    genuine = rank0.collect_votes  # rank 0 collects
+    forgeries = {
+        "unsigned": json.dumps({"ok": True, "reason": ""}),
+        "a guessed key": Sealer(b"x" * 32, namespace).seal({"ok": True, "reason": ""}, "r5", "vote", 1),
+        "rank 0's vote replayed as rank 1's": store.get("r5/vote/0"),
+    }
+    for why, forged in forgeries.items():
+        rank0.forged.clear()
+        store.set("r5/vote/1", forged)
+        votes = genuine("r5")
+        assert votes[0] == ReleaseVote(0, True, "") and votes[1] is None, why
+        assert len(rank0.forged["r5"]) == 1, why
+    plane(Sealer(key, namespace)).post_vote("r5", ReleaseVote(1, False, "proof failed"))
+    assert genuine("r5")[1] == ReleaseVote(1, False, "proof failed")  # the real one is read as it is
