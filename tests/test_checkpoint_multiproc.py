@@ -219,6 +219,20 @@ def ddp_fsdp1_world(rank: int, world: int, root: str) -> dict[str, Any]:
         raise AssertionError("mismatched frontier was not refused")
     except CheckpointSaveError as exc:
         assert f"rank {rank}: app_state.frontier=5" in str(exc)
+    # ... also when one rank alone is wrong: its peers, fine themselves, raise with its reason (found
+    # by review: only every rank wrong at once was tested, which a local raise before the gather passes)
+    app.frontier = 4 if rank == 1 else 5
+    try:
+        mgr.save(5, model=model, optimizer=opt, app_state=app)
+        raise AssertionError("one rank's mismatched frontier was not refused everywhere")
+    except CheckpointSaveError as exc:
+        assert "rank 1: app_state.frontier=4" in str(exc) and "rank 0:" not in str(exc)
+    app.frontier = 5 + rank  # ... and ranks that each hold the step they name, but not the same one
+    try:
+        mgr.save(5 + rank, model=model, optimizer=opt, app_state=app)
+        raise AssertionError("ranks saving different steps were not refused")
+    except CheckpointSaveError as exc:
+        assert "ranks disagree on the step to save: [5, 6]" in str(exc)
     app.frontier = 4
     try:
         mgr.save(4, model=model, optimizer=opt, app_state=app)
