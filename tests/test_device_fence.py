@@ -43,7 +43,7 @@ def fence(clock: FakeClock, device_s: list[float | None], errors: dict | None = 
         took = next(durations)
         return FakeEvent(clock, None if took is None else clock.now + took)
 
-    return DeviceFence(record=record, error_of=lambda pg: (errors or {}).get(pg), clock=clock, sleep=clock.sleep)
+    return DeviceFence(record=record, error_of=lambda pg: (errors or {}).get(pg), clock=clock, pause=clock.sleep)
 
 
 def test_the_bound_is_generous_for_the_first_update_then_follows_the_updates_measured():

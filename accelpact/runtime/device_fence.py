@@ -78,8 +78,8 @@ class DeviceFence:
 
     def __init__(self, *, record: Callable[[], Any] = _record_event,
                  error_of: Callable[[Any], str | None] = _c10d.device_error,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
-        self._record, self._error_of, self._clock, self._sleep = record, error_of, clock, sleep
+                 clock: Callable[[], float] = time.monotonic, pause: Callable[[float], None] = time.sleep):
+        self._record, self._error_of, self._clock, self._pause = record, error_of, clock, pause
         self.recent: deque[float] = deque(maxlen=8)
         self._last_end: float | None = None
 
@@ -91,7 +91,7 @@ class DeviceFence:
             if self._clock() - start >= bound:
                 ended = False
                 break
-            self._sleep(delay)
+            self._pause(delay)
             delay = min(2 * delay, _POLL_MAX_S)
         end = self._clock()
         errors = {label: error for label, pg in groups.items() if (error := self._error_of(pg))}
