@@ -57,8 +57,9 @@ def test_reject_exits_every_rank_then_restart_restore_replay_is_bitwise_equal_to
     # each start and the script's own rt.close() on record too: the next launch counts no failure for it
     assert events == [(0, "started"), (0, "fresh_start"), (0, "fail_stop"), (1, "started"), (1, "restored"),
                       (1, "finished")], (events, proc.stderr[-6000:])
-    assert attempts[1]["frontier"] == 5 and attempts[2]["checkpoint_step"] == 3
-    assert attempts[2]["updates_replayed"] == 2
+    fail_stop, restored, finished = attempts[2], attempts[4], attempts[5]
+    assert fail_stop["frontier"] == 5 and restored["checkpoint_step"] == 3 and restored["updates_replayed"] == 2
+    assert finished["frontier"] == 8
     assert_valid_run(tmp_path / "trace")  # both attempts: the rejected one and the restored one
 
 
