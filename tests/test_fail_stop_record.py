@@ -231,3 +231,32 @@ def test_the_end_of_training_is_recorded_once_and_never_for_a_failure(tmp_path, 
     ck.record_finished()
     ck.record_finished()  # a second close
     assert finished_lines() == [("finished", 7)]
+
+
+def test_every_rank_follows_rank_0s_budget_verdict(tmp_path):
+    """Rank 0 notes how the previous launch ended, then counts; the others must not count from a log
+    read before that note landed (found by review: rank 1 passed with 1 restart used where rank 0
+    stopped at 2, and went on into the restore without it)."""
+    from accelpact.errors import RestartBudgetExceeded
+
+    AttemptLog(tmp_path, run_id="job", attempt=0, launch="A").record_started()  # launch A crashed
+    gathered = []
+
+    def checkpointer(rank: int, rank0_used: float) -> Checkpointer:
+        ck = Checkpointer.__new__(Checkpointer)
+        control = SimpleNamespace(gather_floats=lambda values: gathered.append((rank, values)) or [(rank0_used,), (-1.0,)])
+        ck.rt = SimpleNamespace(rank=rank, attempt=0, control=control, config=SimpleNamespace(max_restarts=0))
+        ck.attempts = AttemptLog(tmp_path, run_id="job", attempt=0, launch="B")
+        return ck
+
+    follower = checkpointer(1, rank0_used=1.0)  # its own read of the log (no note yet) says 0 used
+    with pytest.raises(RestartBudgetExceeded, match="rank 0 counted 1 restarts used > max_restarts=0"):
+        follower.enforce_budget()
+    leader = checkpointer(0, rank0_used=1.0)
+    leader.note_previous_attempt()
+    with pytest.raises(RestartBudgetExceeded, match=r"1 restarts used .*1 failed attempts of earlier launches"):
+        leader.enforce_budget()
+    assert gathered == [(1, [-1.0]), (0, [1.0])]  # each posted what it found; rank 0's count decides
+    fine = checkpointer(1, rank0_used=-1.0)
+    fine.rt.config.max_restarts = 5
+    fine.enforce_budget()  # within the budget everywhere: nothing raised, rank 1 writes no start

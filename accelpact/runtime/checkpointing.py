@@ -26,7 +26,7 @@ from ..checkpoint import (
 )
 from ..checkpoint.failed_saves import FailedSaveVerdict, judge_failed_save
 from ..checkpoint.selection import recorded_run
-from ..errors import ControlPlaneError
+from ..errors import ControlPlaneError, RestartBudgetExceeded
 from ..fsm.phases import RecoveryAction
 from ..launch import current_launch
 
@@ -101,12 +101,32 @@ class Checkpointer:
         """RestartBudgetExceeded past the budget (`fail_stop` turns it into the exit); within it,
         rank 0 records the attempt's start. After the check: an attempt the budget stopped did
         not run, and a resubmission must not count it as one that failed."""
-        check_restart_budget(self.rt.config.max_restarts, attempt=self.rt.attempt, log=self.attempts)
+        self._budget_verdict_of_rank_0()
         if self.rt.rank == 0:
             try:
                 self.attempts.record_started()
             except OSError as exc:
                 log.error("could not record this attempt's start: %s: %s", type(exc).__name__, exc)
+
+    def _budget_verdict_of_rank_0(self) -> None:
+        """Rank 0 counts (it has just noted how the previous attempt ended); every rank follows its
+        verdict. Found by review: a rank that read the log before rank 0's note landed passed where
+        rank 0 stopped, and went on into the restore without it (its agent waited the rendezvous)."""
+        verdict: RestartBudgetExceeded | None = None
+        if self.rt.rank == 0:
+            try:
+                check_restart_budget(self.rt.config.max_restarts, attempt=self.rt.attempt, log=self.attempts)
+            except RestartBudgetExceeded as exc:
+                verdict = exc
+        used = float(verdict.context.get("used", 0)) if verdict is not None else -1.0
+        agreed = self.rt.control.gather_floats([used])[0][0]
+        if verdict is not None:
+            raise verdict
+        if agreed >= 0:
+            raise RestartBudgetExceeded(
+                f"restart budget exceeded: rank 0 counted {int(agreed)} restarts used > max_restarts="
+                f"{self.rt.config.max_restarts} (its log and {self.attempts.path} say which); stopping instead of "
+                "retrying", used=int(agreed), max_restarts=self.rt.config.max_restarts, attempt=self.rt.attempt)
 
     def record_finished(self) -> None:
         """Rank 0, at `rt.close()` (`detach`): the end of training, once, so that the run's next
