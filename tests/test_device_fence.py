@@ -94,8 +94,7 @@ def test_a_collective_the_watchdog_aborted_is_a_failure_although_the_work_ended(
 def _rt(*, nccl: bool, result: device_fence.Fenced, opt_step: int, update_index: int = 5):
     trace = []
     plane = SimpleNamespace(uses_nccl=lambda: nccl, nccl_groups=lambda: {"shard": "pg"}, timeout_s=2.0,
-                            fence=SimpleNamespace(wait=lambda groups, timeout_s: result),
-                            keep_watchdog_behind_fence=lambda: None)
+                            fence=SimpleNamespace(wait=lambda groups, timeout_s: result))
     return SimpleNamespace(data_plane=plane, trace=SimpleNamespace(write=trace.append), opt_step=opt_step,
                            update_index=update_index), trace
 
@@ -121,39 +120,3 @@ def test_the_fence_is_not_waited_where_it_cannot_tell_anything():
     assert fence_update(rt, raised, FailurePhase.FORWARD) == (raised, FailurePhase.FORWARD)  # its own failure
     rt, _ = _rt(nccl=False, result=device_fence.Fenced(ended=False, waited_s=1, bound_s=1), opt_step=5)
     assert fence_update(rt, None, None) == (None, None)  # gloo: a failed collective raises on the CPU
-
-
-def test_an_nccl_groups_watchdog_gets_the_fences_bound_and_follows_the_measured_updates(monkeypatch):
-    """NCCL's watchdog times a collective from its enqueue: with the data timeout (2 s) it would abort
-    healthy collectives queued behind a slower update. Its groups get the fence's bound (600 s until
-    updates are measured, then D + 2x the slowest), re-applied when it moves by more than a quarter
-    or the group was replaced; gloo groups keep the data timeout."""
-    from accelpact.comm import _c10d
-    from accelpact.runtime import data_plane as dp
-    from accelpact.runtime.data_plane import DataPlane
-
-    applied = []
-    monkeypatch.setattr(_c10d, "set_group_timeout", lambda pg, t: applied.append((pg, t.total_seconds())))
-    monkeypatch.setattr(_c10d, "group_timeout", lambda pg: None)
-    plane = object.__new__(DataPlane)
-    plane.groups = {"shard": "nccl-pg", "host": "gloo-pg"}
-    plane.backend_specs = {"shard": "cpu:gloo,cuda:nccl", "host": "gloo"}
-    plane.timeout_s, plane._saved_timeouts, plane._watchdog = 2.0, {}, {}
-    clock = FakeClock()
-    plane.fence = fence(clock, [0.1] * 5)
-    plane.enforce_timeout()
-    assert sorted(applied) == [("gloo-pg", 2.0), ("nccl-pg", FIRST_UPDATE_S)]
-    applied.clear()
-    for _ in range(3):  # updates of 3 s each: the bound becomes 2 + 2 x 3.1 once one is measured
-        rt = SimpleNamespace(data_plane=plane, trace=SimpleNamespace(write=list), opt_step=1, update_index=1)
-        monkeypatch.setattr(dp.DataPlane, "uses_nccl", lambda self: True)
-        assert fence_update(rt, None, None) == (None, None)
-        clock.now += 3.0
-    assert applied == [("nccl-pg", pytest.approx(2.0 + 2 * 3.1, abs=0.05))]  # moved from 600 s, once
-    plane.groups["shard"] = "replacement-pg"  # a recovery replaced it: the replacement gets it too
-    applied.clear()
-    plane.keep_watchdog_behind_fence()
-    assert applied == [("replacement-pg", pytest.approx(8.2, abs=0.05))]
-    applied.clear()
-    plane.keep_watchdog_behind_fence()
-    assert applied == []  # nothing moved

@@ -20,7 +20,7 @@ from ..comm.backends import backend_spec, parse_backends, probe_device, uses_ncc
 from ..errors import ConfigError, UnsupportedModelError
 from ..fsm.decisions import GroupId
 from ..rebind import data_plane_groups, discover
-from .device_fence import DeviceFence, fence_bound_s
+from .device_fence import DeviceFence
 from .listeners import UpdateListener
 from .standby import StandbyPool
 
@@ -51,7 +51,6 @@ class DataPlane:
         #: each group's successor, connected ahead of a failure (`Config.standby_groups`; set by attach)
         self.standby = StandbyPool()
         self.fence = DeviceFence()  # NCCL: the update's device work waited for at its boundary
-        self._watchdog: dict[str, tuple[dist.ProcessGroup, float]] = {}  # NCCL: the timeout applied, by label
 
     def refuse_default_group(self) -> None:
         """Replacing the default group would destroy it, and with it every group of the job."""
@@ -65,36 +64,12 @@ class DataPlane:
 
     def enforce_timeout(self) -> None:
         """Detection is bounded by the data-plane timeout (gloo cannot abort a collective), so
-        every data-plane group gets it: a 30-minute default would mean 30 minutes; an NCCL group
-        gets its watchdog's (`watchdog_timeout_s`). The previous timeouts are kept so that a failed
-        attach can put them back (`restore_timeouts`)."""
+        every data-plane group gets it: a 30-minute default would mean 30 minutes. The previous
+        timeouts are kept so that a failed attach can put them back (`restore_timeouts`)."""
         timeout = datetime.timedelta(seconds=self.timeout_s)
-        nccl = self.nccl_groups()
         for label, pg in self.groups.items():
             self._saved_timeouts.setdefault(label, _c10d.group_timeout(pg))
-            if label not in nccl:
-                _c10d.set_group_timeout(pg, timeout)
-        self._watchdog = {}
-        self.keep_watchdog_behind_fence()
-
-    def watchdog_timeout_s(self) -> float:
-        """An NCCL group's c10d timeout. Its watchdog times a collective from its enqueue, and the
-        CPU may queue an update's collectives behind up to an update of device work: the data
-        timeout there aborted healthy collectives of any update slower than it (found by review,
-        read in ProcessGroupNCCL, not run). So the device fence's bound, never under the data
-        timeout; a failure at the boundary is still found within the data timeout (the probes are
-        posted after the fence and waited for with their own bound, `probe_timeout`)."""
-        return fence_bound_s(self.timeout_s, tuple(self.fence.recent))
-
-    def keep_watchdog_behind_fence(self) -> None:
-        """Give each NCCL group the watchdog timeout, again when it moved by more than a quarter (the
-        updates were measured) or the group is a replacement; nothing on gloo."""
-        target = self.watchdog_timeout_s()
-        for label, pg in self.nccl_groups().items():
-            applied = self._watchdog.get(label)
-            if applied is None or applied[0] is not pg or abs(target - applied[1]) > 0.25 * applied[1]:
-                _c10d.set_group_timeout(pg, datetime.timedelta(seconds=target))
-                self._watchdog[label] = (pg, target)
+            _c10d.set_group_timeout(pg, timeout)
 
     def restore_timeouts(self) -> None:
         """The timeouts the groups had before attach (a failed attach; `rt.close()`: a replaced

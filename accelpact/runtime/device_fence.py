@@ -112,7 +112,6 @@ def fence_update(rt: Any, error: BaseException | None,
         return error, phase
     fenced = plane.fence.wait(plane.nccl_groups(), plane.timeout_s)
     if fenced.failure is None:
-        plane.keep_watchdog_behind_fence()  # the updates measured so far (a replacement's too)
         return None, phase
     rt.trace.write({"kind": "device_fence", "update": rt.update_index, "ended": fenced.ended,
                     "waited_s": fenced.waited_s, "bound_s": fenced.bound_s, "errors": fenced.errors})
