@@ -7,8 +7,9 @@ on: the optimizer step the CPU had already queued then runs on half-reduced grad
 Preserve would keep that (found by review; read, not run: no device was lent). So before the
 boundary's probes:
 
-- an event recorded on the current stream where the body ended is waited for (bounded, polled on
-  this thread: a helper thread would wait on its own current device, not this rank's);
+- an event recorded on the current stream where the body ended is waited for, polled on this
+  thread (a helper thread would wait on its own current device, not this rank's), for at most the
+  data timeout, as long as a rank may be late to its boundary check (`DeviceFence`);
 - then every NCCL group's recorded error is read (`comm._c10d.device_error`).
 
 Ended with no error: the update's work, its collectives included (the optimizer step waits for
@@ -20,8 +21,7 @@ optimizer where the step ran (Rewind with a pre-step copy, else Reject), never a
 from __future__ import annotations
 
 import time
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,21 +29,7 @@ from ..comm import _c10d
 from ..errors import DeviceWorkFailed
 from ..fsm.phases import FailurePhase
 
-#: The first update's bound (no update measured yet): it may build NCCL communicators lazily and
-#: compile. A stuck collective is aborted by the watchdog after the group timeout long before; this
-#: bound is for device work that never returns at all.
-FIRST_UPDATE_S = 600.0
-#: An update's device work may lag its CPU side by about one update (the fence of the previous
-#: boundary caught the device up): this many of the slowest recent updates, plus the data timeout.
-UPDATES_OF_SLACK = 2.0
 _POLL_FIRST_S, _POLL_MAX_S = 5e-5, 2e-3
-
-
-def fence_bound_s(data_timeout_s: float, recent_updates_s: Sequence[float]) -> float:
-    """How long the fence waits for the update's device work (pure)."""
-    if not recent_updates_s:
-        return max(FIRST_UPDATE_S, data_timeout_s)
-    return data_timeout_s + UPDATES_OF_SLACK * max(recent_updates_s)
 
 
 @dataclass(frozen=True)
@@ -74,32 +60,31 @@ def _record_event() -> Any:
 
 
 class DeviceFence:
-    """One rank's fence; remembers how long recent updates took (fence to fence)."""
+    """One rank's fence. Its bound is the data timeout, from the body's end: the peers' control
+    timeout is derived for a rank that is at most that late to its check (C >= 2D). Found by review:
+    a longer bound (600 s at first, then twice the slowest update) held a rank stuck inside a
+    failed update far past its peers' check, and they rejected a recoverable fault, or under
+    spares declared the live rank lost. The price: on NCCL the data timeout must exceed the device
+    work an update may still have queued when its body returns (`Config.data_timeout_s`)."""
 
     def __init__(self, *, record: Callable[[], Any] = _record_event,
                  error_of: Callable[[Any], str | None] = _c10d.device_error,
                  clock: Callable[[], float] = time.monotonic, pause: Callable[[float], None] = time.sleep):
         self._record, self._error_of, self._clock, self._pause = record, error_of, clock, pause
-        self.recent: deque[float] = deque(maxlen=8)
-        self._last_end: float | None = None
 
-    def wait(self, groups: Mapping[str, Any], data_timeout_s: float) -> Fenced:
-        bound = fence_bound_s(data_timeout_s, tuple(self.recent))
+    def wait(self, groups: Mapping[str, Any], bound_s: float, cut_short: Callable[[], bool] | None = None) -> Fenced:
+        """`cut_short`: a membership change abandons this world (its peers left): stop waiting."""
         event, start = self._record(), self._clock()
         delay, ended = _POLL_FIRST_S, True
         while not event.query():
-            if self._clock() - start >= bound:
+            if self._clock() - start >= bound_s or (cut_short is not None and cut_short()):
                 ended = False
                 break
             self._pause(delay)
             delay = min(2 * delay, _POLL_MAX_S)
         end = self._clock()
         errors = {label: error for label, pg in groups.items() if (error := self._error_of(pg))}
-        if ended:
-            if self._last_end is not None:
-                self.recent.append(end - self._last_end)
-            self._last_end = end
-        return Fenced(ended, end - start, bound, errors)
+        return Fenced(ended, end - start, bound_s, errors)
 
 
 def fence_update(rt: Any, error: BaseException | None,
@@ -110,7 +95,7 @@ def fence_update(rt: Any, error: BaseException | None,
     plane = rt.data_plane
     if error is not None or not plane.uses_nccl():
         return error, phase
-    fenced = plane.fence.wait(plane.nccl_groups(), plane.timeout_s)
+    fenced = plane.fence.wait(plane.nccl_groups(), plane.timeout_s, plane.cut_short)
     if fenced.failure is None:
         return None, phase
     rt.trace.write({"kind": "device_fence", "update": rt.update_index, "ended": fenced.ended,
