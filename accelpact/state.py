@@ -87,6 +87,9 @@ def restore(state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Opti
         for name, p in model.named_parameters():
             local = p.to_local() if callable(getattr(p, "to_local", None)) else p
             local.copy_(state[f"param/{name}"])
+        for name, b in model.named_buffers():  # a capture of an older layout without them restores none
+            if f"buffer/{name}" in state:
+                (b.to_local() if callable(getattr(b, "to_local", None)) else b).copy_(state[f"buffer/{name}"])
     params = [p for group in optimizer.param_groups for p in group["params"]]
     per_param: dict[int, dict[str, Any]] = {}
     for key, value in state.items():

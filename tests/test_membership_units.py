@@ -682,7 +682,7 @@ def test_a_spare_whose_join_is_rejected_leaves_the_evidence_and_the_fail_stop_re
         world=1, decision=decision, outcome="reject", reasons=list(reasons), timings_s={"transfer": 0.5}))
     recorded, rejected_seen, trace = [], [], []
     rt = SimpleNamespace(
-        rank=0, attempt=0, _recoveries=3, update_index=4, frontier=4, generation=5, opt_step=4, history=[],
+        rank=0, attempt=0, _recoveries=3, update_index=0, frontier=0, generation=5, opt_step=0, history=[],  # no state taken in
         config=SimpleNamespace(trace_dir=str(tmp_path), on_reject="raise", boundary="aligned"),
         membership=SimpleNamespace(activation=pool.Activation(spare=4, position=0, world=2, world_size=4),
                                    store=dist.HashStore()),
@@ -695,9 +695,9 @@ def test_a_spare_whose_join_is_rejected_leaves_the_evidence_and_the_fail_stop_re
     with pytest.raises(RecoveryRejected) as raised:
         _join(rt, None)
     assert raised.value.reasons == tuple(reasons)
-    assert recorded == [(4, reasons)]  # the attempt log's fail-stop record (rank 0 writes it)
+    assert recorded == [(4, reasons)]  # the attempt log's fail-stop record (rank 0 writes it), at the job's F
     [record] = rt.history
-    assert (str(record.action), record.index, record.replacement["lost"]) == ("reject", 3, [0])
+    assert (str(record.action), record.index, record.replacement["lost"], record.frontier) == ("reject", 3, [0], 4)
     assert [t["kind"] for t in trace] == ["recovery"] and trace[0]["reasons"] == reasons
     evidence = json.loads(open(raised.value.evidence_path).read())
     assert raised.value.evidence_path == str(tmp_path / "reject-rank0-attempt0.json")

@@ -478,3 +478,20 @@ def test_schedulers_are_found_outermost_first_in_an_order_no_collection_changes(
     both = SequentialLR(opt, [warm, cosine], milestones=[3])
     step = StepLR(opt, step_size=5)
     assert schedulers_of(opt) == [both, step]  # by type name; warm and cosine are inside `both`
+
+
+def test_a_capture_restores_the_module_buffers_it_compares():
+    """`state.capture` compares buffers (a Rewind must put them back), so `state.restore` writes them
+    back too: else a reference restored from a capture reported its own BatchNorm statistics as a
+    mismatch (found by review)."""
+    from accelpact import state
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(8, 4))
+    before = state.capture(model, opt)
+    model(torch.randn(8, 4))  # moves running_mean, running_var, num_batches_tracked
+    assert state.diff(state.capture(model, opt), before)
+    state.restore(before, model, opt)
+    assert state.diff(state.capture(model, opt), before) == []

@@ -379,6 +379,9 @@ def reject_join(rt: Runtime, change: MemberChange) -> None:
     review: it exited through `fail_stop` with neither, and where it held rank 0's position the
     attempt log missed the fail-stop record its peers waited for (`Checkpointer.record_fail_stop`)."""
     d = change.decision
+    # the job's frontier, which the fail-stop abandons: a spare whose transfer failed never reached it
+    # (found by review: its record said F=0, and the restart then claimed nothing to replay)
+    rt.frontier = rt.update_index = d.frontier
     record = RecoveryRecord(
         index=rt._recoveries, update=rt.update_index, action=RecoveryAction.REJECT,
         failure_phase=FailurePhase.COMMITTED, saw_failure=False,  # it joins at a boundary; the loss was its peers'
