@@ -127,6 +127,8 @@ def test_a_backend_reports_the_error_its_watchdog_recorded():
     """`_c10d.device_error`: an NCCL backend's `get_error()` (ErrorType, SUCCESS until its watchdog
     meets a failed collective) is how the boundary's device fence learns of a collective that failed
     inside an update without raising on the CPU."""
+    from types import SimpleNamespace
+
     from torch._C._distributed_c10d import ErrorType
 
     from accelpact.comm import _c10d
@@ -160,6 +162,8 @@ def test_a_backend_reports_the_error_its_watchdog_recorded():
         _c10d.backend_config = lambda pg: "cuda:nccl"
         assert _c10d.device_error(Group(Stuck())) == "TIMEOUT"
         assert _c10d.device_error(Group(Fine())) is None
+        wrapper = SimpleNamespace(wrapped_pg=Stuck(), get_error=lambda: ErrorType.SUCCESS)  # DETAIL debug
+        assert _c10d.device_error(Group(wrapper)) == "TIMEOUT"  # the NCCL backend inside it is read
         _c10d.backend_config = lambda pg: "cpu:gloo"
         assert _c10d.device_error(Group(Stuck())) is None  # not NCCL: nothing to read
     finally:

@@ -327,8 +327,10 @@ def test_every_unfit_variable_and_an_old_nccl_are_named_with_the_required_value(
     text = "\n".join(found)
     assert len(found) == 7
     assert "TORCH_NCCL_WAIT_TIMEOUT_DUMP_MILSEC is unset" in text
-    assert "NCCL_BLOCKING_WAIT is '1', must be unset or '0'" in text
-    assert nccl_env.problems({**FIT, "TORCH_NCCL_BLOCKING_WAIT": "0"}, (2, 26, 2)) == []
+    assert "NCCL_BLOCKING_WAIT is '1', must be unset or off ('0')" in text
+    for off in ("0", "false", "No", "f"):  # as c10d's boolean parser reads them
+        assert nccl_env.problems({**FIT, "TORCH_NCCL_BLOCKING_WAIT": off}, (2, 26, 2)) == []
+    assert nccl_env.problems({**FIT, "TORCH_NCCL_BLOCKING_WAIT": ""}, (2, 26, 2))  # c10d throws on it
     blocking = {**FIT, "TORCH_NCCL_BLOCKING_WAIT": "1"}
     assert any("'1' -> '0'" in c for c in nccl_env.apply_required(blocking)) and blocking["TORCH_NCCL_BLOCKING_WAIT"] == "0"
     assert "TORCH_NCCL_ASYNC_ERROR_HANDLING is '1', must be '2'" in text

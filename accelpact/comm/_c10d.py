@@ -179,6 +179,7 @@ def _nccl_backend(pg: ProcessGroup):
         backend = pg._get_backend(torch.device("cuda"))
     except RuntimeError:
         return None
+    backend = getattr(backend, "wrapped_pg", backend)  # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps it
     return backend if hasattr(backend, "_group_start") else None
 
 
@@ -187,7 +188,7 @@ def device_error(pg: ProcessGroup) -> str | None:
     "TIMEOUT", "COMM_ERROR", "REMOTE_ERROR"), or None: no NCCL backend, or nothing recorded. Why:
     on NCCL a collective that failed inside an update raises nothing on the CPU; the watchdog
     aborts it, the stream goes on, and this is where the failure is left (`runtime.device_fence`)."""
-    backend = _nccl_backend(pg)
+    backend = _nccl_backend(pg)  # unwrapped where TORCH_DISTRIBUTED_DEBUG=DETAIL wraps it
     read = getattr(backend, "get_error", None)  # bound on ProcessGroupNCCL (CUDA builds; init.cpp)
     if read is None:
         return None

@@ -62,6 +62,13 @@ REQUIRED = (
 #: Blocking waits (either name; ProcessGroupNCCL reads both): with them no watchdog is created, so a
 #: collective that fails inside an update is never aborted and never recorded (`runtime.device_fence`)
 BLOCKING_WAIT = ("TORCH_NCCL_BLOCKING_WAIT", "NCCL_BLOCKING_WAIT")
+#: the values c10d's boolean parser (`getCvarBool`) reads as off; anything else is on, or malformed
+#: ("" makes ProcessGroupNCCL's constructor throw)
+_OFF = ("0", "n", "no", "f", "false")
+
+
+def _blocking(value: str | None) -> bool:
+    return value is not None and value.strip().lower() not in _OFF
 
 #: How long a non-blocking NCCL communicator may take to become ready (seconds): c10d reads it
 #: once per process, before the data timeout is known (it may be measured at attach), so a bound
@@ -93,9 +100,9 @@ def problems(env: Mapping[str, str], nccl_version: tuple[int, ...] | None) -> li
         found.append(nonblocking)
     for variable in BLOCKING_WAIT:
         value = env.get(variable)
-        if value is not None and value.strip() not in ("", "0"):
-            found.append(f"{variable} is {value!r}, must be unset or '0': blocking waits run without the watchdog, "
-                         "so a collective that fails inside an update is never aborted nor recorded")
+        if _blocking(value):
+            found.append(f"{variable} is {value!r}, must be unset or off ('0'): blocking waits run without the "
+                         "watchdog, so a collective that fails inside an update is never aborted nor recorded")
     if nccl_version is not None and tuple(nccl_version) < MIN_NCCL:
         have, need = ".".join(map(str, nccl_version)), ".".join(map(str, MIN_NCCL))
         found.append(f"NCCL {have} is older than {need}: its ncclCommAbort can hang (pytorch#149153)")
@@ -114,7 +121,7 @@ def apply_required(env: MutableMapping[str, str]) -> list[str]:
             changes.append(f"{req.variable}: {old!r} -> {req.value!r} ({req.why})")
     for variable in BLOCKING_WAIT:
         old = env.get(variable)
-        if old is not None and old.strip() not in ("", "0"):
+        if _blocking(old):
             env[variable] = "0"
             changes.append(f"{variable}: {old!r} -> '0' (blocking waits run without the watchdog)")
     old = env.get(NONBLOCKING)
