@@ -260,3 +260,31 @@ def test_every_rank_follows_rank_0s_budget_verdict(tmp_path):
     fine = checkpointer(1, rank0_used=-1.0)
     fine.rt.config.max_restarts = 5
     fine.enforce_budget()  # within the budget everywhere: nothing raised, rank 1 writes no start
+
+
+def test_a_chain_of_preempted_launches_that_each_saved_a_newer_step_spends_nothing(tmp_path):
+    """A launch the scheduler stopped (wall-clock limit, preemption: no fail-stop, no close) after it
+    saved past the step it started from made progress: noted, not counted. Found by review: four
+    healthy requeues stopped the fifth under the default budget. One that saved nothing new still
+    counts (a crash loop)."""
+    from accelpact.checkpoint.attempts import ENDED_AFTER_PROGRESS, check_restart_budget
+
+    newest = 0
+    for n, launch in enumerate("ABCD"):
+        log = AttemptLog(tmp_path, run_id="job", attempt=0, launch=launch)
+        rec = log.note_unrecorded_end(newest_step=newest)
+        assert (rec is None) if n == 0 else (rec.event == ENDED_AFTER_PROGRESS and rec.checkpoint_step == newest)
+        assert check_restart_budget(0, attempt=0, log=log) == 0  # no restart spent, even with a budget of 0
+        log.record_started()
+        if n == 0:
+            log.record_fresh_start()
+        else:
+            log.record_restore(report(newest))
+        newest += 1000  # it saved a newer step, then was stopped without a word
+    stuck = AttemptLog(tmp_path, run_id="job", attempt=0, launch="E")
+    assert stuck.note_unrecorded_end(newest_step=newest).event == ENDED_AFTER_PROGRESS  # D saved 4000
+    stuck.record_started()
+    stuck.record_restore(report(newest))  # E restores 4000 and dies before saving anything newer
+    rec = AttemptLog(tmp_path, run_id="job", attempt=0, launch="F").note_unrecorded_end(newest_step=newest)
+    assert rec.event == ENDED_UNRECORDED and rec.launch == "E"
+    assert AttemptLog(tmp_path, run_id="job", attempt=0, launch="F").failures_of_other_launches() == 1

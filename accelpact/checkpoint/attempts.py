@@ -43,8 +43,11 @@ STARTED = "started"
 #: rank 0 at `rt.close()`: the script ended its training itself. A launch whose last line is not
 #: one of these ends (a crash, a kill, a node lost) is counted as a failure by the next launch
 FINISHED = "finished"
+#: written by the next launch for one that ended without an end line but saved a newer step than it
+#: started from (a preemption, a wall-clock limit, a requeue): progress, so not counted as a failure
+ENDED_AFTER_PROGRESS = "ended_after_progress"
 #: the lines an attempt's end leaves; any other last line of a launch means it ended unrecorded
-ENDS = (FAIL_STOP, ENDED_UNRECORDED, FINISHED)
+ENDS = (FAIL_STOP, ENDED_UNRECORDED, FINISHED, ENDED_AFTER_PROGRESS)
 
 
 def restart_count(env: Mapping[str, str] | None = None) -> int:
@@ -162,14 +165,14 @@ class AttemptLog:
         ends = [r for r in self.records() if r.event in (FAIL_STOP, ENDED_UNRECORDED)]
         return ends[-1].frontier if ends else None
 
-    def note_unrecorded_end(self) -> AttemptRecord | None:
+    def note_unrecorded_end(self, newest_step: int | None = None) -> AttemptRecord | None:
         """At the start of an attempt: record the one before it as ended without a record when it
         left no end line. A restart (attempt > 0) looks at this launch's previous attempt
         (torchrun restarted it, so it failed); a launch's first attempt looks at the last line of
         the run's previous launch (found by review: under the spares recipe, where a scheduler
         relaunches and every launch is attempt 0, a crash loop was never counted)."""
         if self.attempt == 0:
-            return self._note_previous_launch()
+            return self._note_previous_launch(newest_step)
         previous = self.attempt - 1
         # of this launch: found by review, an earlier launch's fail-stop of the same number (they
         # count from 0 again) hid this launch's crash
@@ -182,13 +185,24 @@ class AttemptLog:
                    "before it wrote one); its frontier is unknown",
         ))
 
-    def _note_previous_launch(self) -> AttemptRecord | None:
+    def _note_previous_launch(self, newest_step: int | None) -> AttemptRecord | None:
+        """`newest_step`: the newest checkpoint published now. A launch that saved past the step it
+        started from made progress (found by review: a healthy chain of preempted, requeued launches
+        spent the budget) and is noted as such, not counted; one that did not is a failure."""
         records = self.records()
         last = records[-1] if records else None
         # a line without a launch was written outside torchrun (or before launches were recorded):
         # nothing says whether it is another launch's
         if last is None or last.launch is None or last.launch == self.launch or last.event in ENDS:
             return None
+        its = [r for r in records if r.launch == last.launch]
+        started_at = next((r.checkpoint_step if r.event == RESTORED else 0 for r in reversed(its)
+                           if r.event in (RESTORED, FRESH_START)), None)
+        if newest_step is not None and started_at is not None and newest_step > started_at:
+            return self.append(AttemptRecord(
+                self.run_id, last.attempt, ENDED_AFTER_PROGRESS, _now(), launch=last.launch, checkpoint_step=newest_step,
+                reason=f"launch {last.launch} ended at attempt {last.attempt} without an end line after saving step "
+                       f"{newest_step} (it started from {started_at}): a preemption or a requeue, not counted"))
         return self.append(AttemptRecord(
             self.run_id, last.attempt, ENDED_UNRECORDED, _now(), launch=last.launch,
             reason=f"launch {last.launch} ended at attempt {last.attempt} without a fail-stop or a finish record "

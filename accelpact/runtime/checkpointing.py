@@ -25,6 +25,7 @@ from ..checkpoint import (
     check_restart_budget,
 )
 from ..checkpoint.failed_saves import FailedSaveVerdict, judge_failed_save
+from ..checkpoint.naming import classify_entries
 from ..checkpoint.selection import recorded_run
 from ..errors import ControlPlaneError, RestartBudgetExceeded
 from ..fsm.phases import RecoveryAction
@@ -248,19 +249,27 @@ class Checkpointer:
                     log.error("could not record the failed save: %s", record_error)
         return verdict
 
+    def _newest_step(self) -> int | None:
+        """The newest step published under the checkpoint root (its name: no verification)."""
+        try:
+            steps = [step for step, _ in classify_entries(os.listdir(self.attempts.root)).steps]
+        except OSError:
+            return None
+        return max(steps, default=None)
+
     def note_previous_attempt(self) -> None:
         """Rank 0, at every start: the attempt before this one (this launch's, or at a launch's
         first attempt the run's previous launch) that died without an end line gets one."""
         if self.rt.rank != 0:
             return
         try:
-            rec = self.attempts.note_unrecorded_end()
+            rec = self.attempts.note_unrecorded_end(newest_step=self._newest_step())
         except OSError as exc:
             log.error("could not record how the previous attempt ended: %s: %s", type(exc).__name__, exc)
             return
         if rec is not None:
-            log.warning("attempt %d%s ended without a fail-stop record", rec.attempt,
-                        f" of launch {rec.launch}" if rec.launch != self.attempts.launch else "")
+            log.warning("attempt %d%s ended without a fail-stop record (%s)", rec.attempt,
+                        f" of launch {rec.launch}" if rec.launch != self.attempts.launch else "", rec.event)
 
     def record_fail_stop(self, frontier: int, reasons: list[str]) -> None:
         """Rank 0 writes the record; the other ranks wait (bounded) until it has. torchrun stops
