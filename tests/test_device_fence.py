@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from accelpact.comm.classify import is_communication_failure
 from accelpact.errors import DeviceWorkFailed
@@ -39,17 +40,23 @@ def fence(clock: FakeClock, device_s: list[float | None], errors: dict | None = 
     """A fence whose n-th event completes `device_s[n]` seconds after it is recorded (None: never)."""
     durations = iter(device_s)
 
-    def record():
+    def record(device):
+        assert device == torch.device("cuda", 1)  # the groups' bound device (see `bound`)
         took = next(durations)
         return FakeEvent(clock, None if took is None else clock.now + took)
 
-    return DeviceFence(record=record, error_of=lambda pg: (errors or {}).get(pg), clock=clock, pause=clock.sleep)
+    return DeviceFence(record=record, error_of=lambda pg: (errors or {}).get(pg.name), clock=clock, pause=clock.sleep)
+
+
+def bound(name: str) -> SimpleNamespace:
+    """A group bound to cuda:1 (`init_process_group(device_id=...)`), which need not be the current device."""
+    return SimpleNamespace(name=name, bound_device_id=torch.device("cuda", 1))
 
 
 def test_an_update_whose_device_work_ends_is_clean():
     clock = FakeClock()
     f = fence(clock, [0.2])
-    fenced = f.wait({"shard": "pg-shard"}, 2.0)
+    fenced = f.wait({"shard": bound("pg-shard")}, 2.0)
     assert fenced.ended and fenced.failure is None and fenced.bound_s == 2.0
     assert 0.2 <= fenced.waited_s < 0.21  # polled, backing off from 50 us to at most 2 ms
     assert max(clock.slept) <= 2e-3 and clock.slept[0] == pytest.approx(5e-5)
@@ -59,14 +66,14 @@ def test_device_work_that_does_not_end_within_the_data_timeout_is_a_stuck_update
     """The bound is the data timeout from the body's end: the peers' control timeout counts on a
     rank being at most that late to its check."""
     clock = FakeClock()
-    stuck = fence(clock, [None]).wait({}, 2.0)
+    stuck = fence(clock, [None]).wait({"shard": bound("pg-shard")}, 2.0)
     assert not stuck.ended and 2.0 <= stuck.waited_s < 2.01
     assert stuck.failure.startswith("timeout: the update's device work did not end within 2.0 s")
 
 
 def test_a_membership_change_cuts_the_fence_short():
     clock = FakeClock()
-    left = fence(clock, [None]).wait({}, 2.0, cut_short=lambda: clock.now > 0.1)  # the peers left this world
+    left = fence(clock, [None]).wait({"shard": bound("pg-shard")}, 2.0, cut_short=lambda: clock.now > 0.1)  # the peers left this world
     assert not left.ended and left.waited_s < 0.11
 
 
@@ -75,7 +82,7 @@ def test_a_collective_the_watchdog_aborted_is_a_failure_although_the_work_ended(
     only the group's recorded error says the update's reduction never happened."""
     clock = FakeClock()
     f = fence(clock, [0.3], errors={"pg-replicate": "TIMEOUT"})
-    fenced = f.wait({"shard": "pg-shard", "replicate": "pg-replicate"}, 2.0)
+    fenced = f.wait({"shard": bound("pg-shard"), "replicate": bound("pg-replicate")}, 2.0)
     assert fenced.ended and fenced.errors == {"replicate": "TIMEOUT"}
     assert fenced.failure == "comm_error: NCCL recorded a failed collective during the update (replicate: TIMEOUT)"
 

@@ -550,6 +550,7 @@ def test_the_drain_synchronizes_this_ranks_device_from_its_helper_thread(monkeyp
     """The bounded drain runs `torch.cuda.synchronize` on a helper thread, whose current device is 0:
     it must name the device the rank was on (found by review: LOCAL_RANK 3 drained GPU 0 instead)."""
     import threading
+    from types import SimpleNamespace
 
     import torch
 
@@ -563,4 +564,10 @@ def test_the_drain_synchronizes_this_ranks_device_from_its_helper_thread(monkeyp
         (device, threading.current_thread() is threading.main_thread())))
     plane = _guard_plane({"host": "gloo"})
     assert guard.settle(plane, Quiesce(discard=True)) is None
-    assert synced == [(3, False)]  # device 3, on the helper thread
+    assert synced == [(torch.device("cuda", 3), False)]  # device 3, on the helper thread
+    synced.clear()  # an NCCL group bound to cuda:1 (not the current device): that one is drained
+    plane = _guard_plane({"shard": "nccl"})
+    plane.groups = {"shard": SimpleNamespace(bound_device_id=torch.device("cuda", 1))}
+    monkeypatch.setattr(guard, "retire_groups", lambda groups, abort: None)
+    assert guard.settle(plane, Quiesce(discard=True)) is None
+    assert synced == [(torch.device("cuda", 1), False)]

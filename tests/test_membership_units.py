@@ -718,14 +718,14 @@ def test_a_survivor_aborts_the_retired_worlds_nccl_groups_before_anything_touche
     log = []
     monkeypatch.setattr(member_change, "retire_groups", lambda groups, abort: log.append(("abort", sorted(groups),
                                                                                            abort)))
-    monkeypatch.setattr(member_change, "this_device_sync", lambda: lambda: log.append(("drain",)))
+    monkeypatch.setattr(member_change, "this_device_sync", lambda groups: lambda: log.append(("drain",)))
     groups = {"replicate": "pg-r", "shard": "pg-s"}
     rt = SimpleNamespace(data_plane=SimpleNamespace(nccl_groups=lambda: groups, timeout_s=0.5))
     member_change.settle_retired_device(rt)
     assert log == [("abort", ["pg-r", "pg-s"], True), ("drain",)]
 
     log.clear()
-    monkeypatch.setattr(member_change, "this_device_sync", lambda: lambda: time.sleep(5))  # a device that stays busy
+    monkeypatch.setattr(member_change, "this_device_sync", lambda groups: lambda: time.sleep(5))  # a device that stays busy
     with pytest.raises(DeviceWorkFailed, match="the retired world's device did not settle: device work still running"):
         member_change.settle_retired_device(rt)
 

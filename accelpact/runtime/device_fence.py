@@ -51,11 +51,20 @@ class Fenced:
         return None
 
 
-def _record_event() -> Any:
+def rank_device(groups: Mapping[str, Any]) -> Any:
+    """The device this rank's NCCL traffic runs on: the one its groups are bound to
+    (`init_process_group(device_id=...)`, which does not make it current), else the current one."""
+    import torch
+
+    bound = next((d for d in (getattr(pg, "bound_device_id", None) for pg in groups.values()) if d is not None), None)
+    return bound if bound is not None else torch.device("cuda", torch.cuda.current_device())
+
+
+def _record_event(device: Any) -> Any:
     import torch
 
     event = torch.cuda.Event()
-    event.record()  # on the current stream of this (the training) thread's current device
+    event.record(torch.cuda.current_stream(device))  # where the update's work was queued on this thread
     return event
 
 
@@ -67,14 +76,14 @@ class DeviceFence:
     spares declared the live rank lost. The price: on NCCL the data timeout must exceed the device
     work an update may still have queued when its body returns (`Config.data_timeout_s`)."""
 
-    def __init__(self, *, record: Callable[[], Any] = _record_event,
+    def __init__(self, *, record: Callable[[Any], Any] = _record_event,
                  error_of: Callable[[Any], str | None] = _c10d.device_error,
                  clock: Callable[[], float] = time.monotonic, pause: Callable[[float], None] = time.sleep):
         self._record, self._error_of, self._clock, self._pause = record, error_of, clock, pause
 
     def wait(self, groups: Mapping[str, Any], bound_s: float, cut_short: Callable[[], bool] | None = None) -> Fenced:
         """`cut_short`: a membership change abandons this world (its peers left): stop waiting."""
-        event, start = self._record(), self._clock()
+        event, start = self._record(rank_device(groups)), self._clock()
         delay, ended = _POLL_FIRST_S, True
         while not event.query():
             if self._clock() - start >= bound_s or (cut_short is not None and cut_short()):

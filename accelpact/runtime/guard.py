@@ -18,6 +18,7 @@ from ..comm.device import settle_device
 from ..comm.lifecycle import retire_groups
 from ..fsm.effects import GuardVerdict, Quiesce
 from .data_plane import DataPlane
+from .device_fence import rank_device
 
 
 def _fsdp1_busy(model: nn.Module) -> list[str]:
@@ -80,7 +81,7 @@ def settle(plane: DataPlane, effect: Quiesce, synchronize=None) -> GuardVerdict 
     broken = dict(nccl) if effect.discard else {label: pg for label, pg in nccl.items() if label in failed}
     others = {label: pg for label, pg in nccl.items() if label not in broken}
     settled = settle_device(broken=broken, others=others, timeout_s=plane.timeout_s,
-                            synchronize=synchronize or (this_device_sync() if cuda_live else _nothing),
+                            synchronize=synchronize or (this_device_sync(nccl) if cuda_live else _nothing),
                             abort=lambda groups: retire_groups(groups, abort=True))
     if not settled.drained:
         return GuardVerdict(False, settled.reason)
@@ -94,12 +95,13 @@ def _nothing() -> None:
     return None
 
 
-def this_device_sync():
-    """`torch.cuda.synchronize` of the calling thread's device, for a helper thread to run (the
-    bounded drain): a new thread's current device is 0, so a bare synchronize there waits on GPU 0,
-    not on this rank's. Found by review: every rank with LOCAL_RANK != 0 drained "at once" while its
-    own device was stuck, and the unbounded synchronize after it hung."""
-    device = torch.cuda.current_device()
+def this_device_sync(groups=None):
+    """`torch.cuda.synchronize` of this rank's device (the one its NCCL `groups` are bound to, else
+    the calling thread's current one), for a helper thread to run (the bounded drain): a new
+    thread's current device is 0, so a bare synchronize there waits on GPU 0, not on this rank's.
+    Found by review: every rank with LOCAL_RANK != 0 drained "at once" while its own device was
+    stuck, and the unbounded synchronize after it hung."""
+    device = rank_device(groups or {})
     return lambda: torch.cuda.synchronize(device)
 
 

@@ -221,7 +221,7 @@ def settle_retired_device(rt: Runtime) -> None:
     nccl = rt.data_plane.nccl_groups()
     if not nccl:
         return
-    settled = settle_device(broken=nccl, others={}, timeout_s=rt.data_plane.timeout_s, synchronize=this_device_sync(),
+    settled = settle_device(broken=nccl, others={}, timeout_s=rt.data_plane.timeout_s, synchronize=this_device_sync(nccl),
                             abort=lambda groups: retire_groups(groups, abort=True))
     log.info("retired world's NCCL groups aborted: %s; device drained: %s", list(settled.aborted), settled.drained)
     if not settled.drained:
