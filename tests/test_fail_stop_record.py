@@ -227,6 +227,10 @@ def test_the_end_of_training_is_recorded_once_and_never_for_a_failure(tmp_path, 
     assert finished_lines() == []
     finisher(0, [SimpleNamespace(action=RecoveryAction.REJECT)]).record_finished()
     assert finished_lines() == []
+    fenced = finisher(0)
+    fenced.rt.membership = SimpleNamespace(finished=True)  # RankFenced / RankLeft caught by the script
+    fenced.record_finished()
+    assert finished_lines() == []
     ck = finisher(0, [SimpleNamespace(action=RecoveryAction.PRESERVE)])
     ck.record_finished()
     ck.record_finished()  # a second close

@@ -133,9 +133,12 @@ class Checkpointer:
         """Rank 0, at `rt.close()` (`detach`): the end of training, once, so that the run's next
         launch (a resubmission) counts no failure for this one. Not while an exception is in
         flight (a deferred boundary that rejected in close, a failed attach, a close in the
-        script's `finally` or `except`), nor after a reject: those ended in a failure."""
+        script's `finally` or `except`), nor after a reject: those ended in a failure; nor in a
+        process fenced out of the job or gone with a shrink (its position, if any, ends elsewhere)."""
         rejected = bool(self.rt.history) and self.rt.history[-1].action is RecoveryAction.REJECT
-        if self.rt.rank != 0 or self.finished or rejected or sys.exc_info()[1] is not None:
+        # fenced, or left with its replica group: the job goes on without this process (found by review)
+        gone = getattr(getattr(self.rt, "membership", None), "finished", False)
+        if self.rt.rank != 0 or self.finished or rejected or gone or sys.exc_info()[1] is not None:
             return
         self.finished = True
         try:
