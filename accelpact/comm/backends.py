@@ -83,10 +83,14 @@ def probe_device(backends: DeviceBackends, pg: ProcessGroup | None = None) -> to
     device `pg` is bound to (`init_process_group(device_id=...)`, which does not make it the current
     device, and a group bound to cuda:k refuses a tensor on another), else the current CUDA device;
     the CPU otherwise."""
-    if uses_nccl(backends):
-        bound = getattr(pg, "bound_device_id", None)
-        return bound if bound is not None else torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return cuda_device_of(pg) if uses_nccl(backends) else torch.device("cpu")
+
+
+def cuda_device_of(pg: ProcessGroup | None) -> torch.device:
+    """The CUDA device `pg` is bound to (`init_process_group(device_id=...)`), else the calling
+    thread's current one."""
+    bound = getattr(pg, "bound_device_id", None)
+    return bound if bound is not None else torch.device("cuda", torch.cuda.current_device())
 
 
 def wait_for(work, backends: DeviceBackends, bound: datetime.timedelta,

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..comm import _c10d
+from ..comm.backends import cuda_device_of
 from ..errors import DeviceWorkFailed
 from ..fsm.phases import FailurePhase
 
@@ -54,10 +55,8 @@ class Fenced:
 def rank_device(groups: Mapping[str, Any]) -> Any:
     """The device this rank's NCCL traffic runs on: the one its groups are bound to
     (`init_process_group(device_id=...)`, which does not make it current), else the current one."""
-    import torch
-
-    bound = next((d for d in (getattr(pg, "bound_device_id", None) for pg in groups.values()) if d is not None), None)
-    return bound if bound is not None else torch.device("cuda", torch.cuda.current_device())
+    bound = [pg for pg in groups.values() if getattr(pg, "bound_device_id", None) is not None]
+    return cuda_device_of(bound[0] if bound else None)
 
 
 def _record_event(device: Any) -> Any:
