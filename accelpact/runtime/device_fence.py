@@ -7,7 +7,8 @@ on: the optimizer step the CPU had already queued then runs on half-reduced grad
 Preserve would keep that (found by review; read, not run: no device was lent). So before the
 boundary's probes:
 
-- an event recorded on the current stream where the body ended is waited for, polled on this
+- an event recorded where the body ended (on the current stream of the device the groups are bound
+  to, `rank_device`) is waited for, polled on this
   thread (a helper thread would wait on its own current device, not this rank's), for at most the
   data timeout, as long as a rank may be late to its boundary check (`DeviceFence`);
 - then every NCCL group's recorded error is read (`comm._c10d.device_error`).
@@ -35,7 +36,7 @@ _POLL_FIRST_S, _POLL_MAX_S = 5e-5, 2e-3
 
 @dataclass(frozen=True)
 class Fenced:
-    ended: bool  # the event completed within the bound
+    ended: bool  # the event completed within the bound (False too where a membership change cut the wait)
     waited_s: float
     bound_s: float
     errors: dict[str, str] = field(default_factory=dict)  # label -> what NCCL recorded ("TIMEOUT", ...)
