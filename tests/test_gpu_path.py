@@ -103,6 +103,35 @@ def test_an_unsupported_backend_is_refused_by_name():
         backends_module.build_backends(ProcessGroup.__new__(ProcessGroup), {"cpu": "ucc"}, request)
 
 
+def test_a_bound_group_s_successor_connects_its_nccl_communicator_on_the_bound_device(monkeypatch):
+    """`lifecycle._build` binds the group before its backends are built, so the NCCL builder's
+    eager connect uses the bound device, not the current one (cuda:0 on every rank of a node when
+    the script bound by `device_id=` without `set_device`)."""
+    from torch._C._distributed_c10d import HashStore, PrefixStore
+
+    from accelpact.comm import lifecycle
+
+    seen = []
+
+    def builder(request):
+        seen.append(request.device)
+        raise RuntimeError("stand-in: no NCCL on this machine")
+
+    previous = backends_module.register_builder("nccl", builder)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    try:
+        for device in (torch.device("cuda", 1), None):
+            with pytest.raises(RuntimeError, match="stand-in"):
+                lifecycle._build([0], 0, "n", "i", PrefixStore("p/", HashStore()), datetime.timedelta(seconds=1),
+                                 "nccl", device)
+        with pytest.raises(ValueError, match="one indexed device"):
+            lifecycle.connect([0], name="n", identity="i", prefix="q/", timeout=1, store=HashStore(), backend="nccl",
+                              device=torch.device("cuda"))
+    finally:
+        backends_module.register_builder("nccl", previous)
+    assert seen == [torch.device("cuda", 1), torch.device("cuda", 3)]
+
+
 # ------------------------------------------------------------------ probes on the device ---
 
 

@@ -4,6 +4,7 @@ of the failure instead of building one; which groups may is agreed, all members 
 from __future__ import annotations
 
 import datetime
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import given, settings
@@ -92,6 +93,7 @@ class _Plane:
     timeout_s = 1.0
     gids = {"replicate": R02, "shard": S01}
     backend_specs = {"replicate": "gloo", "shard": "nccl"}
+    groups = {"replicate": SimpleNamespace(bound_device_id=None), "shard": SimpleNamespace(bound_device_id=None)}
 
     def replacement_label(self, label: str) -> str:
         return f"{label}@scope"
@@ -103,16 +105,34 @@ def test_a_failed_build_costs_only_that_standby_and_is_logged_with_its_cause(mon
     asked = []
 
     def refuse(ranks, **kw):
-        asked.append((tuple(ranks), kw["label"], kw["token"], kw["backend"]))
+        asked.append((tuple(ranks), kw["label"], kw["token"], kw["backend"], kw["device"]))
         raise RuntimeError("Socket Timeout: peer never came")
 
     monkeypatch.setattr(standby_module, "build_standby", refuse)
     pool = StandbyPool("gloo")
     with caplog.at_level("WARNING", logger="accelpact.standby"):
         pool.fill(_Plane(), ["replicate", "shard"], token=3)
-    assert asked == [((0, 2), "replicate@scope", 3, "gloo")]  # the NCCL group is "all"'s only
+    assert asked == [((0, 2), "replicate@scope", 3, "gloo", None)]  # the NCCL group is "all"'s only
     assert pool.tokens() == () and "Socket Timeout" in pool.failures["replicate"]
     assert any(getattr(r, "cause", "").startswith("RuntimeError: Socket Timeout") for r in caplog.records)
+
+
+def test_a_standby_is_bound_to_the_device_its_group_is_bound_to(monkeypatch):
+    """A group bound by `init_process_group(device_id=...)` must get a successor bound the same
+    way: `replace_group` refuses a standby bound otherwise, so an unbound standby is wasted."""
+    import torch
+
+    import accelpact.runtime.standby as standby_module
+
+    class Plane(_Plane):
+        backend_specs = {"replicate": "gloo", "shard": "gloo"}
+        groups = {"replicate": SimpleNamespace(bound_device_id=torch.device("cuda", 1)),
+                  "shard": SimpleNamespace(bound_device_id=None)}
+
+    asked = {}
+    monkeypatch.setattr(standby_module, "build_standby", lambda ranks, **kw: asked.update({kw["label"]: kw["device"]}))
+    StandbyPool("gloo").fill(Plane(), ["replicate", "shard"], token=2)
+    assert asked == {"replicate@scope": torch.device("cuda", 1), "shard@scope": None}
 
 
 def test_after_a_failed_build_the_rest_of_the_fill_is_skipped_not_waited_out(monkeypatch):
@@ -123,6 +143,7 @@ def test_after_a_failed_build_the_rest_of_the_fill_is_skipped_not_waited_out(mon
     class Plane(_Plane):
         gids = {"a": R02, "b": S01, "c": R02}
         backend_specs = {"a": "gloo", "b": "gloo", "c": "gloo"}
+        groups = {label: SimpleNamespace(bound_device_id=None) for label in "abc"}
 
     asked = []
 
@@ -189,7 +210,21 @@ def adopt_world(rank: int, world_size: int) -> dict:
     new = replace_group(old, ranks=mine, label="rep", generation=1, timeout=2.5, standby=standby)
     value = torch.tensor([rank + 1])
     dist.all_reduce(value, group=new)
-    return {"same": new is standby.pg, "name": new.group_name, "identity": new.group_desc,
+    # a bound group (init_process_group(device_id=...) binds every subgroup) keeps its binding:
+    # built afresh, and from a standby, which must be bound the same way
+    cpu0 = torch.device("cpu", 0)
+    bound = make_group(mine, label="bnd", generation=0, timeout=5, device=cpu0)
+    unbound = build_standby(mine, label="bnd", token=0, timeout=5, backend="gloo")
+    with pytest.raises(MembershipError, match="bound to None"):
+        replace_group(bound, ranks=mine, label="bnd", generation=1, timeout=2.5, standby=unbound)
+    unbound.discard()
+    fresh = replace_group(bound, ranks=mine, label="bnd", generation=1, timeout=2.5)
+    held = build_standby(mine, label="bnd", token=1, timeout=5, backend="gloo", device=cpu0)
+    adopted = replace_group(fresh, ranks=mine, label="bnd", generation=2, timeout=2.5, standby=held)
+    check = torch.tensor([1])
+    dist.all_reduce(check, group=adopted)
+    return {"bound": [str(g.bound_device_id) for g in (bound, fresh, adopted)], "bound_sum": int(check),
+            "adopted_standby": adopted is held.pg, "same": new is standby.pg, "name": new.group_name, "identity": new.group_desc,
             "resolved": _c10d.resolve_name("accelpact:rep:g0") is new,
             "ranks": dist.get_process_group_ranks(new), "sum": int(value), "quiet": quiet,
             "timeout": _c10d.group_timeout(new), "connections": len(connections.connections_of(new)),
@@ -208,6 +243,7 @@ def test_an_adopted_standby_is_the_group_replace_group_would_have_built():
         assert r["timeout"] == datetime.timedelta(seconds=2.5)  # the data timeout, not the standby's
         assert r["quiet"] and r["connections"] >= 1  # its sockets followed it under the new name
         assert not r["old_registered"] and r["kept_after_refusal"]
+        assert r["bound"] == ["cpu:0"] * 3 and r["bound_sum"] == 2 and r["adopted_standby"]
 
 
 # --------------------------------------------------------------------- runtime (4 gloo ranks) --

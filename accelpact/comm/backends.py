@@ -231,7 +231,7 @@ def build_backends(pg: ProcessGroup, backends: DeviceBackends, request: BuildReq
     built: dict[str, tuple[object, ProcessGroup.BackendType]] = {}
     for device_type, name in backends.items():
         if name not in built:
-            device = probe_device({device_type: name}) if name == "nccl" else torch.device(device_type)
+            device = probe_device({device_type: name}, pg) if name == "nccl" else torch.device(device_type)
             built[name] = BUILDERS[name](_for_device(request, device))
         backend, backend_type = built[name]
         pg._register_backend(torch.device(device_type), backend_type, backend)

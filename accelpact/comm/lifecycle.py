@@ -27,7 +27,13 @@ NCCL (device groups; not runnable on this CPU machine, kept correct by reading c
   dead or a kernel is stuck), never destroyed (``ncclCommDestroy`` may block on the dead peer):
   ``retire_group(pg, abort=True)``. Gloo has no such distinction (``shutdown`` closes sockets);
 * set ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0`` or the watchdog tears the process down before the
-  recovery runs, and use ``device_id`` binding only if every member binds the same way.
+  recovery runs, and use ``device_id`` binding only if every member binds the same way;
+* a group bound to a device (``init_process_group(device_id=...)``: ``new_group`` binds every
+  subgroup the same way) keeps the binding through a replacement: the successor is bound to the
+  retired group's device *before* its backends are registered (c10d hands the binding to each
+  backend as it is registered), as ``_new_process_group_helper`` and ``shrink_group`` do. Bound
+  NCCL groups do not make their device current, so without it a successor's probes and barrier
+  would guess the current device, cuda:0 on every rank of a node, and fail the recovery.
 """
 
 from __future__ import annotations
@@ -103,18 +109,20 @@ def make_group(
     timeout: datetime.timedelta | float,
     store: Store | None = None,
     backend: str = "gloo",
+    device: torch.device | None = None,
 ) -> ProcessGroup:
     """Build and register a group over ``ranks``; called by its members only (others: error).
 
     Blocks until every member has arrived, for at most ``timeout``; members may arrive at
     different times. ``store`` defaults to the default group's store. The timeout is required:
-    c10d would otherwise give subgroups a 30-minute default.
+    c10d would otherwise give subgroups a 30-minute default. ``device`` binds the group as
+    ``new_group(device_id=...)`` does (an indexed device; every member binds the same way).
     """
     members = normalise_ranks(ranks)
     require_member(members, "build a group")
     name = claim_name(label, generation)
     return _built_and_registered(members, name, name, store_prefix(label, generation, members), timeout, store,
-                                 backend)
+                                 backend, device)
 
 
 def require_member(members: Sequence[int], what: str) -> None:
@@ -153,14 +161,17 @@ def claim_identity(label: str, generation: int) -> str:
 
 
 def connect(members: list[int], *, name: str, identity: str, prefix: str, timeout: datetime.timedelta | float,
-            store: Store | None, backend: str) -> tuple[ProcessGroup, PrefixStore]:
+            store: Store | None, backend: str, device: torch.device | None = None) -> tuple[ProcessGroup, PrefixStore]:
     """Build a group over ``members`` (the caller is one) on the store prefix ``prefix``, named
-    ``name`` and described by its ``identity``, its connections recorded, not registered:
-    `make_group` registers at once, a standby (`comm.standby`) when it is adopted."""
+    ``name`` and described by its ``identity``, bound to ``device`` when one is given, its
+    connections recorded, not registered: `make_group` registers at once, a standby
+    (`comm.standby`) when it is adopted."""
+    if device is not None and device.index is None:
+        raise ValueError(f"a group is bound to one indexed device (cuda:k), got {device}")
     prefixed = PrefixStore(prefix, store or _c10d.default_store())
     timeout = as_timedelta(timeout)
     group_rank = members.index(dist.get_rank())
-    pg = connections.recorded(lambda: _build(members, group_rank, name, identity, prefixed, timeout, backend),
+    pg = connections.recorded(lambda: _build(members, group_rank, name, identity, prefixed, timeout, backend, device),
                               backend)
     return pg, prefixed
 
@@ -232,7 +243,8 @@ def replace_group(
 
     The successor gets ``old``'s own backends (``backend=None``: read from c10d's registry, so an
     NCCL data plane stays NCCL) and ``old`` is aborted rather than destroyed when NCCL serves it
-    (``abort=None``); pass either explicitly to override.
+    (``abort=None``); pass either explicitly to override. It is bound to ``old``'s device when
+    ``old`` was bound (a standby must have been built bound the same way).
 
     Called only by the members of the failed group, all with the same ``ranks``, ``label`` and
     ``generation``. Discover references to ``old`` (``accelpact.rebind.discover``) *before*
@@ -259,22 +271,27 @@ def replace_group(
         if backend is None:
             raise MembershipError(f"the backend of {old.group_name!r} is unknown (c10d no longer knows the group): "
                                   "pass backend= explicitly")
+    device = old.bound_device_id
     if standby is not None and standby.backend != backend:
         raise MembershipError(f"the standby of {label!r} was built with {standby.backend!r}, the group it would "
                               f"succeed uses {backend!r}")
+    if standby is not None and standby.device != device:
+        raise MembershipError(f"the standby of {label!r} is bound to {standby.device}, the group it would succeed "
+                              f"to {device}")
     if abort is None:
         abort = uses_nccl(parse_backends(backend))
     retire_group(old, abort=abort)
     if standby is not None:
         return standby.adopt(ranks=members, name=name, identity=identity, timeout=timeout)
     return _built_and_registered(members, name, identity, store_prefix(label, generation, members), timeout, store,
-                                 backend)
+                                 backend, device)
 
 
 def _built_and_registered(members: list[int], name: str, identity: str, prefix: str,
-                          timeout: datetime.timedelta | float, store: Store | None, backend: str) -> ProcessGroup:
+                          timeout: datetime.timedelta | float, store: Store | None, backend: str,
+                          device: torch.device | None) -> ProcessGroup:
     pg, prefixed = connect(members, name=name, identity=identity, prefix=prefix, timeout=timeout, store=store,
-                           backend=backend)
+                           backend=backend, device=device)
     _c10d.register_group(pg, name=name, ranks=members, store=prefixed, backend=backend)
     return pg
 
@@ -303,10 +320,13 @@ def as_timedelta(timeout: datetime.timedelta | float) -> datetime.timedelta:
 
 def _build(
     members: list[int], group_rank: int, name: str, identity: str, prefix: PrefixStore,
-    timeout: datetime.timedelta, backend: str,
+    timeout: datetime.timedelta, backend: str, device: torch.device | None,
 ) -> ProcessGroup:
-    """A ``ProcessGroup`` with one backend per device, as ``_new_process_group_helper`` builds it."""
+    """A ``ProcessGroup`` with one backend per device, as ``_new_process_group_helper`` builds it:
+    bound first, so that every backend registered after takes the binding."""
     pg = ProcessGroup(prefix, group_rank, len(members))
+    if device is not None:
+        pg.bound_device_id = device
     request = BuildRequest(prefix, group_rank, len(members), timeout, members, name, torch.device("cpu"))
     build_backends(pg, parse_backends(backend), request)
     pg._set_group_name(name)

@@ -26,6 +26,7 @@ import datetime
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import torch
 from torch._C._distributed_c10d import PrefixStore, ProcessGroup, Store
 
 from accelpact.comm import _c10d, connections
@@ -61,6 +62,7 @@ class Standby:
     ranks: tuple[int, ...]
     backend: str
     store: PrefixStore
+    device: torch.device | None = None  # the device it is bound to: its successor's must match
 
     def adopt(self, *, ranks: Sequence[int], name: str, identity: str,
               timeout: datetime.timedelta | float) -> ProcessGroup:
@@ -100,13 +102,16 @@ def build_standby(
     timeout: datetime.timedelta | float,
     backend: str,
     store: Store | None = None,
+    device: torch.device | None = None,
 ) -> Standby:
     """Connect a standby for the group ``label`` over ``ranks``; called by every member, with the
-    same ``token`` (two standbys of one label never share store keys). Blocks until every member
-    has arrived, for at most ``timeout``; raises what the backend raises when one does not."""
+    same ``token`` (two standbys of one label never share store keys), bound to ``device`` as the
+    group it will succeed is (`lifecycle.replace_group` refuses a standby bound otherwise). Blocks
+    until every member has arrived, for at most ``timeout``; raises what the backend raises when
+    one does not."""
     members = normalise_ranks(ranks)
     require_member(members, "build a standby")
     name = standby_name(label, token)
     pg, prefix = connect(members, name=name, identity=name, prefix=standby_prefix(label, token, members),
-                         timeout=timeout, store=store, backend=backend)
-    return Standby(pg, label, token, tuple(members), backend, prefix)
+                         timeout=timeout, store=store, backend=backend, device=device)
+    return Standby(pg, label, token, tuple(members), backend, prefix, device)

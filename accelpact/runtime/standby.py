@@ -102,7 +102,8 @@ class StandbyPool:
                 continue
             try:
                 self._held[label] = build_standby(gid.ranks, label=plane.replacement_label(label), token=token,
-                                                  timeout=timeout, backend=plane.backend_specs[label])
+                                                  timeout=timeout, backend=plane.backend_specs[label],
+                                                  device=plane.groups[label].bound_device_id)
             except RuntimeError as exc:  # c10d's DistError family and gloo's connect errors
                 self.failures[label] = f"{type(exc).__name__}: {exc}"
                 failed = label
