@@ -283,6 +283,11 @@ def main(argv=None) -> int:
                     [[run["world"]] + [f"{r['median'][k] * 1e3:.2f}" for k in keys for r in (abl, run)]
                      for abl, run in zip(abl_runs, runs)]))
         print(note)
+        # the first update after: with "built" nothing is refilled after the release, so the
+        # difference is what the standby refill on the training thread costs that update
+        print(f"first/normal {labels[0]} vs {labels[1]}: " + ", ".join(
+            f"{run['world']} ranks {abl['first_update_ratio']:.2f} vs {run['first_update_ratio']:.2f}"
+            for abl, run in zip(abl_runs, runs)))
     shown = next((run for run in runs if run["world"] == 4), runs[-1])  # the paper's goal is for 4 ranks
     r4 = shown["median"]["repair_s"]
     print(f"\n{shown['world']}-rank repair {r4 * 1e3:.1f} ms vs the paper's goal at 4 ranks, 100 ms: "
