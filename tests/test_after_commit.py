@@ -367,8 +367,14 @@ class _Published:
 
         raise CheckpointExistsError(f"step {step} is already published")
 
-    def published_problem(self, step):  # it verifies: the owed save is done
-        return None
+    problem: str | None = None  # it verifies: the owed save is done
+    damaged = False
+
+    def published_problem(self, step):
+        return self.problem
+
+    def set_aside_at_next_save(self, step):
+        return self.damaged
 
 
 def _saver(records: list) -> tuple[Checkpointer, SimpleNamespace]:
@@ -398,6 +404,21 @@ def test_an_owed_save_found_published_is_that_save_and_a_due_one_is_a_failure():
     with pytest.raises(CheckpointExistsError):
         ck.after_commit(rt)
     assert records[0]["error"].startswith("CheckpointExistsError: step 6") and records[1] == records[0]["error"]
+
+
+def test_an_owed_save_over_a_step_that_cannot_be_relied_on_is_not_taken():
+    """Found by review: step F present but refused for no damage (another run's, behind an I/O
+    error) is not set aside, so the second save raised CheckpointExistsError again, and an owed
+    save took that for "published before, and it verifies". It is a failed save, on every rank."""
+    from accelpact.checkpoint import CheckpointSaveError, agreed_failure
+
+    records: list = []
+    ck, rt = _saver(records)
+    ck.manager.problem = "written by run 'another-run'"
+    with pytest.raises(CheckpointSaveError, match="left where it is and this save is not taken") as raised:
+        ck.after_commit(rt, owed=True)
+    assert agreed_failure(raised.value) and ck.in_a_row == 1  # judged like any save every rank failed
+    assert "published_before" not in records[0] and "another-run" in records[0]["error"]
 
 
 def test_a_restore_waits_for_its_collectives_the_restore_bound_not_the_control_timeout():

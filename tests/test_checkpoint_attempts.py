@@ -54,6 +54,22 @@ def test_attempts_are_appended_durably_and_replay_is_derived(tmp_path: Path) -> 
     with (tmp_path / "attempts.jsonl").open("a") as f:
         f.write('{"run_id": "r1", "attem')  # a torn last line (crash mid-append) is skipped
     assert second.fail_stops() == 1 and second.last_failure_frontier() == 135
+    # the next record starts on a line of its own: found by review, it was glued onto the fragment
+    # and skipped with it, so a fail-stop after a torn append was never counted
+    second.record_fail_stop(frontier=150, reason="after a torn line")
+    assert second.fail_stops() == 2 and second.last_failure_frontier() == 150
+
+
+def test_a_short_write_is_finished_not_dropped(tmp_path: Path, monkeypatch) -> None:
+    """os.write may write part of a record (a nearly full disk): the rest follows, or OSError."""
+    from accelpact.checkpoint import fsio
+
+    real = fsio.os.write
+    monkeypatch.setattr(fsio.os, "write", lambda fd, data: real(fd, bytes(data[:5])))  # 5 bytes at a time
+    log = AttemptLog(tmp_path, run_id="r1", attempt=0)
+    log.record_fail_stop(frontier=7, reason="short writes")
+    log.record_fail_stop(frontier=9, reason="short writes")
+    assert log.fail_stops() == 2 and log.last_failure_frontier() == 9
 
 
 def test_restart_budget_stops_after_too_many_restarts(tmp_path: Path, monkeypatch, caplog) -> None:
@@ -99,6 +115,29 @@ def test_a_run_launched_again_is_the_run_that_wrote_its_checkpoints(tmp_path: Pa
     assert run_identity(None, str(tmp_path)) == "launch-1"
     assert run_identity("given", str(tmp_path)) == "given"  # a given id still refuses another run's steps
     assert recorded_run(tmp_path / "missing") is None
+
+
+def test_launches_that_crash_before_the_first_checkpoint_are_one_run(tmp_path: Path, monkeypatch) -> None:
+    """Found by review: with no step published, each `--standalone` launch took its new
+    TORCHELASTIC_RUN_ID for the run, read the previous launches' lines as another run's, and a
+    crash loop before the first checkpoint never spent the budget. The attempts log says whose
+    root it is until a step does."""
+    from accelpact.checkpoint.attempts import ATTEMPTS_NAME, last_recorded_run
+    from accelpact.runtime.checkpointing import run_identity
+
+    assert last_recorded_run(tmp_path) is None
+    for n in range(3):
+        monkeypatch.setenv("TORCHELASTIC_RUN_ID", f"rdzv-{n}")
+        run = run_identity(None, str(tmp_path))
+        assert run == "rdzv-0"  # the first launch's, every time
+        log = AttemptLog(tmp_path, run_id=run, attempt=0, launch=f"L{n}")
+        assert (log.note_unrecorded_end() is None) == (n == 0)  # the previous launch's crash, on record
+        assert log.failures_of_other_launches() == n
+        log.record_started()
+        log.record_fresh_start()  # and then it crashed before saving step 1
+    (tmp_path / ATTEMPTS_NAME).open("a").write("{torn\n")
+    assert last_recorded_run(tmp_path) == "rdzv-0"  # a torn last line is skipped
+    assert run_identity("given", str(tmp_path)) == "given"
 
 
 @pytest.mark.parametrize(("rank", "local_rank", "stops"), [(0, "0", True), (4, "0", True), (5, "1", False),

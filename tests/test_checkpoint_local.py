@@ -172,6 +172,16 @@ def test_round_trip_is_bitwise_and_resumes_identically(tmp_path: Path) -> None:
     assert json.loads((tmp_path / "latest.json").read_text())["step"] == 3
 
 
+@pytest.mark.parametrize(("kw", "match"), [({"keep": 0}, "keep must be"), ({"keep_every": 0}, "keep_every must be"),
+                                           ({"world_size": 0}, "world_size must be"), ({"run_id": ""}, "run_id")])
+def test_a_bad_retention_or_shape_is_refused_when_the_manager_is_made(tmp_path: Path, kw, match) -> None:
+    """Found by review: keep_every=0 was accepted, and every save's retention then failed (logged
+    only), so nothing was ever deleted."""
+    args = {"run_id": "run-test", "world_size": 1, "layout": "x", **kw}
+    with pytest.raises(ValueError, match=match):
+        CheckpointManager(tmp_path, **args)
+
+
 def test_no_checkpoint_returns_none(tmp_path: Path) -> None:
     assert load(manager(tmp_path / "empty"), Trainer()) is None
     (tmp_path / "only-tmp" / tmp_dir_name(3, "0")).mkdir(parents=True)  # an unpublished save is not one

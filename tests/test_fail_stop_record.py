@@ -5,6 +5,7 @@ it as clean)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -266,6 +267,44 @@ def test_every_rank_follows_rank_0s_budget_verdict(tmp_path):
     fine.enforce_budget()  # within the budget everywhere: nothing raised, rank 1 writes no start
 
 
+def test_rank_0_that_cannot_read_or_write_the_log_still_reaches_its_peers(tmp_path, monkeypatch, caplog):
+    """Found by review: an unreadable attempts log (EIO) raised on rank 0 before the verdict's
+    gather, and a full disk raised in `record_restore` / `record_fresh_start` on rank 0 alone after
+    the restore's last collective: either way its peers waited out the control timeout, at every
+    restart. Now rank 0 counts this launch's attempts only, and a failed write is logged."""
+    import errno
+
+    from accelpact.errors import RestartBudgetExceeded
+
+    gathered = []
+    ck = Checkpointer.__new__(Checkpointer)
+    control = SimpleNamespace(gather_floats=lambda values: gathered.append(values) or [tuple(values)])
+    ck.rt = SimpleNamespace(rank=0, attempt=1, control=control, config=SimpleNamespace(max_restarts=0))
+    ck.attempts = AttemptLog(tmp_path, run_id="job", attempt=1, launch="B")
+
+    def unreadable(*args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(AttemptLog, "records", unreadable)
+    with caplog.at_level("ERROR", logger="accelpact.checkpointing"):
+        with pytest.raises(RestartBudgetExceeded, match=r"1 restarts used \(attempt 1"):
+            ck._budget_verdict_of_rank_0()  # attempt 1 > 0 still stops it, after the gather
+    assert gathered == [[1.0]] and "counting this launch's attempts only" in caplog.text
+
+    monkeypatch.setattr(AttemptLog, "append", lambda self, record: unreadable())
+    report = RestoreResult(step=8, path="/ck/step-8", frontier=8, opt_step=8, saved_attempt="0", refused=(),
+                           latest_note=None, bytes=1, seconds=0.1, verify_seconds=0.0)
+    ck.rt = SimpleNamespace(rank=0, attempt=0, frontier=0, opt_step=0, update_index=0, model=None, optimizer=None,
+                            control=SimpleNamespace(timeout_s=1.0, timeout_for=lambda s: contextlib.nullcontext()))
+    ck.app_state = lambda: None
+    for loaded in (report, None):
+        ck.manager = SimpleNamespace(load_latest=lambda **kw: loaded)  # noqa: B023
+        caplog.clear()
+        with caplog.at_level("ERROR", logger="accelpact.checkpointing"):
+            assert ck.restore() is loaded
+        assert "could not write to" in caplog.text and "Input/output error" in caplog.text
+
+
 def test_a_chain_of_preempted_launches_that_each_saved_a_newer_step_spends_nothing(tmp_path):
     """A launch the scheduler stopped (wall-clock limit, preemption: no fail-stop, no close) after it
     saved past the step it started from made progress: noted, not counted. Found by review: four
@@ -273,10 +312,11 @@ def test_a_chain_of_preempted_launches_that_each_saved_a_newer_step_spends_nothi
     counts (a crash loop)."""
     from accelpact.checkpoint.attempts import ENDED_AFTER_PROGRESS, check_restart_budget
 
+    saved: dict[str, int] = {}  # launch -> the newest step its manifests name it for
     newest = 0
     for n, launch in enumerate("ABCD"):
         log = AttemptLog(tmp_path, run_id="job", attempt=0, launch=launch)
-        rec = log.note_unrecorded_end(newest_step=newest)
+        rec = log.note_unrecorded_end(saved_by=saved.get)
         assert (rec is None) if n == 0 else (rec.event == ENDED_AFTER_PROGRESS and rec.checkpoint_step == newest)
         assert check_restart_budget(0, attempt=0, log=log) == 0  # no restart spent, even with a budget of 0
         log.record_started()
@@ -285,10 +325,55 @@ def test_a_chain_of_preempted_launches_that_each_saved_a_newer_step_spends_nothi
         else:
             log.record_restore(report(newest))
         newest += 1000  # it saved a newer step, then was stopped without a word
+        saved[launch] = newest
     stuck = AttemptLog(tmp_path, run_id="job", attempt=0, launch="E")
-    assert stuck.note_unrecorded_end(newest_step=newest).event == ENDED_AFTER_PROGRESS  # D saved 4000
+    assert stuck.note_unrecorded_end(saved_by=saved.get).event == ENDED_AFTER_PROGRESS  # D saved 4000
     stuck.record_started()
     stuck.record_restore(report(newest))  # E restores 4000 and dies before saving anything newer
-    rec = AttemptLog(tmp_path, run_id="job", attempt=0, launch="F").note_unrecorded_end(newest_step=newest)
+    rec = AttemptLog(tmp_path, run_id="job", attempt=0, launch="F").note_unrecorded_end(saved_by=saved.get)
     assert rec.event == ENDED_UNRECORDED and rec.launch == "E"
     assert AttemptLog(tmp_path, run_id="job", attempt=0, launch="F").failures_of_other_launches() == 1
+
+
+def test_a_newer_step_the_launch_refused_is_not_its_progress(tmp_path):
+    """Found by review: step 12 is corrupt, launch A refuses it, restores 8 and crashes before it
+    saves anything. Judged by names, step 12 was newer than A's start, so every launch of the loop
+    was noted as progress and the budget never moved. Judged by who saved it (the manifest's
+    launch), A saved nothing: its end is a failure."""
+    from accelpact.checkpoint.attempts import check_restart_budget
+    from accelpact.errors import RestartBudgetExceeded
+
+    saved = {"before": 12}  # an earlier launch wrote step 12 (the one that is now corrupt)
+    for launch, next_launch in (("A", "B"), ("B", "C"), ("C", "D")):
+        log = AttemptLog(tmp_path, run_id="job", attempt=0, launch=launch)
+        log.record_started()
+        log.record_restore(report(8))
+        rec = AttemptLog(tmp_path, run_id="job", attempt=0, launch=next_launch).note_unrecorded_end(saved_by=saved.get)
+        assert rec.event == ENDED_UNRECORDED and rec.launch == launch
+    with pytest.raises(RestartBudgetExceeded, match="3 restarts used"):
+        check_restart_budget(2, attempt=0, log=AttemptLog(tmp_path, run_id="job", attempt=0, launch="D"))
+
+
+def test_the_launch_that_saved_a_step_is_read_from_its_manifest(tmp_path):
+    """`Checkpointer.saved_by`: the newest step whose manifest names the launch; a torn manifest
+    is nobody's."""
+    from accelpact.checkpoint.manifest import FileEntry, Manifest
+    from accelpact.checkpoint.naming import MANIFEST_NAME, step_dir_name
+    from accelpact.runtime.checkpointing import Checkpointer
+
+    def publish(step: int, launch: str | None) -> None:
+        d = tmp_path / step_dir_name(step)
+        d.mkdir()
+        m = Manifest(run_id="job", attempt="0", step=step, world_size=1, layout="l", torch_version="x",
+                     files=(FileEntry("a.distcp", 1, "0" * 64),),
+                     created_at="t", frontier=step, opt_step=step, extra={"launch": launch})
+        (d / MANIFEST_NAME).write_text(m.to_json())
+
+    publish(4, "A")
+    publish(8, "B")
+    publish(12, "A")
+    (tmp_path / step_dir_name(16)).mkdir()
+    (tmp_path / step_dir_name(16) / MANIFEST_NAME).write_text('{"torn')
+    cp = Checkpointer.__new__(Checkpointer)
+    cp.attempts = AttemptLog(tmp_path, run_id="job", attempt=0)
+    assert (cp.saved_by("A"), cp.saved_by("B"), cp.saved_by("C")) == (12, 8, None)

@@ -14,7 +14,7 @@ import json
 import logging
 import os
 import platform
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -60,6 +60,13 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
     if value < 0:
         raise ValueError(f"{RESTART_ENV}={value} is negative")
     return value
+
+
+def last_recorded_run(root: str | os.PathLike[str]) -> str | None:
+    """The run of the newest readable line of `root`'s attempts log (None: no log, or no line).
+    What a launch takes for its run before any step is published (`checkpointing.run_identity`)."""
+    records = AttemptLog(root, run_id="", attempt=0).records(all_runs=True)
+    return records[-1].run_id if records else None
 
 
 def updates_replayed(failure_frontier: int | None, checkpoint_step: int | None) -> int | None:
@@ -165,14 +172,15 @@ class AttemptLog:
         ends = [r for r in self.records() if r.event in (FAIL_STOP, ENDED_UNRECORDED)]
         return ends[-1].frontier if ends else None
 
-    def note_unrecorded_end(self, newest_step: int | None = None) -> AttemptRecord | None:
+    def note_unrecorded_end(self, saved_by: Callable[[str], int | None] | None = None) -> AttemptRecord | None:
         """At the start of an attempt: record the one before it as ended without a record when it
         left no end line. A restart (attempt > 0) looks at this launch's previous attempt
         (torchrun restarted it, so it failed); a launch's first attempt looks at the last line of
         the run's previous launch (found by review: under the spares recipe, where a scheduler
-        relaunches and every launch is attempt 0, a crash loop was never counted)."""
+        relaunches and every launch is attempt 0, a crash loop was never counted). `saved_by(launch)`:
+        the newest step published now that `launch` saved (`_note_previous_launch`)."""
         if self.attempt == 0:
-            return self._note_previous_launch(newest_step)
+            return self._note_previous_launch(saved_by)
         previous = self.attempt - 1
         # of this launch: found by review, an earlier launch's fail-stop of the same number (they
         # count from 0 again) hid this launch's crash
@@ -185,10 +193,13 @@ class AttemptLog:
                    "before it wrote one); its frontier is unknown",
         ))
 
-    def _note_previous_launch(self, newest_step: int | None) -> AttemptRecord | None:
-        """`newest_step`: the newest checkpoint published now. A launch that saved past the step it
-        started from made progress (found by review: a healthy chain of preempted, requeued launches
-        spent the budget) and is noted as such, not counted; one that did not is a failure."""
+    def _note_previous_launch(self, saved_by: Callable[[str], int | None] | None) -> AttemptRecord | None:
+        """A launch that saved past the step it started from made progress (found by review: a
+        healthy chain of preempted, requeued launches spent the budget) and is noted as such, not
+        counted; one that did not is a failure. What it saved is asked of the steps themselves
+        (`saved_by`: each manifest names the launch that wrote it), not read off their names:
+        found by review, a newer step the launch had refused (corrupt) and restored past counted
+        as its progress, and a crash loop below it was never counted."""
         records = self.records()
         last = records[-1] if records else None
         # a line without a launch was written outside torchrun (or before launches were recorded):
@@ -198,6 +209,7 @@ class AttemptLog:
         its = [r for r in records if r.launch == last.launch]
         started_at = next((r.checkpoint_step if r.event == RESTORED else 0 for r in reversed(its)
                            if r.event in (RESTORED, FRESH_START)), None)
+        newest_step = saved_by(last.launch) if saved_by is not None else None
         if newest_step is not None and started_at is not None and newest_step > started_at:
             return self.append(AttemptRecord(
                 self.run_id, last.attempt, ENDED_AFTER_PROGRESS, _now(), launch=last.launch, checkpoint_step=newest_step,

@@ -86,10 +86,17 @@ def atomic_replace(path: str | os.PathLike[str], data: bytes) -> None:
 
 
 def append_durable(path: str | os.PathLike[str], line: bytes) -> None:
-    """Append one record with a single write on an O_APPEND descriptor, then fsync."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    """Append one record (a line) on an O_APPEND descriptor, then fsync. Every byte is written or
+    an OSError raised (a short write on a nearly full disk used to pass unseen). A file that ends
+    inside a line (a torn earlier append: a short write, a crash before the fsync) gets a newline
+    first, so the fragment costs only itself: found by review, the next record was glued onto it
+    and skipped with it as one unreadable line."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, line)
+        size = os.fstat(fd).st_size
+        data = memoryview((b"\n" if size and os.pread(fd, 1, size - 1) != b"\n" else b"") + line)
+        while data:
+            data = data[os.write(fd, data):]
         os.fsync(fd)
     finally:
         os.close(fd)

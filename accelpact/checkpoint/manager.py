@@ -147,6 +147,8 @@ class CheckpointManager:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if keep < 1:
             raise ValueError(f"keep must be >= 1, got {keep}")
+        if keep_every is not None and keep_every < 1:  # else every save's retention fails, and nothing is deleted
+            raise ValueError(f"keep_every must be >= 1 or None, got {keep_every}")
         self.root = Path(root)
         self.run_id = run_id
         self.world_size = world_size
@@ -364,6 +366,12 @@ class CheckpointManager:
                 log_event(WARNING, "checkpoint.refused", "published step refused", root=str(self.root),
                           candidate=name, reason=why)
         return why
+
+    def set_aside_at_next_save(self, step: int) -> bool:
+        """Whether this process refused the published ``step-<step>`` for damage, so that its next
+        save renames it aside and publishes afresh (a refusal for any other reason, such as another
+        run's step or an I/O error, leaves it where it is and the save refused)."""
+        return step_dir_name(step) in self._refused
 
     @staticmethod
     def _drop_unpublished(comm: Comm, tmp: Path) -> None:

@@ -19,13 +19,16 @@ from ..checkpoint import (
     AttemptLog,
     CheckpointExistsError,
     CheckpointManager,
+    CheckpointSaveError,
     RestoreResult,
     SaveResult,
     agreed_failure,
     check_restart_budget,
 )
+from ..checkpoint.attempts import last_recorded_run
 from ..checkpoint.failed_saves import FailedSaveVerdict, judge_failed_save
-from ..checkpoint.naming import classify_entries
+from ..checkpoint.manifest import parse_manifest
+from ..checkpoint.naming import MANIFEST_NAME, classify_entries
 from ..checkpoint.selection import recorded_run
 from ..errors import ControlPlaneError, RestartBudgetExceeded
 from ..fsm.phases import RecoveryAction
@@ -50,11 +53,15 @@ RESTORE_TIMEOUT_S = 1800.0
 
 def run_identity(given: str | None, root: str) -> str:
     """Whose checkpoints these are: the id given (`Config.run_id`, ACCELPACT_RUN_ID), else the run
-    that wrote the newest step under `root`, else torchrun's TORCHELASTIC_RUN_ID, else "accelpact".
+    that wrote the newest step under `root`, else the run of the root's attempts log's last line,
+    else torchrun's TORCHELASTIC_RUN_ID, else "accelpact".
     Why the root's before torchrun's: `torchrun --standalone` draws a new id at every launch, so a
     job launched again (a requeue, a restart budget spent) refused every step it had written
-    ("written by run ...") and could neither resume nor start."""
-    return given or recorded_run(root) or os.environ.get("TORCHELASTIC_RUN_ID") or "accelpact"
+    ("written by run ...") and could neither resume nor start. Why the attempts log's too: before
+    the first step is published, every launch took a new id, and each read the log as another
+    run's: a crash loop before the first checkpoint was never counted (found by review)."""
+    return (given or recorded_run(root) or last_recorded_run(root) or os.environ.get("TORCHELASTIC_RUN_ID")
+            or "accelpact")
 
 
 class Checkpointer:
@@ -82,6 +89,8 @@ class Checkpointer:
             keep=cfg.checkpoint_keep, group=rt.control.group, attempt=rt.attempt, key=cfg.checkpoint_key,
         )
         self.manager.notes["shrinks"] = rt.shrinks  # the experiment's changes, kept in every manifest
+        # who saved each step: the next launch asks whether this one made progress (`saved_by`)
+        self.manager.notes["launch"] = current_launch()
         self.attempts = AttemptLog(cfg.checkpoint_dir, run_id=self.run_id, attempt=rt.attempt, launch=current_launch())
         self.finished = False  # the end of training is on record (`record_finished`)
         self.saves: list[dict] = []
@@ -116,9 +125,11 @@ class Checkpointer:
         verdict: RestartBudgetExceeded | None = None
         if self.rt.rank == 0:
             try:
-                check_restart_budget(self.rt.config.max_restarts, attempt=self.rt.attempt, log=self.attempts)
-            except RestartBudgetExceeded as exc:
-                verdict = exc
+                verdict = self._counted(self.attempts)
+            except OSError as exc:  # rank 0 must reach the gather below, or its peers wait there
+                log.error("could not read %s to count the restarts of earlier launches (%s: %s): counting this "
+                          "launch's attempts only", self.attempts.path, type(exc).__name__, exc)
+                verdict = self._counted(None)
         used = float(verdict.context.get("used", 0)) if verdict is not None else -1.0
         agreed = self.rt.control.gather_floats([used])[0][0]
         if verdict is not None:
@@ -128,6 +139,13 @@ class Checkpointer:
                 f"restart budget exceeded: rank 0 counted {int(agreed)} restarts used > max_restarts="
                 f"{self.rt.config.max_restarts} (its log and {self.attempts.path} say which); stopping instead of "
                 "retrying", used=int(agreed), max_restarts=self.rt.config.max_restarts, attempt=self.rt.attempt)
+
+    def _counted(self, attempts: AttemptLog | None) -> RestartBudgetExceeded | None:
+        try:
+            check_restart_budget(self.rt.config.max_restarts, attempt=self.rt.attempt, log=attempts)
+        except RestartBudgetExceeded as exc:
+            return exc
+        return None
 
     def record_finished(self) -> None:
         """Rank 0, at `rt.close()` (`detach`): the end of training, once, so that the run's next
@@ -153,19 +171,28 @@ class Checkpointer:
             report = self.manager.load_latest(model=self.rt.model, optimizer=self.rt.optimizer, app_state=state)
         if report is None:
             if self.rt.rank == 0 and self.rt.attempt == 0:
-                self.attempts.record_fresh_start()
+                self._record(self.attempts.record_fresh_start)
             return None
         self.rt.frontier = report.frontier
         self.rt.opt_step = report.opt_step
         self.rt.update_index = report.frontier
         self.restored = report
-        if self.rt.rank == 0:
-            rec = self.attempts.record_restore(report)
+        if self.rt.rank == 0 and (rec := self._record(lambda: self.attempts.record_restore(report))) is not None:
             log.warning(
                 "restored step %d (attempt %s): %s updates to replay, %.3fs, %d candidates refused",
                 report.step, self.rt.attempt, rec.updates_replayed, report.seconds, len(report.refused),
             )
         return report
+
+    def _record(self, write):
+        """Rank 0's attempts-log writes at attach: a failure is logged, not raised (found by
+        review: a full disk raised on rank 0 alone, after the restore's last collective, and its
+        peers waited in the line-up until the control timeout, at every restart)."""
+        try:
+            return write()
+        except OSError as exc:
+            log.error("could not write to %s: %s: %s", self.attempts.path, type(exc).__name__, exc)
+            return None
 
     def due(self, frontier: int) -> bool:
         """Whether the commit of `frontier` is followed by a save (every rank alike)."""
@@ -212,11 +239,17 @@ class Checkpointer:
 
         try:
             return save()
-        except CheckpointExistsError:
+        except CheckpointExistsError as exists:
             with rt.control.timeout_for(max(RESTORE_TIMEOUT_S, rt.control.timeout_s)):
                 why = self.manager.published_problem(rt.frontier)
             if why is None:
                 raise
+            if not self.manager.set_aside_at_next_save(rt.frontier):
+                # not damaged (another run's step, an I/O error): it stays, and this save is not
+                # taken; found by review, an owed save counted it as published and verified
+                raise CheckpointSaveError(
+                    f"step {rt.frontier} is already published but cannot be relied on ({why}); it is not damaged, so "
+                    "it is left where it is and this save is not taken", agreed=True) from exists
         log.warning("checkpoint step %d exists but does not verify (%s): it is set aside and saved again",
                     rt.frontier, why)
         return save()
@@ -252,13 +285,22 @@ class Checkpointer:
                     log.error("could not record the failed save: %s", record_error)
         return verdict
 
-    def _newest_step(self) -> int | None:
-        """The newest step published under the checkpoint root (its name: no verification)."""
+    def saved_by(self, launch: str) -> int | None:
+        """The newest step published under the checkpoint root that `launch` saved, as its manifest
+        says (not verified: only whether that launch got as far as publishing it; a step whose
+        manifest cannot be read is not counted as anyone's)."""
         try:
-            steps = [step for step, _ in classify_entries(os.listdir(self.attempts.root)).steps]
+            steps = classify_entries(os.listdir(self.attempts.root)).steps  # newest first
         except OSError:
             return None
-        return max(steps, default=None)
+        for step, name in steps:
+            try:
+                manifest = parse_manifest((self.attempts.root / name / MANIFEST_NAME).read_bytes())
+            except (OSError, ValueError):  # unreadable, torn, foreign: nobody's progress
+                continue
+            if manifest.extra.get("launch") == launch:
+                return step
+        return None
 
     def note_previous_attempt(self) -> None:
         """Rank 0, at every start: the attempt before this one (this launch's, or at a launch's
@@ -266,7 +308,7 @@ class Checkpointer:
         if self.rt.rank != 0:
             return
         try:
-            rec = self.attempts.note_unrecorded_end(newest_step=self._newest_step())
+            rec = self.attempts.note_unrecorded_end(saved_by=self.saved_by)
         except OSError as exc:
             log.error("could not record how the previous attempt ended: %s: %s", type(exc).__name__, exc)
             return
