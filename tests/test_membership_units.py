@@ -168,10 +168,21 @@ def test_the_boundary_captures_the_state_of_the_update_it_commits_and_joins_it_b
     assert not rep.pending() and small_state.read(store, 0, 3, 5)["cursor"] == {"i": 5}
     rep.offer_at_step_entry(BoundarySnapshot.capture(cursor, 5), 5)
     assert not rep.pending() and rep.written == 1
+    # the script ran something between the boundary and the next `rt.step` (a scheduler stepped
+    # after `rt.step`): the step entry's state is what the survivors would restore, so it is written
+    # (found by review: the boundary's stood, and a spare started one scheduler step behind)
+    cursor.i = 6
+    rep.offer_at_step_entry(BoundarySnapshot.capture(cursor, 5), 5)
+    assert rep.pending()  # the forward joins it: a loss in this update must find it in the store
+    rep.on_phase(6, FailurePhase.FORWARD)
+    assert not rep.pending() and rep.written == 2 and small_state.read(store, 0, 3, 5)["cursor"] == {"i": 6}
+    rep.offer_at_step_entry(BoundarySnapshot.capture(cursor, 5), 5)  # unchanged: nothing more
+    assert not rep.pending() and rep.written == 2
+    cursor.i = 5
     rep.position = 1  # a shrink renumbered this rank: its new position has no state of 5 from it
     rep.offer_at_step_entry(BoundarySnapshot.capture(cursor, 5), 5)
     rep.on_phase(6, FailurePhase.FORWARD)
-    assert rep.written == 2 and small_state.read(store, 0, 1, 5)["cursor"] == {"i": 5}
+    assert rep.written == 3 and small_state.read(store, 0, 1, 5)["cursor"] == {"i": 5}
     rep.stop()
 
 

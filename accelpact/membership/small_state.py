@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import copy
+import io
 import logging
 import pickle
 import queue
@@ -50,16 +51,48 @@ Slot = tuple[int, int, int]
 _HEADER = 8  # the frontier, little-endian, ahead of the payload: readable without unpickling
 
 
-def encode(snapshot: Any, frontier: int) -> bytes:
-    """One rank's small state at `frontier`, from its `BoundarySnapshot`."""
-    payload = {
+def _payload(snapshot: Any, frontier: int) -> dict[str, Any]:
+    return {
         "frontier": int(frontier), "rng": snapshot.rng, "cursor": snapshot.cursor, "has_cursor": snapshot.has_cursor,
         "stateful": [state for _, state in snapshot.stateful], "hyper": [hyper for _, hyper in snapshot.hyper],
     }
+
+
+def encode(snapshot: Any, frontier: int) -> bytes:
+    """One rank's small state at `frontier`, from its `BoundarySnapshot`."""
     # pickle, not torch.save: 88 µs instead of 372 µs per write (torch.save's zip container), on
     # a thread that shares the cores with training; the store is the job's own, and torch.load
     # of this payload unpickled it without weights_only anyway
-    return int(frontier).to_bytes(_HEADER, "little", signed=True) + pickle.dumps(payload, protocol=5)
+    return int(frontier).to_bytes(_HEADER, "little", signed=True) + pickle.dumps(_payload(snapshot, frontier),
+                                                                                   protocol=5)
+
+
+class _ByValue(pickle.Pickler):
+    """Pickles a tensor as its dtype, shape and bytes: a plain pickle of one names its storage by
+    address, so two equal states never pickled alike."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            flat = obj.detach().cpu().contiguous().reshape(-1)
+            return tuple, ((str(obj.dtype), tuple(obj.shape), flat.view(torch.uint8).numpy().tobytes()),)
+        return NotImplemented
+
+
+def fingerprint(snapshot: Any, frontier: int) -> bytes:
+    """Equal for two captures of the same small state, and only for those (compared, never read)."""
+    out = io.BytesIO()
+    _ByValue(out, protocol=5).dump(_payload(snapshot, frontier))
+    return out.getvalue()
+
+
+def _fingerprint_or_none(snapshot: Any, frontier: int) -> bytes | None:
+    """None where a state cannot be fingerprinted (a tensor kind without plain bytes): the step
+    entry then writes its capture every time, as is always safe."""
+    try:
+        return fingerprint(snapshot, frontier)
+    except (RuntimeError, TypeError, ValueError, pickle.PicklingError) as exc:
+        log.debug("small state not fingerprinted (%s: %s): the step entry writes it", type(exc).__name__, exc)
+        return None
 
 
 def decode(raw: bytes) -> dict[str, Any]:
@@ -122,10 +155,13 @@ class Replicator:
         self.store, self.position, self.world_of = store, position, world_of
         #: the state at the clean boundary, its `.frontier` the update that boundary commits
         self.capture = capture
-        self._queue: queue.Queue[tuple[Slot, Any] | None] = queue.Queue(maxsize=1)
+        self._queue: queue.Queue[tuple[Slot, Any, int] | None] = queue.Queue(maxsize=1)
         self._done = threading.Condition()
         self.newest: Slot | None = None  # the newest value written
         self.offered: Slot | None = None  # the newest value offered
+        self._offers = 0  # values offered so far; a slot can be offered twice (`offer_at_step_entry`)
+        self._landed = 0  # the number of the offer newest written
+        self._last: tuple[Slot, bytes | None] | None = None  # the newest value written, its `fingerprint`
         self._mine: collections.deque[Slot] = collections.deque(maxlen=4)  # offered, not failed
         self._wrote_in: tuple[int, int] | None = None  # (world, position) of the slots last written
         self.join_wait_s = 0.0  # time the training thread waited for a write (the critical-path cost)
@@ -144,7 +180,8 @@ class Replicator:
         """Replicate `snapshot` (taken at `frontier`); never blocks. The snapshot's copies are its
         own (it is rebuilt at every boundary), so the thread may read them later."""
         self.offered = (self.world_of(), self.position, frontier)
-        item = (self.offered, snapshot)
+        self._offers += 1
+        item = (self.offered, snapshot, self._offers)
         self._mine.append(self.offered)
         try:
             self._queue.put_nowait(item)
@@ -159,24 +196,35 @@ class Replicator:
                 pass
 
     def offer_at_step_entry(self, snapshot: Any, frontier: int) -> None:
-        """`rt.step`'s snapshot of F, where this process has not written its state of F under its
-        current world and position yet (its first update, a Replace, or a shrink that renumbered
-        it); the boundary's own capture stands otherwise (the same state, one write less per update)."""
-        if (self.world_of(), self.position, frontier) not in self._mine:
-            self.offer(snapshot, frontier)
+        """`rt.step`'s snapshot of F: the state a Rewind restores on the survivors, so the state a
+        spare must start from. Written where this process has not written its state of F under
+        its current world and position yet (its first update, a Replace, a shrink that renumbered
+        it), and where it differs from the boundary's capture, byte for byte: the script ran
+        something between two `rt.step` calls (a scheduler stepped after `rt.step`, random numbers
+        drawn). Found by review: the boundary's capture stood, and a spare started one scheduler
+        step behind its replica. Otherwise one write less per update (the comparison encodes the
+        small state on this thread, tens of µs)."""
+        slot = (self.world_of(), self.position, frontier)
+        if slot in self._mine:
+            with self._done:
+                last = self._last
+            if last is not None and last[0] == slot and last[1] is not None \
+                    and last[1] == _fingerprint_or_none(snapshot, frontier):
+                return
+        self.offer(snapshot, frontier)
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait until the newest offered value is in the store; False on timeout or error."""
         t = time.perf_counter()
         with self._done:
-            ok = self._done.wait_for(lambda: self.offered is None or self.newest == self.offered or self.error,
+            ok = self._done.wait_for(lambda: self.offered is None or self._landed == self._offers or self.error,
                                      timeout=timeout_s)
         self.join_wait_s += time.perf_counter() - t
         self.joins += 1
         return bool(ok) and not self.error
 
     def pending(self) -> bool:
-        return self.offered is not None and self.newest != self.offered
+        return self.offered is not None and self._landed != self._offers
 
     # -- UpdateListener -------------------------------------------------------------------------
     def on_phase(self, update: int, phase: Any) -> None:
@@ -226,7 +274,7 @@ class Replicator:
             item = self._queue.get()
             if item is None:
                 return
-            slot, snapshot = item
+            slot, snapshot, number = item
             world, position, frontier = slot
             t = time.perf_counter()
             try:
@@ -242,11 +290,12 @@ class Replicator:
                 log.warning("small-state replication failed: %s", self.error, extra={"position": position})
                 continue
             self._forget_slots_left_behind(world, position)
+            printed = _fingerprint_or_none(snapshot, frontier)
             self.written += 1
             self.bytes = len(raw)
             self.seconds += time.perf_counter() - t
             with self._done:
-                self.newest, self.error = slot, ""
+                self.newest, self._landed, self._last, self.error = slot, number, (slot, printed), ""
                 self._done.notify_all()
 
     def _forget_slots_left_behind(self, world: int, position: int) -> None:
