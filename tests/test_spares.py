@@ -135,6 +135,7 @@ def test_a_rank_lost_inside_the_boundary_check_splits_the_survivors_who_roll_for
     job = run_spare_job(framework="fsdp2", faults="kill@3:check:3,miss@3:check:1", updates=5, spares=1)
     (replace,) = _replaced(job, 3)
     assert replace["frontier"] == 3 and replace["replacement"]["rolled"] == [1], replace
+    assert replace["replacement"]["buffers_from_replica"] == [], replace  # the drill model has no buffer
     assert job.codes == [0, 0, 0, -9, 0], _explain(job)
     assert "rank 1 commits update 3 in the membership change" in job.output[1], _explain(job)
     _traces_keep_the_membership_rules(job)
