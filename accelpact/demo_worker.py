@@ -25,7 +25,14 @@ import accelpact
 from accelpact import state as app_state
 from accelpact.config import AUTO
 from accelpact.observe.incident import nobody_lost
-from accelpact.workloads import FRAMEWORKS, HSDPLayout, build_hsdp_job, seed_everything, stochastic_update
+from accelpact.workloads import (
+    FRAMEWORKS,
+    HSDPLayout,
+    add_running_stat,
+    build_hsdp_job,
+    seed_everything,
+    stochastic_update,
+)
 
 DEFAULT_FAULTS = "skip@8:committed:2,late@18:committed:1,skip@28:committed:0"
 
@@ -43,6 +50,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--control-timeout", type=_seconds_or_auto, default=AUTO, help="seconds, or 'auto' (the default)")
     p.add_argument("--trace-dir", default=None)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--running-stat", action="store_true",
+                   help="fsdp2: a buffer every forward writes from the rank's own batch (BatchNorm-like)")
     p.add_argument("--no-reference", action="store_true", help="skip the uninterrupted reference run")
     p.add_argument("--result", default=None, help="rank 0 writes a JSON summary here")
     p.add_argument("--no-rebind", action="store_true", help="ablation: replace groups but do not rebind")
@@ -75,8 +84,11 @@ def _seconds_or_auto(text: str) -> float | str:
 
 
 def build(args, generation: int):
-    return build_hsdp_job(args.framework, layers=args.layers, dim=args.dim, seed=args.seed, local=args.local,
-                          generation=generation)
+    model, optimizer, data = build_hsdp_job(args.framework, layers=args.layers, dim=args.dim, seed=args.seed,
+                                            local=args.local, generation=generation)
+    if args.running_stat:
+        add_running_stat(model, args.framework)
+    return model, optimizer, data
 
 
 def train(args, layout, *, protected: bool, generation: int, progress: bool):

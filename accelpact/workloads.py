@@ -453,3 +453,18 @@ def stochastic_update(model: nn.Module, optimizer: torch.optim.Optimizer, data: 
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return float(loss.detach())
+
+
+def add_running_stat(model: nn.Module, framework: str) -> None:
+    """Give `model` a buffer that every forward writes from the rank's own batch, as BatchNorm's
+    running statistics are (FSDP never syncs them, so each rank's differs): what a Rewind must put
+    back and what a spare must take from the lost rank itself, not from a replica peer."""
+    if framework != "fsdp2":
+        raise ValueError(f"running_stat is built for fsdp2 only, not {framework!r}")
+    model.register_buffer("running_stat", torch.zeros(()))
+
+    def update(module, args, output):
+        with torch.no_grad():
+            module._buffers["running_stat"].mul_(0.5).add_(output.detach().float().mean())
+
+    model.register_forward_hook(update)

@@ -91,6 +91,8 @@ class _Cursor:
 
 @pytest.mark.filterwarnings("ignore:Detected call of")
 def test_small_state_round_trip_continues_the_lost_ranks_stream():
+    from accelpact.runtime.module_buffers import buffer_slots
+
     model, opt = _trained(3)
     cursor = _Cursor()
     cursor.i = 7
@@ -106,7 +108,16 @@ def test_small_state_round_trip_continues_the_lost_ranks_stream():
     cursor2 = _Cursor()
     model2, opt2 = _trained(4)
     sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5)
-    small_state.apply(small_state.decode(raw), data_state=cursor2, stateful=(sched2,), optimizer=opt2)
+    state = small_state.decode(raw)
+    with pytest.raises(ValueError, match="replicated 3 module buffers, this rank's model has 0"):
+        small_state.apply(state, data_state=cursor2, stateful=(sched2,), optimizer=opt2)
+    assert cursor2.i == 0  # refused before anything changed
+    # the buffers are the lost rank's own (BatchNorm's statistics from its own batches), not those
+    # the transfer brought from a replica peer (found by review: the spare kept the peer's)
+    assert not torch.equal(model2[1].running_mean, model[1].running_mean)
+    small_state.apply(state, data_state=cursor2, stateful=(sched2,), optimizer=opt2, buffers=buffer_slots(model2))
+    for name, b in model.named_buffers():
+        assert torch.equal(dict(model2.named_buffers())[name], b), name
     assert cursor2.i == 7 and sched2.state_dict() == sched.state_dict()
     assert opt2.param_groups[0]["lr"] == opt.param_groups[0]["lr"]
     assert torch.equal(torch.rand(3), expected_draw)

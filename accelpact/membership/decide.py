@@ -69,10 +69,6 @@ class Presence:
     #: this rank met the loss in the checkpoint save due after committing F (or in the work
     #: before it): the new world owes that save
     save_interrupted: bool = False
-    #: the model holds module buffers: each rank's own (forward writes BatchNorm's running
-    #: statistics from the rank's own batch, and FSDP never syncs them), so a replica peer's copy
-    #: does not carry the lost rank's; a neighbour copy does
-    own_buffers: bool = False
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -88,8 +84,7 @@ class Presence:
                    shard_group=tuple(int(r) for r in d.get("shard_group", ())), on_loss=str(d.get("on_loss", "reject")),
                    shrink_ok=bool(d.get("shrink_ok", False)), shrink_reason=str(d.get("shrink_reason", "")),
                    at_check=bool(d.get("at_check", False)),
-                   save_interrupted=bool(d.get("save_interrupted", False)),
-                   own_buffers=bool(d.get("own_buffers", False)))
+                   save_interrupted=bool(d.get("save_interrupted", False)))
 
 
 @dataclass(frozen=True)
@@ -127,10 +122,6 @@ class MembershipDecision:
     #: the checkpoint save of `frontier` was interrupted by the loss: every member of the new
     #: world takes it right after the release (the spare as well: it cannot know otherwise)
     save_owed: bool = False
-    #: lost positions whose module buffers come from a replica peer's own (no neighbour copy held
-    #: the lost rank's): its parameters, optimizer state and small state are bitwise the lost
-    #: rank's, its buffers are the peer's; named in the record and the log, never silent
-    buffers_from_replica: tuple[int, ...] = ()
 
     @property
     def replace(self) -> bool:
@@ -169,8 +160,7 @@ class MembershipDecision:
                    recoveries=int(d.get("recoveries", 0)), leaving=tuple(d.get("leaving", ())),
                    renumber={int(k): int(v) for k, v in d.get("renumber", {}).items()},
                    replicas_before=int(d.get("replicas_before", 0)), replicas_after=int(d.get("replicas_after", 0)),
-                   rolled=tuple(int(p) for p in d.get("rolled", ())), save_owed=bool(d.get("save_owed", False)),
-                   buffers_from_replica=tuple(int(p) for p in d.get("buffers_from_replica", ())))
+                   rolled=tuple(int(p) for p in d.get("rolled", ())), save_owed=bool(d.get("save_owed", False)))
 
 
 def agreed_frontier(reports: Sequence[Presence]) -> tuple[int, tuple[int, ...], list[str]]:
@@ -248,20 +238,15 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
     holders: dict[int, tuple[int, ...]] = {}
     source: dict[int, int] = {}
     via: dict[int, str] = {}
-    # a model with buffers takes the lost rank's own from a neighbour copy where one is held (a
-    # replica peer's are its own: found by review, a spare silently got the peer's BatchNorm
-    # statistics); where none is, the peer's, and the decision says so
-    buffers = any(r.own_buffers for r in reports)
-    from_replica: list[int] = []
     for p in lost:
-        replicas = tuple(sorted({r.position for r in reports if p in r.replicas and r.position != p}))
-        copies = tuple(sorted({r.position for r in reports if (p, frontier) in r.copies}))
-        holders[p], via[p] = (copies, "neighbour") if copies and (buffers or not replicas) else (replicas, "replica")
+        holders[p] = tuple(sorted({r.position for r in reports if p in r.replicas and r.position != p}))
+        via[p] = "replica"
+        if not holders[p]:
+            holders[p] = tuple(sorted({r.position for r in reports if (p, frontier) in r.copies}))
+            via[p] = "neighbour"
         if not holders[p]:
             reasons.append(_no_holder(p, frontier, reports))
             continue
-        if via[p] == "replica" and buffers:
-            from_replica.append(p)
         source[p] = least_loaded(holders[p], source.values())
         held = sorted(small_state_at.get(p, ()))
         if frontier not in held:
@@ -271,8 +256,7 @@ def decide_membership(*, world: int, world_size: int, reports: Sequence[Presence
         return MembershipDecision(outcome="reject", frontier=frontier, reasons=tuple(reasons), **base)
     return MembershipDecision(outcome="replace", assign=assign, source=source, holders=holders, via=via,
                               frontier=frontier, rolled=rolled, generation=generations[0] + 1,
-                              recoveries=max(r.recoveries for r in reports), save_owed=owed,
-                              buffers_from_replica=tuple(from_replica), **base)
+                              recoveries=max(r.recoveries for r in reports), save_owed=owed, **base)
 
 
 def least_loaded(holders: Sequence[int], chosen: Collection[int]) -> int:

@@ -34,7 +34,7 @@ import pickle
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -55,6 +55,9 @@ def _payload(snapshot: Any, frontier: int) -> dict[str, Any]:
     return {
         "frontier": int(frontier), "rng": snapshot.rng, "cursor": snapshot.cursor, "has_cursor": snapshot.has_cursor,
         "stateful": [state for _, state in snapshot.stateful], "hyper": [hyper for _, hyper in snapshot.hyper],
+        # each rank's own: a replica peer's transfer carries the peer's (found by review: a spare
+        # took its peer's BatchNorm statistics); in `buffer_slots` order, which the spare shares
+        "buffers": [saved for _, saved, _, _ in snapshot.buffers],
     }
 
 
@@ -127,8 +130,17 @@ def read(store: dist.Store, world: int, position: int, frontier: int) -> dict[st
 
 
 def apply(state: dict[str, Any], *, data_state: Any, stateful: tuple[Any, ...],
-          optimizer: torch.optim.Optimizer) -> None:
-    """Make this process continue the stream `state` was taken from (a spare, after the transfer)."""
+          optimizer: torch.optim.Optimizer, buffers: Sequence[tuple[dict, str, torch.Tensor]] = ()) -> None:
+    """Make this process continue the stream `state` was taken from (a spare, after the transfer,
+    whose buffers came from the source's own: `buffers`, this model's slots, take the lost rank's)."""
+    saved_buffers = state.get("buffers", [])
+    if len(saved_buffers) != len(buffers):
+        raise ValueError(f"the lost rank replicated {len(saved_buffers)} module buffers, this rank's model has "
+                         f"{len(buffers)}")
+    for (_, name, live), saved in zip(buffers, saved_buffers):
+        if live.shape != saved.shape or live.dtype != saved.dtype:
+            raise ValueError(f"module buffer {name!r}: the lost rank's is {saved.dtype}{list(saved.shape)}, this "
+                             f"rank's {live.dtype}{list(live.shape)}")
     if data_state is not None:
         if not state["has_cursor"]:
             raise ValueError("the lost rank replicated no data cursor, but this rank has a data_state")
@@ -142,6 +154,9 @@ def apply(state: dict[str, Any], *, data_state: Any, stateful: tuple[Any, ...],
         raise ValueError("the lost rank's optimizer had another number of param groups")
     for group, saved in zip(optimizer.param_groups, state["hyper"]):
         group.update(copy.deepcopy(saved))
+    with torch.no_grad():
+        for (_, _, live), saved in zip(buffers, saved_buffers):
+            live.copy_(saved)
     restore_rng_state(state["rng"])
 
 

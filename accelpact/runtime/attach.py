@@ -202,8 +202,8 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     rt.recipe = world.record(control.group, timeout_of)
     rt.heartbeat = Heartbeat(m.store, rt.rank, config.heartbeat_s, world_of=lambda: m.world)
     rt.replicator = Replicator(m.store, rt.rank, capture=lambda: BoundarySnapshot.capture(
-        rt.data_state, rt.frontier + 1, optimizer=rt.optimizer, stateful=rt.rewind.stateful),
-        world_of=lambda: m.world)
+        rt.data_state, rt.frontier + 1, optimizer=rt.optimizer, stateful=rt.rewind.stateful,
+        model_buffers=rt.rewind.buffer_slots(rt.model)), world_of=lambda: m.world)
     rt.listeners.insert(0, rt.replicator)  # joins its write before any other listener sees the forward
     neighbours.start(rt, m, plane, config)
 

@@ -122,8 +122,7 @@ def presence_of(rt: Runtime, phase: FailurePhase, at_check: bool = False) -> tup
                     copy_faults=copy_faults, shard_group=tuple(shard.ranks) if shard is not None else (),
                     on_loss=rt.config.on_loss, shrink_ok=not no_shrink, shrink_reason=no_shrink,
                     at_check=at_check and phase is FailurePhase.COMMITTED and rt.update_index == rt.frontier + 1,
-                    save_interrupted=rt.checkpointer is not None and rt.checkpointer.interrupted_at == rt.frontier,
-                    own_buffers=next(rt.model.buffers(), None) is not None), undo
+                    save_interrupted=rt.checkpointer is not None and rt.checkpointer.interrupted_at == rt.frontier), undo
 
 
 def presence_grace_s(control_timeout_s: float, data_timeout_s: float) -> float:
@@ -172,11 +171,6 @@ def survive(rt: Runtime, m: Membership, phase: FailurePhase, at_check: bool = Fa
     if not decision.replace:
         change.reasons = list(decision.reasons)
         return change
-    if decision.buffers_from_replica and rt.rank == min(decision.present):
-        log.warning("lost rank(s) %s take their module buffers from a replica peer's own (no neighbour copy held "
-                    "theirs; `Config.replicate` keeps one): their parameters, optimizer state and small state are "
-                    "bitwise theirs, buffers such as BatchNorm's running statistics are the peer's",
-                    list(decision.buffers_from_replica))
     restore_frontier(rt, change, undo, clock)
     old_groups = dict(rt.data_plane.groups)
     m.world = failed_world + 1
@@ -417,7 +411,8 @@ def _take_in_state(rt: Runtime, m: Membership, activation: Activation, decision:
         state = small_state.read(m.store, decision.world, lost, decision.frontier)
     except ValueError as exc:  # the decision saw it in the store: only a later write can have replaced it
         raise ControlPlaneError(f"spare {activation.spare} cannot continue rank {lost}'s stream: {exc}") from exc
-    small_state.apply(state, data_state=rt.data_state, stateful=rt.rewind.stateful, optimizer=rt.optimizer)
+    small_state.apply(state, data_state=rt.data_state, stateful=rt.rewind.stateful, optimizer=rt.optimizer,
+                      buffers=rt.rewind.buffer_slots(rt.model))
     rt.frontier = rt.opt_step = rt.update_index = decision.frontier
     clock.lap("small_state")
 
@@ -509,7 +504,7 @@ def describe(change: MemberChange, rank: int) -> dict[str, Any]:
     return {"lost": list(d.lost), "spares": {str(k): v for k, v in d.assign.items()},
             "sources": {str(k): v for k, v in d.source.items()}, "via": {str(k): v for k, v in d.via.items()},
             "world": change.world + 1, "rolled": list(d.rolled),
-            "buffers_from_replica": list(d.buffers_from_replica), "transfers": change.transfers, "rank": rank}
+            "transfers": change.transfers, "rank": rank}
 
 
 def changing(rt: Runtime) -> bool:

@@ -65,13 +65,18 @@ class RewindState:
             return "max_rewinds_per_update is 0"
         return ""
 
-    def begin_step(self, data_state: Any, frontier: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        """rt.step(fn) starts update F+1: snapshot the boundary of F."""
+    def buffer_slots(self, model: nn.Module) -> tuple[tuple[dict, str, torch.Tensor], ...]:
+        """`model`'s buffer slots (`ModuleBuffers`, found once and kept): the boundary snapshot's,
+        and the small state's a spare takes over (`membership.small_state`)."""
         if self.buffers is None or self.buffers.model is not model:
             self.buffers = ModuleBuffers(model)
+        return self.buffers.slots()
+
+    def begin_step(self, data_state: Any, frontier: int, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """rt.step(fn) starts update F+1: snapshot the boundary of F."""
         try:
             snap = BoundarySnapshot.capture(data_state, frontier, optimizer=optimizer, stateful=self.stateful,
-                                            model_buffers=self.buffers.slots())
+                                            model_buffers=self.buffer_slots(model))
             self.snapshot, self.snapshot_problem = snap, ""
         except TypeError as exc:  # a data_state without state_dict: train on, but never rewind
             self.snapshot, self.snapshot_problem = None, str(exc)

@@ -19,7 +19,7 @@ from .. import state as app_state
 from ..config import Config
 from ..errors import RecoveryRejected
 from ..runtime.ddp_buckets import is_isolated
-from ..workloads import build_hsdp_job, seed_everything, stochastic_update
+from ..workloads import add_running_stat, build_hsdp_job, seed_everything, stochastic_update
 from .bitflip import BitFlip
 from .compiled import CompiledProbe, fsdp2_mesh
 
@@ -97,20 +97,8 @@ def build(drill: Drill, generation: int):
                                             seq_len=8, batch_size=2, generation=generation)
     sched = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup) if drill.scheduler else None
     if drill.running_stat:
-        _add_running_stat(model, drill.framework)
+        add_running_stat(model, drill.framework)
     return model, optimizer, data, sched
-
-
-def _add_running_stat(model, framework: str) -> None:
-    if framework != "fsdp2":
-        raise ValueError(f"Drill.running_stat is built for fsdp2 only, not {framework!r}")
-    model.register_buffer("running_stat", torch.zeros(()))
-
-    def update(module, args, output):
-        with torch.no_grad():
-            module._buffers["running_stat"].mul_(0.5).add_(output.detach().float().mean())
-
-    model.register_forward_hook(update)
 
 
 def _warmup(step: int) -> float:

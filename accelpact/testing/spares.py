@@ -55,7 +55,7 @@ def run_spare_job(*, active: int = 4, spares: int = 1, faults: str = "none", fra
                   updates: int = 8, layers: int = 2, data_timeout: float = 2.0, control_timeout: float = 6.0,
                   timeout_s: float = 150.0, extra_env: dict[str, str] | None = None,
                   envelope: str | None = None, replicate: str = "off", on_loss: str = "reject",
-                  start: str = "forkserver", checkpoint_every: int = 0) -> SpareJob:
+                  start: str = "forkserver", checkpoint_every: int = 0, running_stat: bool = False) -> SpareJob:
     trace_dir = tempfile.mkdtemp(prefix="accelpact-spares-")
     result_path = Path(trace_dir) / "result.json"
     cmd = [sys.executable, "-m", "accelpact.demo_worker", f"--framework={framework}", f"--updates={updates}",
@@ -66,6 +66,8 @@ def run_spare_job(*, active: int = 4, spares: int = 1, faults: str = "none", fra
         extra_env = {"ACCELPACT_ON_LOSS": on_loss, **(extra_env or {})}
     if envelope is not None:
         cmd.append(f"--envelope={envelope}")
+    if running_stat:
+        cmd.append("--running-stat")
     if checkpoint_every:
         cmd += [f"--checkpoint-dir={Path(trace_dir) / 'ckpt'}", f"--checkpoint-every={checkpoint_every}"]
     codes, output, seconds = launch_with_spares(cmd, active=active, spares=spares, log_dir=Path(trace_dir),
