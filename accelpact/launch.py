@@ -72,6 +72,8 @@ class Membership:
     #: when each position's heartbeat last moved, as this process saw it while it watched for a
     #: lost member in the current world: the decision's wait starts from that evidence, not anew
     silence: dict | None = None
+    #: why this process last failed to read whether a change is under way (logged once per cause)
+    unread_change: str = ""
 
     @property
     def is_spare(self) -> bool:

@@ -254,3 +254,29 @@ def test_a_bounded_store_passes_results_and_errors_through():
     while len(workers()) > before and time.monotonic() < deadline:
         time.sleep(0.01)
     assert len(workers()) <= before
+
+
+def test_a_control_plane_left_behind_ends_its_store_worker():
+    """Found by review: a membership change replaced the control plane but only stopped its link
+    listener, so every change left one `accelpact-store` thread blocked on its queue for good."""
+    import threading
+
+    import torch.distributed as dist
+
+    from accelpact.control.bounded import BoundedStore
+    from accelpact.control.plane import ControlPlane
+
+    def workers():
+        return [t for t in threading.enumerate() if t.name == "accelpact-store" and t.is_alive()]
+
+    before = len(workers())
+    plane = ControlPlane.__new__(ControlPlane)
+    plane._reach_listener = None
+    plane.store = BoundedStore(dist.HashStore(), bound_s=1.0)
+    plane.store.set("k", "v")  # its worker runs
+    assert len(workers()) == before + 1
+    plane.left_behind()
+    deadline = time.monotonic() + 2.0
+    while len(workers()) > before and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert len(workers()) == before

@@ -272,12 +272,31 @@ def test_no_spare_is_offered_once_the_job_shrank():
     for r in paired:
         register.post_presence(store, 7, r)
     assert register._decide(store, 7, 4, [0, 1, 2], lambda p: {5}).replace  # no shrink yet: the spare takes it
+    spare.join(5)  # it was claimed by the first decision
+    # a second spare, free and beating when the next loss is decided (found by review: with only
+    # the first spare, long claimed, nothing was left to withhold and the test could not fail)
+    pool.register(store, 9)
+    released = []
+
+    def wait_as_spare():
+        from accelpact.errors import SpareReleased
+
+        try:
+            pool.wait_for_claim(store, 9, heartbeat_s=0.05)
+        except SpareReleased as exc:
+            released.append(exc.code)
+
+    second = threading.Thread(target=wait_as_spare, daemon=True)
+    second.start()
     store.set(keys.shrunk(), "4")
     for r in paired:
         register.post_presence(store, 8, r)
     d = register._decide(store, 8, 4, [0, 1, 2], lambda p: {5})
     assert d.outcome == "reject" and any("the job shrank" in why for why in d.reasons), d.reasons
-    spare.join(5)  # it was claimed by the first decision
+    assert d.assign == {} and 9 in pool.unclaimed(store) and second.is_alive()  # withheld, never claimed
+    pool.end_job(store, 75, "test over")  # releases the waiting spare
+    second.join(5)
+    assert released == [75]
 
 
 def test_the_register_marks_a_shrink_for_the_decisions_after_it():

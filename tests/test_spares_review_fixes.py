@@ -407,3 +407,26 @@ def test_a_spare_whose_connect_ran_out_first_waits_for_the_survivors_verdict(mon
         _start_spare(monkeypatch, _store(), never, lambda *a, **kw: (_ for _ in ()).throw(
             dist.DistStoreError("wait timeout")))
     assert any("did not end within" in note for note in err.value.__notes__)
+
+
+def test_a_store_that_cannot_say_whether_a_change_is_under_way_is_logged_once_per_cause(caplog):
+    """Found by review: `changing` (polled every few ms while a wait runs) swallowed every error
+    without a word, so a wait that could not be cut short left nothing that said why."""
+    class Broken:
+        def __init__(self):
+            self.error = RuntimeError("Connection reset by peer")
+
+        def check(self, keys_):
+            raise self.error
+
+        get = multi_get = check
+
+    store = Broken()
+    rt = SimpleNamespace(membership=launch.Membership(store=store, spares=1, world_size=4, launch_rank=0,
+                                                      backend="gloo", timeout=datetime.timedelta(seconds=5), world=3))
+    with caplog.at_level("WARNING", logger="accelpact"):
+        assert [member_change.changing(rt) for _ in range(5)] == [False] * 5
+        store.error = TimeoutError("no answer")
+        assert member_change.changing(rt) is False
+    logged = [r.getMessage() for r in caplog.records if "membership change of world 3" in r.getMessage()]
+    assert len(logged) == 2 and "Connection reset by peer" in logged[0] and "no answer" in logged[1], logged

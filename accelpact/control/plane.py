@@ -469,10 +469,16 @@ class ControlPlane:
             self._reach_listener.close()
             self._reach_listener = None
 
-    def close(self) -> None:
+    def left_behind(self) -> None:
+        """This plane's world was left for the next one (a membership change): no more link
+        probes, and its store worker thread ends (found by review: one was left blocked on its
+        queue per change). Its group goes with the world (`world.init_world` destroys it)."""
         self.stop_listening()
         if isinstance(self.store, BoundedStore):
             self.store.close()
+
+    def close(self) -> None:
+        self.left_behind()
         try:
             dist.destroy_process_group(self.group)
         except (RuntimeError, ValueError) as exc:  # pragma: no cover - best effort at shutdown

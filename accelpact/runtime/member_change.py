@@ -434,7 +434,7 @@ def rebuild_checkpointer(rt: Runtime) -> None:
 def rebuild_control_plane(rt: Runtime) -> ControlPlane:
     """The same construction as attach's, so that the spare's attach meets it collective for
     collective."""
-    rt.control.stop_listening()
+    rt.control.left_behind()
     control = ControlPlane(timeout_s=join_timeout_s(rt), attempt=rt.attempt,  # the spare may still build
                            silent_hosts=rt.control.links.silent)
     control.set_timeout(rt.config.control_timeout_s)
@@ -512,7 +512,12 @@ def changing(rt: Runtime) -> bool:
     m = rt.membership
     try:
         return holds(m.store, keys.changing(m.world))  # a forged flag is no change (`membership.sealed`)
-    except Exception:  # an unreachable store: let the boundary check find out  # noqa: BLE001
+    except Exception as exc:  # an unreachable store: let the boundary check find out  # noqa: BLE001
+        cause = f"{type(exc).__name__}: {exc}"
+        if cause != m.unread_change:  # polled every few ms while a wait runs: once per cause
+            m.unread_change = cause
+            log.warning("could not read whether a membership change of world %d is under way (%s): waits are not "
+                        "cut short by one until the store answers", m.world, cause)
         return False
 
 
