@@ -9,8 +9,10 @@ votes), and a release moved before a peer's report in wall-clock time only."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -288,3 +290,32 @@ def test_all_votes_are_read_in_one_round_trip_and_a_missing_one_one_by_one():
     zero.post_vote("r1", ReleaseVote(0, True, ""))
     one.post_vote("r1", ReleaseVote(1, True, ""))
     assert [v.ok for v in zero.collect_votes("r1")] == [True, True]
+
+
+def test_a_store_that_stops_answering_ends_rank_0s_collection_at_once():
+    """Found by review: after the votes' wait failed on an unreachable store, rank 0 read each
+    rank's vote in turn, each read waiting out its own bound: W x C in all, where its peers gave
+    up after C. Now a store that does not answer ends the collection: every unread vote missing."""
+    from accelpact.control.bounded import BoundedStore
+
+    class Blackholed(DictStore):
+        def __init__(self):
+            super().__init__()
+            self.calls = 0
+
+        def wait(self, keys, timeout=None):
+            self.calls += 1
+            time.sleep(3)
+
+        check = get = multi_get = wait
+
+    for ranks_reachable in (False, True):
+        inner = Blackholed()
+        zero = _plane(0, BoundedStore(inner, bound_s=0.5))
+        zero.world_size, zero.timeout = 8, datetime.timedelta(seconds=0.1)
+        if ranks_reachable:  # the wait timed out (a vote missing), then the store went away mid-read
+            zero.store.wait = lambda keys, timeout: (_ for _ in ()).throw(RuntimeError("Socket Timeout"))
+        t0 = time.monotonic()
+        votes = zero.collect_votes("r1")
+        assert votes == [None] * 8 and time.monotonic() - t0 < 2.5  # before: 1.1 s + 8 x 0.5 s
+        assert inner.calls == 1  # one call that did not answer, not one per rank

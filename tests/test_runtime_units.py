@@ -391,3 +391,30 @@ def test_the_permissive_envelope_is_named_at_attach():
     facts = envelope_facts(permissive_envelope("cpu-gloo", "fsdp2-hsdp"), "cpu-gloo", "fsdp2-hsdp")
     warning = envelope_warning(facts, "fsdp2-hsdp", "permissive (qualification run)")
     assert warning is not None and "grants every action without a measurement" in warning
+
+
+def test_only_an_updates_own_optimizer_step_moves_tau():
+    """Found by review: a checkpoint save of an optimizer without state (plain SGD) runs
+    `optimizer.step()` between updates (DCP's `_init_optim_state`, through `get_state_dict`); the
+    step post-hook counted it, tau ran one ahead, and a failure in the next forward was taken for
+    one after its step (Reject instead of Rewind)."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    from accelpact.fsm.phases import FailurePhase
+    from accelpact.runtime.hooks import PhaseTracker
+
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    phases, steps = [], []
+    tracker = PhaseTracker(model, opt, on_phase=phases.append, before_step=lambda: None,
+                           after_step=lambda: steps.append(1))
+    tracker.begin()
+    model(torch.ones(4, 3)).sum().backward()
+    opt.step()
+    assert tracker.leave() is FailurePhase.OPTIMIZER and len(steps) == 1
+    opt.zero_grad()  # grads None after the update (set_to_none): DCP then steps to make state
+    weights = model.weight.detach().clone()
+    get_state_dict(model, [opt])  # the save's view of the state: steps an SGD without state
+    assert len(steps) == 1 and torch.equal(model.weight, weights)  # a step that changed nothing
+    tracker.remove()

@@ -42,7 +42,7 @@ from ..errors import ControlPlaneError
 from ..fsm.decisions import ReleaseVote
 from . import exchange, reach
 from .auth import ENV_SECRET, SECRET_BYTES, ForgedValue, Sealer, job_secret
-from .bounded import BoundedStore
+from .bounded import BoundedStore, StoreUnresponsive
 from .clock import VectorClock
 
 log = logging.getLogger("accelpact.control")
@@ -380,11 +380,17 @@ class ControlPlane:
             raise ControlPlaneError(f"posting the release vote failed: {type(exc).__name__}: {exc}") from exc
 
     def collect_votes(self, epoch: str) -> list[ReleaseVote | None]:
-        """Rank 0: every rank's vote, waiting up to the control timeout; None where missing."""
+        """Rank 0: every rank's vote, waiting up to the control timeout; None where missing. A store
+        that stops answering ends the collection there, every vote not yet read missing (found by
+        review: each of the W reads after a failed wait waited out its own bound, W x C in all,
+        where the peers gave up after C)."""
         keys = [f"{epoch}/vote/{r}" for r in range(self.world_size)]
         raw: list[bytes | None] = [None] * len(keys)
         try:
             self.store.wait(keys, self.timeout)
+        except StoreUnresponsive as exc:
+            log.warning("release votes unreadable, the store does not answer: %s", exc, extra={"epoch": epoch})
+            return [None] * len(keys)
         except Exception as exc:  # a missing vote is evidence for the decision, not an error here
             log.warning("release votes incomplete: %s: %s", type(exc).__name__, exc, extra={"epoch": epoch})
         else:
@@ -402,6 +408,11 @@ class ControlPlane:
                     raw[r] = self.store.get(key)
                 body = self._unstamped(self.sealer.open(raw[r], epoch, "vote", r))
                 votes.append(ReleaseVote(r, bool(body["ok"]), str(body["reason"])))  # type: ignore[index]
+            except StoreUnresponsive as exc:
+                log.warning("the store stopped answering while the votes were read (ranks %d..%d missing): %s", r,
+                            len(keys) - 1, exc, extra={"epoch": epoch})
+                votes.extend([None] * (len(keys) - r))
+                break
             except ForgedValue as exc:  # never counted: a missing vote, and the reason is kept
                 self.forged.setdefault(epoch, []).append(str(exc))
                 log.error("release vote of rank %d: %s", r, exc, extra={"epoch": epoch})

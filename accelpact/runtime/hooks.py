@@ -62,7 +62,11 @@ class PhaseTracker:
             self.enter(FailurePhase.OPTIMIZER)
 
     def _step_post(self, optimizer, args, kwargs):
-        self._after_step()
+        # only an update's step moves tau: found by review, a checkpoint save of an optimizer with
+        # no state (plain SGD) calls `step()` between updates (DCP's `_init_optim_state`), and tau
+        # ran one ahead, so a failure in the next update's forward was taken for one after its step
+        if self.phase is not None:
+            self._after_step()
 
 
 def _first_grad_tensor(output) -> torch.Tensor | None:
