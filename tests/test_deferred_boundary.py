@@ -41,6 +41,10 @@ def test_a_boundary_is_deferred_only_when_every_condition_holds():
     assert why_never_deferred(frozenset(), step_copy=False, has_cursor=True).count("forward, backward") == 1
     # no cursor: the re-run of the thrown-away update would read the next batch
     assert "data_state" in why_synchronous(facts(has_cursor=False))
+    # found by review: a data cursor that cannot be copied leaves no snapshot; deferred anyway, a
+    # link broken at the boundary was met in the next update and rejected instead of preserved
+    assert "no boundary snapshot could be taken (cannot pickle '_thread.lock')" in why_synchronous(
+        facts(snapshot_problem="cannot pickle '_thread.lock'"))
 
 
 def test_a_runtime_that_cannot_rewind_never_defers_its_boundary():
@@ -361,9 +365,11 @@ def test_an_update_a_join_could_not_throw_away_fails_the_guard_of_the_recovery_i
 
     monkeypatch.setattr(discard, "discard_partial_update", stuck)
     rt = SimpleNamespace(rank=1, model=None, optimizer=None, deferral=deferred.DeferralCounts(),
-                         rewind=SimpleNamespace(snapshot=None))
+                         rewind=SimpleNamespace(snapshot=None, snapshot_problem="cursor holds a lock"))
     deferred._abandon(rt, [], next_update_ran=True)
     assert rt.deferral.left and "Reducer: grads still being reduced" in rt.deferral.left[0]
+    # and with no snapshot to restore, that is said too (found by review: it was skipped silently)
+    assert rt.deferral.left[1] == "no boundary snapshot to restore (cursor holds a lock)"
 
     monkeypatch.setattr(guard, "guard", lambda *a, **k: (GuardVerdict(True), {}))
     ex = executor.RecoveryExecutor.__new__(executor.RecoveryExecutor)

@@ -352,6 +352,24 @@ def test_a_failed_late_discovery_travels_with_the_updates_own_error():
     assert any("rebind plans could not be discovered: KeyError" in note for note in error.__notes__)
 
 
+def test_a_line_up_that_fails_after_discovery_rejects_in_the_phase_the_update_failed():
+    """Found by review: the reject passed no phase and was recorded as "committed" although update 1
+    had failed in forward (the mislabel already fixed at the boundary)."""
+    from accelpact.errors import ControlPlaneError
+    from accelpact.fsm.phases import FailurePhase
+    from accelpact.runtime.late_discovery import discover_late
+
+    def check(flag):
+        raise ControlPlaneError("store unreachable")
+
+    rejected = []
+    rt = SimpleNamespace(prepare=lambda: None, control=SimpleNamespace(boundary_check=check),
+                         _reject_without_protocol=lambda reason, error, phase=None: rejected.append((error, phase)))
+    error = RuntimeError("Connection closed by peer")
+    discover_late(rt, error, FailurePhase.FORWARD)
+    assert rejected == [(error, FailurePhase.FORWARD)]
+
+
 def test_a_profile_or_platform_override_never_contradicts_what_detection_found(monkeypatch):
     """Found by review: ACCELPACT_PROFILE / ACCELPACT_PLATFORM replaced the envelope's key
     unchecked: a DDP job told "fsdp2-hsdp" obeyed FSDP2's Rewind rows (without the pre-step copy
@@ -418,3 +436,22 @@ def test_only_an_updates_own_optimizer_step_moves_tau():
     get_state_dict(model, [opt])  # the save's view of the state: steps an SGD without state
     assert len(steps) == 1 and torch.equal(model.weight, weights)  # a step that changed nothing
     tracker.remove()
+
+
+def test_a_restore_that_raises_logs_its_traceback_and_votes_its_reason(monkeypatch, caplog):
+    """Found by review: the exception became a string in the vote and its traceback was lost (a
+    user's `load_state_dict` bug during a Rewind left nothing to debug it with)."""
+    from accelpact.fsm.effects import RestoreBoundary
+    from accelpact.runtime import discard, restore
+
+    monkeypatch.setattr(discard, "discard_partial_update", lambda model, optimizer: None)
+
+    def broken(data_state):
+        raise KeyError("sampler_epoch")
+
+    rewind = SimpleNamespace(snapshot=SimpleNamespace(frontier=4, restore=broken))
+    with caplog.at_level("ERROR", logger="accelpact.runtime"):
+        result, _ = restore.restore_boundary(None, None, None, rewind, RestoreBoundary(frontier=4, undo_step=False))
+    assert not result.ok and result.reason == "KeyError: 'sampler_epoch'"
+    (record,) = [r for r in caplog.records if "restoring the boundary of F=4 failed" in r.getMessage()]
+    assert record.exc_info and record.exc_info[0] is KeyError

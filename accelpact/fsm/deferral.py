@@ -49,6 +49,9 @@ class DeferralFacts:
     #: why this runtime refuses every Rewind although the envelope qualifies it ("": it does not):
     #: DDP buckets it could not isolate (the user's comm hook), or max_rewinds_per_update=0
     rewind_refused: str = ""
+    #: why this update's boundary snapshot could not be taken ("": it was, or nothing said why):
+    #: the next one will fail alike (a data cursor that cannot be copied), so nothing could be rewound
+    snapshot_problem: str = ""
 
 
 def why_synchronous(facts: DeferralFacts) -> str | None:
@@ -61,6 +64,8 @@ def why_synchronous(facts: DeferralFacts) -> str | None:
         return static
     if not facts.in_step:
         return "the update ran in `with rt.update()`, which cannot be thrown away and run again"
+    if facts.snapshot_problem:  # found by review: deferred anyway, and a broken link became a Reject
+        return f"no boundary snapshot could be taken ({facts.snapshot_problem}): nothing could be rewound"
     if facts.checkpoint_due:
         return "a checkpoint is due at this frontier"
     if facts.digest_due:

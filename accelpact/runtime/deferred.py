@@ -78,7 +78,8 @@ def defer(rt, arrived: float) -> bool:
                           checkpoint_due=bool(checkpoint is not None and checkpoint.every
                                               and (rt.frontier + 1) % checkpoint.every == 0),
                           digest_due=digests is not None and digests.due(rt.frontier + 1),
-                          rewind_refused=rt.rewind.refused_always())
+                          rewind_refused=rt.rewind.refused_always(),
+                          snapshot_problem="" if rt.rewind.snapshot is not None else rt.rewind.snapshot_problem)
     if why_synchronous(facts) is not None:
         return False
     tell_before_check(rt.listeners, rt.update_index)
@@ -171,10 +172,13 @@ def _abandon(rt, failed: list, *, next_update_ran: bool) -> None:
             left = list(partial_state(rt.model, rt.optimizer))
         except (RuntimeError, AttributeError, ValueError) as exc:  # framework state we cannot reset
             left = [f"discarding it failed: {type(exc).__name__}: {exc}"]
-    if rt.rewind.snapshot is not None:
+    if rt.rewind.snapshot is None:  # found by review: the restore was skipped without a word
+        left.append(f"no boundary snapshot to restore ({rt.rewind.snapshot_problem or 'none was taken'})")
+    else:
         try:
             rt.rewind.snapshot.restore(rt.data_state)
         except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # as `restore_boundary`: into the vote
+            log.error("restoring the boundary snapshot of a deferred boundary failed", exc_info=exc)
             left.append(f"restoring the boundary snapshot failed: {type(exc).__name__}: {exc}")
     if left:  # the recovery's guard fails with it (`RecoveryExecutor.quiesce`): the decision rejects
         log.error("rank %d could not throw the update after a deferred boundary away: %s", rt.rank, "; ".join(left))

@@ -18,7 +18,7 @@ def discover_late(rt, error: BaseException | None, phase: FailurePhase | None, *
     try:
         rt.prepare()
     except Exception as exc:  # RebindError and whatever the walk meets; it goes to the evidence
-        log.error("rebind discovery failed: %s: %s", type(exc).__name__, exc)
+        log.error("rebind discovery failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
         if error is None:
             error, phase = exc, FailurePhase.COMMITTED
         else:  # the update failed too: its error is the boundary's, and carries why rebind cannot work (not
@@ -27,6 +27,6 @@ def discover_late(rt, error: BaseException | None, phase: FailurePhase | None, *
     try:
         if line_up:
             rt.control.boundary_check(0)
-    except ControlPlaneError as exc:
-        rt._reject_without_protocol(f"control plane failed after discovery: {exc}", error or exc)
+    except ControlPlaneError as exc:  # where the update failed, if it did (found by review: "committed")
+        rt._reject_without_protocol(f"control plane failed after discovery: {exc}", error or exc, phase)
     return error, phase

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -10,6 +11,8 @@ from torch import nn
 from ..fsm.effects import RestoreBoundary, StepResult
 from .discard import DiscardResult
 from .rewind import RewindState
+
+log = logging.getLogger("accelpact.runtime")
 
 
 def restore_boundary(model: nn.Module, optimizer: torch.optim.Optimizer, data_state: Any, rewind: RewindState,
@@ -30,5 +33,8 @@ def restore_boundary(model: nn.Module, optimizer: torch.optim.Optimizer, data_st
             return StepResult(False, f"no boundary snapshot of F={effect.frontier}"), again
         rewind.snapshot.restore(data_state)
     except (RuntimeError, ValueError, TypeError, KeyError) as exc:  # the reason goes into the vote
+        # and the traceback into the log: a user's `load_state_dict` that raises is a bug to find
+        # (found by review: only its message reached the vote)
+        log.error("restoring the boundary of F=%d failed", effect.frontier, exc_info=exc)
         return StepResult(False, f"{type(exc).__name__}: {exc}"), None
     return StepResult(True), again
