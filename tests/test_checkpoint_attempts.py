@@ -138,6 +138,16 @@ def test_launches_that_crash_before_the_first_checkpoint_are_one_run(tmp_path: P
     (tmp_path / ATTEMPTS_NAME).open("a").write("{torn\n")
     assert last_recorded_run(tmp_path) == "rdzv-0"  # a torn last line is skipped
     assert run_identity("given", str(tmp_path)) == "given"
+    # every rank asks before a collective: an unreadable log names no run, it never raises on one
+    real = Path.read_bytes
+
+    def unreadable(path):
+        if path.name == ATTEMPTS_NAME:
+            raise OSError(5, "Input/output error")
+        return real(path)
+
+    monkeypatch.setattr(Path, "read_bytes", unreadable)
+    assert last_recorded_run(tmp_path) is None and run_identity(None, str(tmp_path)) == "rdzv-2"
 
 
 @pytest.mark.parametrize(("rank", "local_rank", "stops"), [(0, "0", True), (4, "0", True), (5, "1", False),

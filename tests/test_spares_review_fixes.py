@@ -428,5 +428,33 @@ def test_a_store_that_cannot_say_whether_a_change_is_under_way_is_logged_once_pe
         assert [member_change.changing(rt) for _ in range(5)] == [False] * 5
         store.error = TimeoutError("no answer")
         assert member_change.changing(rt) is False
+        rt.membership.store = dist.HashStore()  # it answers again: the same trouble later is news
+        assert member_change.changing(rt) is False
+        rt.membership.store = store
+        assert member_change.changing(rt) is False
     logged = [r.getMessage() for r in caplog.records if "membership change of world 3" in r.getMessage()]
-    assert len(logged) == 2 and "Connection reset by peer" in logged[0] and "no answer" in logged[1], logged
+    assert len(logged) == 3 and "Connection reset by peer" in logged[0] and "no answer" in logged[1], logged
+    assert "no answer" in logged[2]
+
+
+def test_a_membership_change_leaves_the_old_control_planes_store_worker_behind(monkeypatch):
+    """`rebuild_control_plane` retires the plane of the world it leaves (`left_behind`: its link
+    listener and its store worker), not only the listener (found by review: a thread per change)."""
+    calls = []
+
+    class Plane:
+        def __init__(self, **kw):
+            self.namespace, self.clock = "accelpact/abcdefgh12", object()
+
+        def set_timeout(self, s):
+            calls.append(("timeout", s))
+
+    old = SimpleNamespace(left_behind=lambda: calls.append("left_behind"),
+                          stop_listening=lambda: calls.append("stop_listening"), links=SimpleNamespace(silent=()))
+    rt = SimpleNamespace(control=old, attempt=0, config=SimpleNamespace(control_timeout_s=7.0),
+                         data_plane=SimpleNamespace(cut_short=None, scope=""), stragglers=SimpleNamespace(control=None),
+                         trace=SimpleNamespace(clock=None))
+    monkeypatch.setattr(member_change, "ControlPlane", Plane)
+    monkeypatch.setattr(member_change, "join_timeout_s", lambda rt: 30.0)
+    new = member_change.rebuild_control_plane(rt)
+    assert calls[0] == "left_behind" and "stop_listening" not in calls and rt.control is new

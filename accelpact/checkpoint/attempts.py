@@ -65,7 +65,12 @@ def restart_count(env: Mapping[str, str] | None = None) -> int:
 def last_recorded_run(root: str | os.PathLike[str]) -> str | None:
     """The run of the newest readable line of `root`'s attempts log (None: no log, or no line).
     What a launch takes for its run before any step is published (`checkpointing.run_identity`)."""
-    records = AttemptLog(root, run_id="", attempt=0).records(all_runs=True)
+    try:
+        records = AttemptLog(root, run_id="", attempt=0).records(all_runs=True)
+    except OSError as exc:  # every rank asks before a collective: none may raise alone (found by review)
+        log_event(logging.WARNING, "checkpoint.attempt.unreadable", "the attempts log cannot be read to name the run",
+                  path=str(Path(root) / ATTEMPTS_NAME), error=f"{type(exc).__name__}: {exc}")
+        return None
     return records[-1].run_id if records else None
 
 

@@ -511,7 +511,9 @@ def changing(rt: Runtime) -> bool:
     """A membership change of this world is under way (a peer posted its presence)."""
     m = rt.membership
     try:
-        return holds(m.store, keys.changing(m.world))  # a forged flag is no change (`membership.sealed`)
+        changed = holds(m.store, keys.changing(m.world))  # a forged flag is no change (`membership.sealed`)
+        m.unread_change = ""  # answered: the same trouble later is logged again
+        return changed
     except Exception as exc:  # an unreachable store: let the boundary check find out  # noqa: BLE001
         cause = f"{type(exc).__name__}: {exc}"
         if cause != m.unread_change:  # polled every few ms while a wait runs: once per cause

@@ -63,6 +63,9 @@ class BoundarySnapshot:
     stateful: tuple[tuple[Any, Any], ...] = field(default=(), repr=False)
     #: the optimizer's param-group hyperparameters (lr, momentum, ...; not the params): (live, copy)
     hyper: tuple[tuple[dict, dict], ...] = field(default=(), repr=False)
+    #: a CUDA event recorded after the buffers' copies were issued (None: none on a GPU): another
+    #: thread that reads the copies waits for it (`membership.small_state`)
+    buffers_ready: Any = field(default=None, repr=False)
 
     @classmethod
     def capture(cls, data_state: Any, frontier: int, model: torch.nn.Module | None = None, *,
@@ -78,19 +81,25 @@ class BoundarySnapshot:
         (`ModuleBuffers.slots`), instead of a walk of ``model``."""
         slots = model_buffers if model_buffers is not None else buffer_slots(model) if model is not None else ()
         buffers = ()
+        ready = None
         if slots:
             with torch.no_grad():
                 buffers = tuple((b, b.detach().clone(), where, name) for where, name, b in slots)
+            device = next((b.device for _, b, _, _ in buffers if b.is_cuda), None)
+            if device is not None:  # the copies were issued on that device's current stream
+                ready = torch.cuda.Event()
+                ready.record(torch.cuda.current_stream(device))
         for obj in stateful:
             _check_stateful(obj)
         extra = {"stateful": tuple((obj, copy.deepcopy(obj.state_dict())) for obj in stateful),
                  "hyper": tuple((g, _hyper_copy(g)) for g in (optimizer.param_groups if optimizer is not None else ()))}
         if data_state is None:
-            return cls(frontier=int(frontier), rng=capture_rng_state_in_memory(), buffers=buffers, **extra)
+            return cls(frontier=int(frontier), rng=capture_rng_state_in_memory(), buffers=buffers, buffers_ready=ready,
+                       **extra)
         _check_stateful(data_state)
         cursor = _copied(data_state.state_dict())
         return cls(frontier=int(frontier), rng=capture_rng_state_in_memory(), cursor=cursor, has_cursor=True,
-                   buffers=buffers, **extra)
+                   buffers=buffers, buffers_ready=ready, **extra)
 
     def restore(self, data_state: Any) -> None:
         """Put RNG streams and cursor back as captured; checks everything before changing anything."""
