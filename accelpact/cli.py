@@ -1,4 +1,4 @@
-"""`accelpact` command line: demo, check, table, report, goodput."""
+"""`accelpact` command line: demo, qualify, check, table, report, goodput."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import tempfile
 import time
 
 from .errors import AccelPactError, ConfigError
+from .paths import usable_directory
 
 
 def _count(minimum: int):
@@ -61,6 +62,21 @@ def _check_demo(args: argparse.Namespace) -> None:
                                                         for f in plan.faults):
         raise ConfigError("rank 0 runs on the agent that hosts the job's store, which cannot be lost: kill another "
                           "rank")
+    late = sorted({f.update for f in plan.faults if f.update > args.updates})
+    if late:  # found by review: they never fired, and the demo still said PASS
+        raise ConfigError(f"{source}: faults at update(s) {late} come after the last update (--updates "
+                          f"{args.updates}): they would never fire; raise --updates or change the plan")
+    if args.nproc % 2:  # the workers emulate nodes of 2 ranks (demo_worker --local 2)
+        raise ConfigError(f"--nproc {args.nproc}: the demo emulates nodes of 2 ranks each, so --nproc must be even")
+    if args.envelope is not None and args.envelope not in ("builtin", "permissive"):
+        from .envelope.file import EnvelopeFileError, read_envelope
+
+        try:
+            read_envelope(args.envelope)
+        except EnvelopeFileError as exc:
+            raise ConfigError(f"--envelope: {exc}") from None
+    if args.trace_dir is not None:
+        usable_directory(args.trace_dir, "--trace-dir")
 
 
 def _demo(args: argparse.Namespace) -> int:

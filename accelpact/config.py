@@ -309,12 +309,14 @@ def _coerce(cls, name: str, raw: str, key: str):
             raise ValueError(f"not a boolean: {raw!r}")
         if "Literal" in typ and raw.strip().lower() == AUTO:
             return AUTO
+        # empty is unset for every optional setting, numbers too (found by review: an empty
+        # ACCELPACT_METRICS_PORT was "not an integer"); an empty key is refused
+        if "None" in typ and raw.strip() == "" and name != "checkpoint_key":
+            return None
         if typ.startswith("float"):
             return float(raw)
         if typ.startswith("int"):
             return int(raw)
-        if "None" in typ and raw.strip() == "" and name != "checkpoint_key":  # an empty key is refused
-            return None
         return raw
     except ConfigError as exc:
         raise ConfigError(f"{key}: {exc}") from None

@@ -189,7 +189,7 @@ def load_traces(run_dir: str | Path) -> dict[int, list[dict[str, Any]]]:
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: {'not a directory' if run_dir.exists() else 'no such directory'}")
-    out = {rank: read_jsonl(path) for rank, path in rank_files(run_dir, "trace-rank")}
+    out = {rank: read_jsonl(path, numeric=("t",)) for rank, path in rank_files(run_dir, "trace-rank")}
     if not out:
         raise FileNotFoundError(f"no trace-rank*.jsonl in {run_dir}")
     return out
@@ -208,11 +208,13 @@ def rank_files(run_dir: Path, prefix: str) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
-def read_jsonl(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
+def read_jsonl(path: Path, *, warn: bool = True, numeric: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     """The JSON objects of one file, one a line. A SIGKILLed writer may leave its last line torn:
     that is expected as the file's last line, or just before the next process's `attach` (a
     restart or a spare appends after it), and skipped quietly. Any other bad line means the file
-    was damaged and the report may miss what it held: skipped with a warning naming file and line."""
+    was damaged and the report may miss what it held: skipped with a warning naming file and line.
+    So is a record without a number under each of `numeric` (a trace record's time: found by review,
+    one without it ended the report in a KeyError traceback)."""
     parsed: list[tuple[int, dict[str, Any] | None]] = []
     for n, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         if line.strip():
@@ -223,6 +225,11 @@ def read_jsonl(path: Path, *, warn: bool = True) -> list[dict[str, Any]]:
             parsed.append((n, rec if isinstance(rec, dict) else None))
     out = []
     for i, (n, rec) in enumerate(parsed):
+        if rec is not None and any(isinstance(rec.get(k), bool) or not isinstance(rec.get(k), int | float)
+                                   for k in numeric):
+            if warn:
+                log.warning("%s line %d: no number under %s, skipped (the file is damaged)", path, n, list(numeric))
+            continue
         if rec is not None:
             out.append(rec)
             continue
@@ -733,6 +740,8 @@ def run(args: argparse.Namespace) -> int:
         Path(args.json_out).write_text(json.dumps(summary.to_dict(), indent=2))
     if not args.no_plot:
         png = args.png or str(Path(args.run_dir) / "timeline.png")
+        if Path(png).is_dir():  # found by review: matplotlib wrote "<dir>.png" beside it and we named the dir
+            png = str(Path(png) / "timeline.png")
         try:
             plot_timeline(timeline(traces), summary, png, title=f"AccelPact run {args.run_dir}")
         except ImportError:

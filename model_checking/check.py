@@ -336,6 +336,15 @@ def run(args: argparse.Namespace) -> int:
                           ("no_membership", False)):
         if not hasattr(args, name):
             setattr(args, name, default)
+    if args.json is not None:  # before minutes of TLC, not after (found by review)
+        from accelpact.errors import ConfigError
+        from accelpact.paths import usable_file
+
+        try:
+            usable_file(args.json, "--json")
+        except ConfigError as exc:
+            print(f"accelpact check: {exc}", file=sys.stderr)
+            return 2
     if args.table:
         from accelpact.fsm.table import render_markdown
 

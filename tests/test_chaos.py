@@ -512,3 +512,6 @@ def test_campaign_settings_reach_every_worker_and_a_misspelt_one_is_refused_by_n
         campaign.parse_settings(["ACCELPACT_LINK_PROB_S=0"])
     with pytest.raises(ValueError, match="NAME=VALUE"):
         campaign.parse_settings(["ACCELPACT_LINK_PROBE_S"])
+    with pytest.raises(ValueError, match="ACCELPACT_DATA_TIMEOUT_S='abc'"):  # refused here, not in every worker
+        campaign.parse_settings(["ACCELPACT_DATA_TIMEOUT_S=abc"])
+    assert campaign.parse_settings(["ACCELPACT_SPARES=1"]) == (("ACCELPACT_SPARES", "1"),)  # not Config's: passed on

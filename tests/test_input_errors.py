@@ -528,3 +528,95 @@ def test_a_worker_that_starts_before_rank_0_waits_for_its_number():
     assert agreed_attempt(store, "accelpact/run/", 0, 2, 5.0) == 1
     follower.join(10)
     assert got == {1: 1}
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--updates", "10"], "faults at update(s) [18, 28] come after the last update (--updates 10)"),
+    (["--updates", "5", "--faults", "skip@8:committed:2"], "update(s) [8]"),
+    (["--nproc", "6", "--faults", "none"], None),
+    (["--nproc", "3", "--faults", "none"], "--nproc must be even"),
+    (["--faults", "none", "--envelope", "{missing}"], "--envelope: "),
+    (["--faults", "none", "--trace-dir", "{file}/x"], "--trace-dir="),
+])
+def test_demo_refuses_what_its_workers_would_trip_over_before_launching(launched, tmp_path, capsys, argv, said):
+    """Found by review: faults past --updates never fired and the demo said PASS; an odd --nproc, a
+    missing envelope and an unusable trace directory failed inside every worker, after the launch."""
+    (tmp_path / "file").write_text("")
+    argv = [a.format(missing=tmp_path / "none.json", file=tmp_path / "file") for a in argv]
+    if "--trace-dir" not in argv:
+        argv += ["--trace-dir", str(tmp_path / "trace")]
+    code = cli.main(["demo", *argv])
+    err = capsys.readouterr().err
+    if said is None:  # an even --nproc goes through
+        assert code != 2 and launched.cmds, err
+        return
+    assert code == 2 and not launched.cmds and err.startswith("accelpact demo: ") and said in err, err
+
+
+def test_a_config_path_that_cannot_be_used_is_a_config_error_naming_the_setting(tmp_path):
+    """Found by review: a trace_dir through a file died in the trace writer with NotADirectoryError;
+    a fresh checkpoint_dir there was reported as a refused checkpoint; a metrics file there logged a
+    traceback at every commit. attach checks them first (`accelpact.paths`)."""
+    from accelpact.config import Config
+    from accelpact.runtime.attach import _check_paths
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    for setting in ("trace_dir", "checkpoint_dir"):
+        with pytest.raises(ConfigError, match=f"{setting}=.*cannot be used as a directory: Not a directory"):
+            _check_paths(Config(**{setting: str(blocker / "x")}))
+    with pytest.raises(ConfigError, match="the directory of metrics_textfile=.*cannot be used as a directory"):
+        _check_paths(Config(metrics_textfile=str(blocker / "m.prom")))
+    with pytest.raises(ConfigError, match="metrics_textfile=.* is a directory, not a file"):
+        _check_paths(Config(metrics_textfile=str(tmp_path)))
+    _check_paths(Config(trace_dir=str(tmp_path / "t"), checkpoint_dir=str(tmp_path / "c"),
+                        metrics_textfile=str(tmp_path / "m" / "x.prom")))
+    assert (tmp_path / "t").is_dir() and (tmp_path / "c").is_dir() and (tmp_path / "m").is_dir()
+
+
+def test_check_refuses_an_unwritable_json_path_before_running_tlc(tmp_path, capsys):
+    """Found by review: the JSON was written only at the end, so a bad path failed after minutes of
+    TLC, in a FileNotFoundError traceback."""
+    (tmp_path / "f").write_text("")
+    assert cli.main(["check", "--table", "--json", str(tmp_path / "f" / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("accelpact check: ") and "--json=" in err and "Traceback" not in err
+
+
+def test_report_draws_its_timeline_inside_a_directory_given_as_png(tmp_path, monkeypatch, capsys):
+    """Found by review: `--png DIR` printed "timeline: DIR" while matplotlib wrote DIR.png beside it."""
+    import argparse
+    import json as json_
+
+    from accelpact import run_report
+
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "trace-rank0.jsonl").write_text(json_.dumps({"kind": "attach", "t": 1.0}) + "\n")
+    drawn = []
+    monkeypatch.setattr(run_report, "plot_timeline", lambda rows, summary, png, title: drawn.append(png))
+    (tmp_path / "pics").mkdir()
+    args = argparse.Namespace(run_dir=str(tmp_path / "run"), png=str(tmp_path / "pics"), no_plot=False,
+                              json_out=None)
+    assert run_report.run(args) == 0
+    assert drawn == [str(tmp_path / "pics" / "timeline.png")]
+    assert f"timeline: {tmp_path / 'pics' / 'timeline.png'}" in capsys.readouterr().out
+
+
+def test_python_dash_m_accelpact_is_the_command():
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "accelpact", "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "qualify" in out.stdout
+
+
+def test_an_empty_optional_number_in_the_environment_is_unset(monkeypatch):
+    """Found by review: ACCELPACT_METRICS_PORT="" was "not an integer" where every other optional
+    setting takes an empty value for unset; a bad number is still named."""
+    from accelpact.config import Config
+
+    monkeypatch.setenv("ACCELPACT_METRICS_PORT", "")
+    assert Config().with_env().metrics_port is None
+    monkeypatch.setenv("ACCELPACT_METRICS_PORT", "80x")
+    with pytest.raises(ConfigError, match="ACCELPACT_METRICS_PORT='80x'"):
+        Config().with_env()

@@ -317,3 +317,18 @@ def test_a_trace_records_how_late_a_deferred_commit_was_taken(tmp_path):
     trace.close()
     edges = [r for r in load_traces(tmp_path)[0] if r.get("kind") == "edge"]
     assert "late_s" not in edges[0] and edges[1]["late_s"] == 0.25
+
+
+def test_a_trace_record_without_its_time_is_skipped_with_a_warning_not_a_traceback(tmp_path, caplog):
+    """Found by review: `accelpact report` on a trace with one record missing "t" (or "t": null)
+    ended in a KeyError / TypeError traceback; a damaged record is now skipped and named."""
+
+
+    lines = [{"kind": "attach", "t": 1.0}, {"kind": "edge", "action": "commit_update"},
+             {"kind": "edge", "t": None}, {"kind": "edge", "t": True}, {"kind": "edge", "t": 2.5}]
+    (tmp_path / "trace-rank0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    with caplog.at_level(logging.WARNING, logger="accelpact"):
+        traces = load_traces(tmp_path)
+    assert [r["t"] for r in traces[0]] == [1.0, 2.5]
+    assert [m for m in caplog.messages if "no number under ['t']" in m and "line " in m][:1], caplog.messages
+    assert len([m for m in caplog.messages if "no number under" in m]) == 3

@@ -36,7 +36,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..config import known_variables, unknown_variables
+from ..config import Config, known_variables, unknown_variables
+from ..errors import ConfigError
 from .analysis import (
     NodeLossResult,
     ScenarioResult,
@@ -345,6 +346,10 @@ def parse_settings(items: Sequence[str]) -> tuple[tuple[str, str], ...]:
             close = dict(unknown_variables({name: value})).get(name)
             hint = f"; did you mean {close}?" if close else " (Config's fields, upper-cased, after ACCELPACT_)"
             raise ValueError(f"--set {item!r}: {name} is no AccelPact setting{hint}")
+        try:  # a value of the wrong kind is refused here, not in every worker (found by review)
+            Config().with_env({name: value})
+        except ConfigError as exc:
+            raise ValueError(f"--set {item!r}: {exc}") from None
         out.append((name, value))
     return tuple(out)
 

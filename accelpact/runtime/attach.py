@@ -30,6 +30,7 @@ from ..fsm.phases import FailurePhase
 from ..launch import current_attempt, membership
 from ..observe import observers_for
 from ..observe.hang_watch import HangWatch
+from ..paths import usable_directory, usable_file
 from ..rebind import NotReadyError
 from ..timeouts import timeouts_too_close
 from ..trace import TraceWriter
@@ -83,6 +84,7 @@ def attach(
     stateful = _stepped_with_the_update(optimizer, schedulers, scalers)
     config = _with_spares((config or Config()).with_env().validate(), model)
     _check_data_state(data_state, config)
+    _check_paths(config)
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
     profile = envelope_profile(model, config.profile)
     plane = DataPlane(model, timeout_s=provisional(config)[0], extra=[optimizer, *meshes])  # "auto": measured
@@ -206,6 +208,15 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
         model_buffers=rt.rewind.buffer_slots(rt.model)), world_of=lambda: m.world)
     rt.listeners.insert(0, rt.replicator)  # joins its write before any other listener sees the forward
     neighbours.start(rt, m, plane, config)
+
+
+def _check_paths(config: Config) -> None:
+    """Every directory and file the config names is usable, before anything is built."""
+    for setting, directory in (("trace_dir", config.trace_dir), ("checkpoint_dir", config.checkpoint_dir)):
+        if directory is not None:
+            usable_directory(directory, setting)
+    if config.metrics_textfile is not None:
+        usable_file(config.metrics_textfile, "metrics_textfile")
 
 
 def _stepped_with_the_update(optimizer, schedulers, scalers) -> tuple[Any, ...]:
