@@ -364,10 +364,14 @@ def summarize(traces: Mapping[int, Sequence[Mapping[str, Any]]]) -> RunSummary:
         phases = {name: slowest[name] for name in _phase_order(slowest)}
         failed = sorted({g for rec in recs_of.values() for g in rec.get("failed_groups", [])})
         update = int(first["update"])
-        committed = first.get("failure_phase") == "committed"
-        # F when the failure struck: a committed-boundary failure has finished its update
-        # (a Restart records the frontier it abandons, which is the one a checkpoint must reach)
-        frontier_before = int(first["frontier"]) if action == "reject" else (update if committed else update - 1)
+        # F when the failure struck. Recovered in memory, it is the frontier every rank agreed on
+        # and went on from (the same record on every rank): found by review, it was read off the
+        # lowest rank's phase, so a Rewind where that rank had reached its boundary counted an
+        # update lost and measured progress to the commit after the re-run. A Restart records the
+        # frontier it abandons, which is the one a checkpoint must reach.
+        committed = all(rec.get("failure_phase") == "committed" for rec in recs_of.values())
+        frontier_before = (int(first["frontier"]) if action in IN_MEMORY or action == "reject"
+                           else (update if committed else update - 1))
         recovery = Recovery(
             attempt=attempt, index=index, update=update, action=action,
             failure_phase=str(first.get("failure_phase")), failed_groups=failed,

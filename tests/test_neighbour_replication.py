@@ -248,7 +248,9 @@ def test_a_copy_signed_with_another_secret_is_refused(store):
             r.stop()
 
 
-def test_a_copy_cut_off_midway_never_becomes_visible_and_the_last_complete_one_stays(store):
+def test_a_copy_cut_off_midway_never_becomes_visible_and_the_last_complete_one_stays(store, caplog):
+    """The frame is authentic and current (found by review: without its epoch the header was
+    refused before any of its body was read, and nothing was cut)."""
     secret = Sealer(b"s" * 32, "job")
     ring = _ring(store, [secret, secret])
     try:
@@ -256,14 +258,16 @@ def test_a_copy_cut_off_midway_never_becomes_visible_and_the_last_complete_one_s
         assert _wait(lambda: ring[1].held.get(0, 4) is not None)
         where = json.loads(store.get(keys.neighbour_address(1)))
         header = {"source": 0, "frontier": 5, "nbytes": 1 << 20, "digest": "0" * 64, "layout": {},
-                  "sender": "cut-sender", "seq": 1}  # fresh and authentic: only its body is cut
+                  "sender": "cut-sender", "seq": 1, "epoch": 0}  # fresh and authentic: only its body is cut
         from accelpact.membership.replication import _frame_mac
 
         header["mac"] = _frame_mac(secret, header)
         raw = json.dumps(header).encode()
-        with socket.create_connection((where["host"], where["port"])) as conn:
-            conn.sendall(b"APN1" + struct.pack(">I", len(raw)) + raw + b"x" * 1000)  # then the sender dies
-        time.sleep(0.2)
+        with caplog.at_level("INFO", logger="accelpact"):
+            with socket.create_connection((where["host"], where["port"])) as conn:
+                conn.sendall(b"APN1" + struct.pack(">I", len(raw)) + raw + b"x" * 1000)  # then the sender dies
+            assert _wait(lambda: any("neighbour copy from a peer ended" in m for m in caplog.messages))
+        assert not any("refused a neighbour copy" in m for m in caplog.messages)  # its body was being read
         assert ring[1].held.frontiers(0) == [4]
     finally:
         for r in ring:
@@ -446,3 +450,24 @@ def test_a_recovery_never_waits_for_the_network_only_for_a_pack_under_way(store)
         assert rep.join_wait_s >= 0.25 and rep._next is None
     finally:
         rep.stop()
+
+
+def test_only_an_updates_own_step_offers_a_copy():
+    """Found by review: the offer hook fired on every `optimizer.step()`; a checkpoint save of a
+    stateless optimizer steps it between updates (DCP's `_init_optim_state`), and the re-offer of
+    F evicted the holder's complete copy of F as soon as its header arrived."""
+    from types import SimpleNamespace
+
+    from accelpact.fsm.phases import FailurePhase
+    from accelpact.runtime import neighbours
+
+    model = torch.nn.Linear(2, 2)
+    offered = []
+    rt = SimpleNamespace(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), update_index=3,
+                         neighbours=SimpleNamespace(sends=True, offer=lambda f, moved, layout: offered.append(f)),
+                         _tracker=SimpleNamespace(phase=None))
+    neighbours.offer(rt)  # between updates
+    assert offered == []
+    rt._tracker.phase = FailurePhase.OPTIMIZER  # inside update 3's step
+    neighbours.offer(rt)
+    assert offered == [3]

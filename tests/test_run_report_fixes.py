@@ -332,3 +332,21 @@ def test_a_trace_record_without_its_time_is_skipped_with_a_warning_not_a_traceba
     assert [r["t"] for r in traces[0]] == [1.0, 2.5]
     assert [m for m in caplog.messages if "no number under ['t']" in m and "line " in m][:1], caplog.messages
     assert len([m for m in caplog.messages if "no number under" in m]) == 3
+
+
+@pytest.mark.parametrize("rank0_phase", ["committed", "backward"])
+def test_a_rewind_is_measured_the_same_whichever_rank_reached_its_boundary(rank0_phase):
+    """Found by review: the frontier before the failure was read off the lowest rank's phase. With
+    rank 0 at its boundary and rank 1 failing in backward (a Rewind to F=4 of update 5), it counted
+    one update lost and measured progress up to the commit after the re-run."""
+    traces = {}
+    for rank, phase in ((0, rank0_phase), (1, "backward")):
+        recs = [{"kind": "attach", "attempt": 0, "t": 0.0}] + [_commit(rank, f, float(f)) for f in range(1, 5)]
+        recs += [_observe(6.0, 5, phase), _recovery(6.5, 5, 1, "rewind", phase, 4)]
+        recs += [_commit(rank, 5, 8.0), _commit(rank, 6, 9.0)]
+        traces[rank] = recs
+    rec = summarize(traces).recoveries[0]
+    assert rec.action == "rewind" and rec.updates_lost == 0 and rec.frontier_before == 4
+    # to the re-run of update 5 (at 8.0), from rank 1's fault (the start of update 5, at 4.0); the
+    # commit of 6 (at 9.0) made it 5.0
+    assert rec.fault_to_frontier_s == pytest.approx(4.0)

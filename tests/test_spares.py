@@ -2,6 +2,7 @@
 job ends bitwise equal to an uninterrupted run (demo trainer, 4 active ranks HSDP 2x2 + spares,
 each a process of its own; the test process hosts the store as torchrun's agent would)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,6 +49,10 @@ def test_fsdp2_hsdp_two_successive_losses_are_replaced_by_two_spares_bitwise():
     assert [job.codes[i] for i in (0, 2, 4, 5)] == [0, 0, 0, 0] and job.codes[1] == job.codes[3] == -9, _explain(job)
     assert "took over rank 3" in job.output[4] and "took over rank 1" in job.output[5]
     _traces_keep_the_membership_rules(job)
+    # every exporter hears of a Replace (found by review: the incident log, metrics, spans and
+    # elastic events saw only Preserve and Rewind)
+    incidents = [json.loads(line) for line in (Path(job.trace_dir) / "incidents-rank0.jsonl").read_text().splitlines()]
+    assert [(i["action"], i["index"]) for i in incidents] == [("replace", 1), ("replace", 2)], incidents
 
 
 def _traces_keep_the_membership_rules(job):

@@ -35,6 +35,7 @@ from ..membership.pool import Activation
 from ..membership.sealed import holds
 from ..rebind.mesh import one_cache_decision
 from . import neighbours, shrink
+from .evidence import evidence_of
 from .guard import this_device_sync
 from .history import RecoveryRecord
 from .restore import restore_boundary
@@ -589,6 +590,9 @@ def on_lost_member(rt: Runtime, error: BaseException, phase: FailurePhase, detec
     rt.update_index, rt._rewound = d.frontier, rerun
     rt.rewind.rewinds += rerun
     log.warning(record.summary())
+    # every exporter hears of it as of a Preserve or a Rewind (found by review: incident log, metrics,
+    # spans and elastic events never saw a Replace or a shrink)
+    rt.observers.recovered(evidence_of(rt, record, error))
     if d.save_owed:  # the new world's first collective, on every member alike (`_join` for the spare)
         from .after_commit import take_owed_save
 

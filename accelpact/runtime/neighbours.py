@@ -44,8 +44,10 @@ def start(rt: Runtime, m: Membership, plane: DataPlane, config: Config) -> None:
 
 
 def offer(rt: Runtime) -> None:
-    """After update F+1's optimizer step: its state goes to the neighbour, labelled F+1."""
-    if not rt.neighbours.sends:
+    """After update F+1's optimizer step: its state goes to the neighbour, labelled F+1. Not after
+    a step outside an update (found by review: a checkpoint save of a stateless optimizer steps it,
+    DCP's `_init_optim_state`, and the re-offer of F evicted the complete copy of F on arrival)."""
+    if not rt.neighbours.sends or rt._tracker.phase is None:
         return
     moved = transfer.entries(rt.model, rt.optimizer)  # here: a forward swaps FSDP2's module parameters
     # buffers are written by the next forward (BatchNorm's running stats), which the sender may
