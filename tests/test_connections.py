@@ -176,3 +176,24 @@ def test_a_service_connection_opened_while_a_group_is_built_is_not_the_groups(mo
         for sock in (*opened, service, other):
             sock.close()
         connections._service_ports.discard(port)
+
+
+def test_a_groups_connection_record_goes_with_the_group():
+    """Found by review: one record per group ever built was kept for good (keyed by id, so a
+    long job's recoveries grew the table); it now goes when the group is freed."""
+    import gc
+
+    from torch._C._distributed_c10d import HashStore, PrefixStore, ProcessGroup
+
+    def built():
+        pg = ProcessGroup(PrefixStore("x/", HashStore()), 0, 1)
+        pg._set_group_name("accelpact:t:g0")
+        pg._set_group_desc("accelpact:t:g0")
+        return pg
+
+    before = len(connections._by_group)
+    pgs = [connections.recorded(built, "gloo") for _ in range(20)]
+    assert len(connections._by_group) == before + 20
+    del pgs
+    gc.collect()
+    assert len(connections._by_group) == before

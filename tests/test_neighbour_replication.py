@@ -222,13 +222,15 @@ def test_buffers_go_as_copies_taken_on_the_training_thread():
     the sender may still be packing through; parameters and optimizer state wait for the pack."""
     from types import SimpleNamespace
 
+    from accelpact.fsm.phases import FailurePhase
     from accelpact.runtime import neighbours
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     offered = []
     rt = SimpleNamespace(model=model, optimizer=optimizer, update_index=3,
-                         neighbours=SimpleNamespace(sends=True, offer=lambda f, moved, layout: offered.append(moved)))
+                         neighbours=SimpleNamespace(sends=True, offer=lambda f, moved, layout: offered.append(moved)),
+                         _tracker=SimpleNamespace(phase=FailurePhase.OPTIMIZER))  # inside update 3's step
     neighbours.offer(rt)
     moved = dict(offered[0])
     assert moved["param:0.weight"].data_ptr() == model[0].weight.data_ptr()  # read before the next step

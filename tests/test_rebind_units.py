@@ -446,7 +446,7 @@ def test_dtensor_caches_are_kept_after_a_rebind_unless_a_mesh_nobody_rebinds_nam
     assert retired in foreign._dim_group_names  # no successor known for it: left, and the caches dropped
 
 
-def test_the_mesh_tracker_sees_every_mesh_a_heap_scan_sees():
+def test_the_mesh_tracker_sees_every_mesh_a_heap_scan_sees(monkeypatch):
     """Meshes are tracked as they are made (a heap scan per rebind cost 33-76 ms): a mesh made
     with the constructor, one made by copying (``__setstate__``) and one made before tracking
     began are all among `live_meshes`, exactly the heap's meshes, and a dead one is gone."""
@@ -459,6 +459,12 @@ def test_the_mesh_tracker_sees_every_mesh_a_heap_scan_sees():
 
     model, _, _ = wrapped("fsdp2", 2)
     root = model._get_fsdp_state()._fsdp_param_group.mesh_info.mesh
+    # tracking begins only now (found by review: earlier tests had begun it, so no mesh here was
+    # made before it and the heap scan went untested); the wrapped constructor is put back after
+    monkeypatch.setattr(mesh_rule, "_LIVE", None)
+    monkeypatch.setattr(DeviceMesh, "__init__", DeviceMesh.__init__)
+    monkeypatch.setattr(DeviceMesh, "__setstate__", DeviceMesh.__setstate__)
+    assert id(root) in {id(m) for m in mesh_rule.live_meshes()}  # made before tracking: the scan found it
     made = DeviceMesh("cpu", root.mesh.clone(), mesh_dim_names=root.mesh_dim_names, _init_backend=False, _rank=0)
     copied = copy.copy(root)
     gc.collect()  # no mesh in a garbage cycle may die between the two listings
@@ -649,3 +655,20 @@ def test_a_group_without_a_rebind_plan_is_named_in_the_vote():
     got = rebind_references(plane, RebindReferences(("replicate",), 3), {"replicate": (object(), object())},
                             rebind=True, counts={})
     assert not got.ok and "no rebind plan for group 'replicate'" in got.reason and "['shard']" in got.reason
+
+
+def test_a_sharded_grad_scalers_group_is_found_through_the_roots_attach_gives_discovery():
+    """Found by review: scalers went only into the Rewind's stateful objects, never into the roots
+    discovery walks, so `ShardedGradScaler(process_group=G)` kept all-reducing `found_inf` on the
+    retired G after a recovery, and the proof (which re-reads recorded sites) could not see it."""
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from accelpact.runtime.attach import discovery_roots
+
+    model, optimizer, groups = wrapped("fsdp1", 2)
+    scaler = ShardedGradScaler(device="cpu", process_group=groups.replicate)
+    roots = discovery_roots(optimizer, [], [scaler])
+    plan = discover(model, groups.replicate, extra=roots)
+    without = discover(model, groups.replicate, extra=[optimizer])
+    assert plan.references == without.references + 1
+    assert [p for p in plan.paths if p not in without.paths] == ["extra[1].process_group"], plan.paths

@@ -455,3 +455,40 @@ def test_a_restore_that_raises_logs_its_traceback_and_votes_its_reason(monkeypat
     assert not result.ok and result.reason == "KeyError: 'sampler_epoch'"
     (record,) = [r for r in caplog.records if "restoring the boundary of F=4 failed" in r.getMessage()]
     assert record.exc_info and record.exc_info[0] is KeyError
+
+
+def test_a_step_that_raised_votes_its_reason_and_the_one_it_came_from(monkeypatch, caplog):
+    """Found by review: replace and rebind turned the exception into its outer text; c10d re-raises
+    gloo's error under its own message, and the gloo one is what says what happened. Both now go
+    into the vote, and the traceback into the log."""
+    from accelpact.fsm.effects import StepResult
+    from accelpact.runtime import replace
+
+    try:
+        try:
+            raise RuntimeError("Connection closed by peer [10.0.0.2]:4312")
+        except RuntimeError as gloo:
+            raise ValueError("DistBackendError: c10d failed") from gloo
+    except ValueError as exc:
+        chained = exc
+    assert StepResult.failed(chained, "replacing: ").reason == (
+        "replacing: ValueError: DistBackendError: c10d failed (from RuntimeError: Connection closed by peer "
+        "[10.0.0.2]:4312)")
+    try:
+        raise KeyError("x") from None
+    except KeyError as exc:
+        assert StepResult.failed(exc).reason == "KeyError: 'x'"  # `from None`: nothing else said
+
+    def broken(*args, **kwargs):
+        raise chained
+
+    monkeypatch.setattr(replace, "replace_group", broken)
+    gid = SimpleNamespace(label="replicate", key="replicate[0,1]", ranks=(0, 1))
+    plane = SimpleNamespace(gids={"replicate": gid}, groups={"replicate": object()}, backend_specs={"replicate": "gloo"},
+                            timeout_s=1.0, standby=SimpleNamespace(take=lambda label, token: None),
+                            replacement_label=lambda label: label)
+    effect = SimpleNamespace(groups=(gid,), standby=(), generation=1)
+    with caplog.at_level("ERROR", logger="accelpact.runtime"):
+        result = replace.replace_groups(plane, 0, effect, {})
+    assert not result.ok and "Connection closed by peer" in result.reason
+    assert any(r.exc_info and r.exc_info[1] is chained for r in caplog.records)

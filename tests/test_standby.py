@@ -224,7 +224,8 @@ def adopt_world(rank: int, world_size: int) -> dict:
     check = torch.tensor([1])
     dist.all_reduce(check, group=adopted)
     return {"bound": [str(g.bound_device_id) for g in (bound, fresh, adopted)], "bound_sum": int(check),
-            "adopted_standby": adopted is held.pg, "same": new is standby.pg, "name": new.group_name, "identity": new.group_desc,
+            "adopted_standby": adopted is held.pg, "backend_name": new._get_backend(torch.device("cpu")).options.group_name,
+            "same": new is standby.pg, "name": new.group_name, "identity": new.group_desc,
             "resolved": _c10d.resolve_name("accelpact:rep:g0") is new,
             "ranks": dist.get_process_group_ranks(new), "sum": int(value), "quiet": quiet,
             "timeout": _c10d.group_timeout(new), "connections": len(connections.connections_of(new)),
@@ -244,6 +245,7 @@ def test_an_adopted_standby_is_the_group_replace_group_would_have_built():
         assert r["quiet"] and r["connections"] >= 1  # its sockets followed it under the new name
         assert not r["old_registered"] and r["kept_after_refusal"]
         assert r["bound"] == ["cpu:0"] * 3 and r["bound_sum"] == 2 and r["adopted_standby"]
+        assert r["backend_name"] == "accelpact:rep:g0"  # its backend's logs name it as a built one's do
 
 
 # --------------------------------------------------------------------- runtime (4 gloo ranks) --

@@ -37,6 +37,7 @@ import os
 import select
 import socket
 import threading
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -116,6 +117,9 @@ def recorded(build: Callable[[], Any], backend: str, group_of: Callable[[Any], A
         pg = group_of(built)
         if isinstance(pg, ProcessGroup):  # a non-member gets a sentinel and opens nothing
             _by_group[id(pg)] = (group_identity(pg), opened)
+            # dropped with the group (found by review: one entry per group ever built, kept forever;
+            # a retired group still held may yet be severed, so not at retirement)
+            weakref.finalize(pg, _by_group.pop, id(pg), None)
             for fd, target in opened:
                 _cap_retransmit(fd, target)
     return built

@@ -78,6 +78,10 @@ class Standby:
                              "a live group has it")
         self.pg._set_group_name(name)
         self.pg._set_group_desc(identity)
+        for backend in _c10d.group_backends(self.pg):  # as a built successor's (found by review: the
+            options = getattr(backend, "options", None)  # backend kept the standby's name in its logs)
+            if options is not None and hasattr(options, "group_name"):
+                options.group_name = name
         connections.renamed(self.pg, identity)
         _c10d.register_group(self.pg, name=name, ranks=members, store=self.store, backend=self.backend)
         _c10d.set_group_timeout(self.pg, as_timedelta(timeout))

@@ -38,6 +38,17 @@ class StepResult:
     ok: bool
     reason: str = ""
 
+    @classmethod
+    def failed(cls, exc: BaseException, what: str = "") -> StepResult:
+        """A step that raised: its type and message, and those of the exception it came from (c10d
+        re-raises gloo's error under its own message, and the gloo one says what happened; found
+        by review: only the outer text reached the vote)."""
+        inner = exc.__cause__ if exc.__cause__ is not None else None if exc.__suppress_context__ else exc.__context__
+        reason = f"{what}{type(exc).__name__}: {exc}"
+        if inner is not None:
+            reason += f" (from {type(inner).__name__}: {inner})"
+        return cls(False, reason)
+
 
 @dataclass(frozen=True)
 class ControlPlaneFailure:

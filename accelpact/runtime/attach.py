@@ -87,7 +87,7 @@ def attach(
     _check_paths(config)
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
     profile = envelope_profile(model, config.profile)
-    plane = DataPlane(model, timeout_s=provisional(config)[0], extra=[optimizer, *meshes])  # "auto": measured
+    plane = DataPlane(model, timeout_s=provisional(config)[0], extra=discovery_roots(optimizer, meshes, scalers))
     plane.refuse_default_group()
     _check_environment(plane, rank)
     rt: Runtime | None = None
@@ -217,6 +217,13 @@ def _check_paths(config: Config) -> None:
             usable_directory(directory, setting)
     if config.metrics_textfile is not None:
         usable_file(config.metrics_textfile, "metrics_textfile")
+
+
+def discovery_roots(optimizer, meshes, scalers) -> list[Any]:
+    """What besides the model may cache a data-plane group, for rebind discovery: the optimizer,
+    the meshes, and the scalers (found by review: `ShardedGradScaler(process_group=...)` all-reduces
+    `found_inf` on its group, and a recovery left it on the retired one)."""
+    return [optimizer, *meshes, *scalers]
 
 
 def _stepped_with_the_update(optimizer, schedulers, scalers) -> tuple[Any, ...]:

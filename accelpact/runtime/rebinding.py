@@ -3,12 +3,16 @@ that none still names the retired group (the stale-reference proof)."""
 
 from __future__ import annotations
 
+import logging
+
 from ..errors import RebindError
 from ..fsm.effects import RebindReferences, StepResult
 from ..rebind.mesh import one_cache_decision
 from ..rebind.plan import RebindPlan
 from .data_plane import DataPlane
 from .replace import Pending
+
+log = logging.getLogger("accelpact.runtime")
 
 
 def rebind_references(plane: DataPlane, effect: RebindReferences, pending: Pending, *, rebind: bool,
@@ -25,11 +29,13 @@ def rebind_references(plane: DataPlane, effect: RebindReferences, pending: Pendi
                         counts[kind] = counts.get(kind, 0) + n
                 plane.install(label, new, effect.generation, rebound=rebind)
     except (RebindError, KeyError) as exc:
-        return StepResult(False, f"rebinding group {label!r}: {type(exc).__name__}: {exc}")
+        log.error("rebinding group %r failed", label, exc_info=exc)
+        return StepResult.failed(exc, f"rebinding group {label!r}: ")
     except Exception as exc:  # a framework's own setter (DDP's reducer, an after-rebind action) raised:
         # the vote carries it; escaping, it would take this rank out of the protocol and leave its
         # peers waiting in validation and the vote for the control timeout
-        return StepResult(False, f"rebinding group {label!r} failed in the framework: {type(exc).__name__}: {exc}")
+        log.error("rebinding group %r failed in the framework", label, exc_info=exc)
+        return StepResult.failed(exc, f"rebinding group {label!r} failed in the framework: ")
     return StepResult(True)
 
 

@@ -10,6 +10,7 @@ replacement's init has to wait behind a communicator that still holds the device
 from __future__ import annotations
 
 import datetime
+import logging
 
 import torch.distributed as dist
 
@@ -18,6 +19,8 @@ from ..comm.backends import backend_spec, parse_backends, uses_nccl
 from ..comm.lifecycle import retire_groups
 from ..fsm.effects import ReplaceGroups, StepResult
 from .data_plane import DataPlane
+
+log = logging.getLogger("accelpact.runtime")
 
 #: label -> (retired group, replacement), filled by replace, read by rebind and validate
 Pending = dict[str, tuple[dist.ProcessGroup, dist.ProcessGroup]]
@@ -47,5 +50,6 @@ def replace_groups(plane: DataPlane, rank: int, effect: ReplaceGroups, pending: 
                                 standby=standbys.get(gid.label))
             pending[gid.label] = (olds[gid.label], new)
     except Exception as exc:  # c10d/gloo/NCCL raise many types here; the cause goes into the vote
-        return StepResult(False, f"{type(exc).__name__}: {exc}")
+        log.error("replacing the failed groups failed on rank %d", rank, exc_info=exc)  # and its traceback here
+        return StepResult.failed(exc)
     return StepResult(True)
