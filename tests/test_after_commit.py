@@ -200,8 +200,10 @@ class _Missing:
 
 def test_a_save_lost_to_a_member_is_owed_and_the_owed_one_runs_without_the_fault_hook(monkeypatch) -> None:
     """A lost peer in the save of F marks F's save interrupted (this rank's presence tells the new
-    world); the owed save, taken after the change, runs the save alone: no digest check, no
-    `before_commit_work` hook (its faults fired in the first pass), whether F is due or not."""
+    world); the owed save, taken after the change, checks the replicas and saves, whether F is due
+    or not, without the `before_commit_work` hook (its faults fired in the first pass). Found by
+    review: it skipped the digest check, so a replica corrupted before a loss in the check's own
+    gather could be what the owed checkpoint kept."""
     monkeypatch.setattr(after_commit_mod, "on_lost_member", lambda *a: None)
     rt = _runtime(2, [])
     rt.membership = object()
@@ -213,7 +215,12 @@ def test_a_save_lost_to_a_member_is_owed_and_the_owed_one_runs_without_the_fault
     rt = _runtime(3, log)  # F=3: neither a save nor a digest check is due
     rt.listeners = [SimpleNamespace(before_commit_work=lambda f: log.append(("hook", f)))]
     after_commit_mod.take_owed_save(rt)
-    assert log == [("_Checkpointer", 3, 7.0)] and rt.control.timeout_s == 5.0
+    assert log == [("_Digests", 3, 7.0), ("_Checkpointer", 3, 7.0)] and rt.control.timeout_s == 5.0
+    log.clear()
+    digests, rt.digests = rt.digests, None  # digests off: the save alone
+    after_commit_mod.take_owed_save(rt)
+    assert log == [("_Checkpointer", 3, 7.0)]
+    rt.digests = digests
     log.clear()
     rt.frontier = 6  # the usual path, both due: the hook first
     after_commit_mod.after_commit(rt)

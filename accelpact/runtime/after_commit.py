@@ -65,10 +65,12 @@ def after_commit(rt: Runtime) -> None:
 def take_owed_save(rt: Runtime) -> None:
     """Right after the release of a membership change that interrupted the save of F
     (`MembershipDecision.save_owed`): every member of the new world takes it, the spare included,
-    so the checkpoints keep their schedule. The fault hook before the work does not run again."""
+    so the checkpoints keep their schedule. The fault hook before the work does not run again.
+    With digests on, the replicas are checked first, as before every save (found by review: the
+    owed save skipped it, and could keep a corrupt replica's bytes)."""
     if rt.checkpointer is not None:
         rt.checkpointer.interrupted_at = None  # owed no more: a loss inside this save marks it again
-        _work(rt, digests_due=False, save_due=True, owed=True)
+        _work(rt, digests_due=rt.digests is not None, save_due=True, owed=True)
 
 
 def _work(rt: Runtime, *, digests_due: bool, save_due: bool, owed: bool) -> None:
