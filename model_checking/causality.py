@@ -122,9 +122,13 @@ def _cross(logs: Mapping[int, Sequence[Item]], hosts: Mapping[int, str]) -> list
     for q, items in logs.items():
         for item in items:
             b = item[1]
-            for p in logs:
+            for p in range(len(b["vc"])):  # every rank it names, a rank without a trace too (found by review)
                 k = int(b["vc"][p])
                 if p == q or k == 0:
+                    continue
+                if p not in logs:
+                    out.append(CausalViolation(q, _where(item), _what(b), f"has seen rank {p}'s record #{k}, "
+                                               f"but rank {p} left no trace"))
                     continue
                 if k not in ticks[p]:
                     out.append(CausalViolation(q, _where(item), _what(b), f"has seen rank {p}'s record #{k}, "

@@ -386,7 +386,8 @@ def check_membership_traces(
                 if fenced_at is not None:
                     rule = "LeaverNeverTrains" if left_at is not None else "FencedNeverTrains"
                     bad.append(f"[{rule}] {at}: trains in world {w} after {fenced_at}")
-                if (w - 1) in decisions:  # a world some membership change formed (not the first one)
+                if w > 0:  # a world some membership change formed, whether or not its decision is on record
+                    # (found by review: without a `decided` record these checks were skipped)
                     if released.get(w) != "resume":
                         what = "after release=reject" if released.get(w) == "reject" else "before release=resume"
                         bad.append(f"[TrainAfterRelease] {at}: trains in world {w} {what} for it")

@@ -180,6 +180,13 @@ def test_clocks_no_run_could_produce_are_named(recs0, recs1, needle):
     assert any(needle in v.describe() for v in found), [v.describe() for v in found]
 
 
+def test_records_of_a_rank_that_left_no_trace_are_named():
+    """Found by review: the cross-rank check looked only at ranks with a file, so a run missing a
+    whole rank's trace passed although rank 0 had seen rank 1's records."""
+    found = violations({0: _items(0, [{"vc": [1, 3]}, {"vc": [2, 6]}])}, 2)
+    assert any("has seen rank 1's record #3, but rank 1 left no trace" in v.describe() for v in found), found
+
+
 # -- the real run, and the issue's two doctored copies of it ---------------------------------------
 def _lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]

@@ -253,3 +253,18 @@ def test_malformed_records_are_refused(doctor):
         del run["rank0.jsonl"][3]["world"]
     bad = check_membership_traces(run)
     assert bad and _rules(bad) == {"TraceFormat"}, bad
+
+
+def test_training_after_a_reject_is_refused_with_or_without_the_decision_on_record():
+    """Found by review: the checks of a world formed by a change ran only where its `decided`
+    record was on record; a process that trained in world 1 after release=reject (or with no
+    release at all) passed when it was not."""
+    def proc(*recs):
+        return {"rank0.jsonl": _reseq([{"kind": "membership", "rank": 0, **r} for r in recs])}
+
+    after_reject = proc({"event": "release", "world": 1, "outcome": "reject"},
+                        {"event": "train", "world": 1, "position": 0, "frontier": 5})
+    found = check_membership_traces(after_reject)
+    assert any(v.startswith("[TrainAfterRelease]") and "after release=reject" in v for v in found), found
+    found = check_membership_traces(proc({"event": "train", "world": 1, "position": 0, "frontier": 5}))
+    assert any("before release=resume" in v for v in found) and any("never joined" in v for v in found), found

@@ -429,3 +429,15 @@ def test_a_reject_at_a_committed_boundary_is_a_behaviour_and_its_joiners_are_che
         assert segs[0].preserve is (outcome == "preserve")
         rep = check_run(run, workers=1, timeout_s=120)
         assert rep.ok, rep.describe()
+
+
+def test_no_commit_is_invented_for_a_rank_that_left_no_trace(tmp_path):
+    """Found by review: a rank with no trace had every commit of the others implied for it (as
+    for a rank that died before settling a deferred boundary), so its missing trace passed.
+    Commits are implied only for a rank that wrote records, and once."""
+    from model_checking.trace_validation import segments_of_run
+
+    run = synthetic_run(world=2, observers=(0,), failed="replicate[0,1]")
+    del run[1]
+    segments = segments_of_run(write_run(tmp_path / "run", run))
+    assert [(r.action, r.F) for seg in segments for r in seg.records if r.rank == 1 and r.source is None] == []

@@ -62,8 +62,9 @@ TRANSITIONS: tuple[Row, ...] = (
          effects=["ReplaceGroups"], why="all committed, F and g agree; this rank owns a failed group"),
     _row("decide_rewind",   P.AGREE,    P.REPLACE,  conditions=["decision_is_rewind"],
          effects=["RestoreBoundary", "ReplaceGroups"],
-         why="an interrupted update, every rank at tau = F: every rank discards it, restores the boundary "
-             "snapshot and rebuilds every group it holds (even a rank that holds none must restore)"),
+         why="an interrupted update, every rank at tau = F or holding a pre-step copy of its applied step: "
+             "every rank discards it (undoing that step), restores the boundary snapshot and rebuilds every "
+             "group it holds (even a rank that holds none must restore)"),
     _row("stand_by",        P.AGREE,    P.VALIDATE, conditions=["decision_is_preserve"],
          unless=["in_failed_group"], effects=_VOTE,
          why="preserve agreed, but no failed group has this rank: wait for release. Never under Rewind: "
