@@ -73,6 +73,11 @@ class Measured:
 _SOURCES = {"given": "given", "qualified": "the envelope file's qualified value, above what was measured"}
 
 
+#: A model whose largest collective moves this many warm-ups' bytes or more is told that the
+#: derived data timeout may be short for it (`DerivedTimeouts.undersized`).
+UNDERSIZED_RATIO = 8.0
+
+
 @dataclass(frozen=True)
 class DerivedTimeouts:
     """The timeouts a runtime uses, with the evidence for them (written to the trace and to the
@@ -87,6 +92,23 @@ class DerivedTimeouts:
     measured: tuple[Measured, ...]
     qualified: tuple[float, float] | None = None
     bytes_per_collective: int = 0
+    #: the largest collective one update makes (`calibrate.largest_collective_bytes`; 0: unknown)
+    largest_collective_bytes: int = 0
+
+    def undersized(self, ratio: float = UNDERSIZED_RATIO) -> str | None:
+        """Why a derived data timeout may be short for this model (None: no reason known): the
+        warm-up moves at most a DDP bucket, and an FSDP unit's all-gather can move far more (found
+        by review: a 2 GB embedding unit against a 25 MiB warm-up). Not scaled automatically: small
+        collectives are latency-bound, and a bound grown by the byte ratio would slow every
+        detection; the user is told instead."""
+        if self.data_source != "derived" or not self.bytes_per_collective:
+            return None
+        if self.largest_collective_bytes < ratio * self.bytes_per_collective:
+            return None
+        return (f"the data timeout {self.data_timeout_s:g} s was derived from {self.bytes_per_collective} B warm-up "
+                f"all-reduces, but this model's largest collective moves about {self.largest_collective_bytes} B "
+                f"({self.largest_collective_bytes / self.bytes_per_collective:.0f}x): time one update's largest "
+                "collective and set ACCELPACT_DATA_TIMEOUT_S above it if it comes near")
 
     def describe(self) -> str:
         """One line: what was chosen and why."""
@@ -115,7 +137,8 @@ class DerivedTimeouts:
                 "data_source": self.data_source, "control_source": self.control_source,
                 "policy": asdict(self.policy), "measured": [asdict(m) for m in self.measured],
                 "qualified": list(self.qualified) if self.qualified else None,
-                "bytes_per_collective": self.bytes_per_collective}
+                "bytes_per_collective": self.bytes_per_collective,
+                "largest_collective_bytes": self.largest_collective_bytes}
 
     @classmethod
     def from_json(cls, raw: Any) -> DerivedTimeouts:
@@ -130,7 +153,7 @@ class DerivedTimeouts:
             out = cls(float(raw["data_timeout_s"]), float(raw["control_timeout_s"]), str(raw["data_source"]),
                       str(raw["control_source"]), TimeoutPolicy(**raw["policy"]), measured,
                       (float(qualified[0]), float(qualified[1])) if qualified else None,
-                      int(raw.get("bytes_per_collective", 0)))
+                      int(raw.get("bytes_per_collective", 0)), int(raw.get("largest_collective_bytes", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"timeouts: missing or malformed field ({type(exc).__name__}: {exc})") from None
         sources = ("derived", *_SOURCES)
@@ -176,6 +199,7 @@ def derive_timeouts(
     policy: TimeoutPolicy = DEFAULT_POLICY,
     qualified: tuple[float, float] | None = None,
     bytes_per_collective: int = 0,
+    largest_collective_bytes: int = 0,
 ) -> DerivedTimeouts:
     """The data and control timeouts for these latency samples (seconds; ``data`` by group label).
 
@@ -214,7 +238,7 @@ def derive_timeouts(
             raise ConfigError(f"{name} {value:g} s ({sources[name]}) is outside [{MIN_TIMEOUT_S}, {MAX_TIMEOUT_S:g}]: "
                               f"{why}")
     return DerivedTimeouts(data_s, control_s, data_source, control_source, policy, (*measured, ctrl),
-                           qualified, bytes_per_collective)
+                           qualified, bytes_per_collective, largest_collective_bytes)
 
 
 def timeouts_too_close(data_timeout_s: float, control_timeout_s: float) -> str | None:

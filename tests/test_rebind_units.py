@@ -672,3 +672,24 @@ def test_a_sharded_grad_scalers_group_is_found_through_the_roots_attach_gives_di
     without = discover(model, groups.replicate, extra=[optimizer])
     assert plan.references == without.references + 1
     assert [p for p in plan.paths if p not in without.paths] == ["extra[1].process_group"], plan.paths
+
+
+@pytest.mark.parametrize("framework", ["fsdp2", "fsdp1"])
+def test_the_largest_collective_is_a_units_unsharded_parameters(framework):
+    """Found by review: the data timeout is derived from warm-ups of at most a DDP bucket, while an
+    FSDP unit's all-gather moves its whole unsharded size; `calibrate.largest_collective_bytes`
+    estimates that size (the timeouts' evidence, and a warning where it is far larger)."""
+    from accelpact.runtime.calibrate import largest_collective_bytes
+    from accelpact.timeouts import DEFAULT_POLICY, DerivedTimeouts
+
+    model, _, _ = wrapped(framework, 2)
+    # a layer unit: 3280 float32 parameters unsharded (FSDP1's flat parameter holds 1640 of them
+    # on each of the shard group's 2 ranks); the root unit's own are fewer (2208)
+    assert largest_collective_bytes(model) == 4 * 3280
+
+    def derived(largest_bytes):
+        return DerivedTimeouts(2.0, 6.0, "derived", "derived", DEFAULT_POLICY, (), None, 1 << 20, largest_bytes)
+
+    assert derived(4 << 20).undersized() is None
+    said = derived(2 << 30).undersized()
+    assert "2147483648 B (2048x)" in said and "ACCELPACT_DATA_TIMEOUT_S" in said

@@ -199,3 +199,20 @@ def test_the_digest_holders_compare_leaves_each_replicas_buffers_out():
     assert transfer.shared_digest(transfer.pack(b, opt_b), layout) != transfer.shared_digest(buf_a, layout)
     with pytest.raises(transfer.TransferError, match="the layout accounts for"):
         transfer.shared_digest(buf_a[:-4], layout)
+
+
+def test_a_repair_is_given_time_for_the_largest_shard_every_rank_waits_for():
+    """Found by review: the repair's transfers and the verification gather ran under the fixed
+    bound after a commit, so once a shard passed a few GB every rank outside the repair gave up in
+    that gather and a repairable divergence became a lost member or a Reject. The bound now grows
+    with the largest shard (moved at the slowest rate allowed, hashed three times), the same on
+    every rank."""
+    from types import SimpleNamespace
+
+    from accelpact.membership import transfer
+    from accelpact.runtime.digests import _repair_bound_s
+
+    rt = SimpleNamespace(control=SimpleNamespace(gather_ints=lambda words: [(10**9,), (words[0],)], timeout_s=8.0))
+    expected = 8.0 + 10**9 / transfer.SLOWEST_TRANSFER_BPS + 3 * 10**9 / transfer.SLOWEST_HASH_BPS
+    assert _repair_bound_s(rt, 5) == _repair_bound_s(rt, 10**9) == pytest.approx(expected)  # every rank alike
+    assert expected > 40  # where 8 s failed every shard over ~4 GB

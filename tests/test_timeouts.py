@@ -294,6 +294,7 @@ def test_settling_applies_the_derived_timeouts_to_both_planes_and_rank_0_says_wh
         return {"replicate": [0.001] * rounds, "shard": [0.2] * rounds}, [0.002] * rounds, 4096
 
     monkeypatch.setattr(calibrate, "measure", fake_measure)
+    monkeypatch.setattr(calibrate, "largest_collective_bytes", lambda model: 4096)  # as large as the warm-up
     plane, control = _FakePlane(), _FakeControl(world=2)
     plane.enforced = []
     config, derived = calibrate.settle_timeouts(Config(data_timeout_s=AUTO, control_timeout_s=AUTO), plane, control,
@@ -336,6 +337,7 @@ def test_settling_refuses_samples_of_different_groups_on_every_rank(monkeypatch)
             return [tuple(values), (values[0] + 1, *values[1:])]  # rank 1 measured other groups
 
     monkeypatch.setattr(calibrate, "measure", lambda *a: ({"shard": [0.1] * 20}, [0.1] * 20, 4))
+    monkeypatch.setattr(calibrate, "largest_collective_bytes", lambda model: 4)
     with pytest.raises(ConfigError, match=r"ranks measured different data-plane groups \(this rank: \['shard'\]\)"):
         calibrate.settle_timeouts(Config(data_timeout_s=AUTO), _FakePlane(), Mixed(2), None, rank=0)
 
@@ -361,9 +363,10 @@ def test_the_floor_is_the_largest_of_the_ranks_envelope_files(monkeypatch):
             self.floor = floor
 
         def gather_floats(self, values):
-            return [tuple(values), (*values[:2], *self.floor, *values[4:])]  # the peer read its own file
+            return [tuple(values), (*values[:3], *self.floor, *values[5:])]  # the peer read its own file
 
     monkeypatch.setattr(calibrate, "measure", lambda *a: ({"shard": [0.001] * 8}, [0.001] * 8, 4))
+    monkeypatch.setattr(calibrate, "largest_collective_bytes", lambda model: 4)
     qualified = derive_timeouts({"g": FAST}, CTRL, qualified=(3.5, 12.5))
     for mine, peers in ((qualified, (0.0, 0.0)), (None, (3.5, 12.5))):  # the file here, or only at the peer
         plane = _FakePlane()

@@ -70,6 +70,31 @@ def collective_size(model: nn.Module) -> int:
     return max(1, min(numel, BUCKET_CAP_BYTES // 4))
 
 
+def largest_collective_bytes(model: nn.Module) -> int:
+    """The largest single collective one update makes, in bytes, as the wrappers say: an FSDP2
+    unit's all-gather of its unsharded parameters (its own, not its nested units'), an FSDP1 flat
+    parameter unsharded, a DDP bucket; else this rank's parameters. An estimate, for scaling the
+    warm-up's latency (which moves at most a DDP bucket) to the update's largest collective."""
+    from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
+    from torch.nn.parallel import DistributedDataParallel
+
+    largest = 0
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            nested = {id(p) for sub in module.modules() if sub is not module and isinstance(sub, FSDPModule)
+                      for p in sub.parameters()}
+            own = sum(p.numel() * p.element_size() for p in module.parameters() if id(p) not in nested)
+            largest = max(largest, own)  # a DTensor's numel is the unsharded one
+        elif isinstance(module, FullyShardedDataParallel):
+            flat = getattr(module, "_flat_param", None)
+            size = getattr(flat, "_unpadded_unsharded_size", None)
+            if flat is not None and size is not None:
+                largest = max(largest, size.numel() * flat.element_size())
+        elif isinstance(module, DistributedDataParallel):
+            largest = max(largest, int(getattr(module, "bucket_bytes_cap", BUCKET_CAP_BYTES)))
+    return largest or sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def measure(plane: DataPlane, control: ControlPlane, model: nn.Module,
             rounds: int) -> tuple[dict[str, list[float]], list[float], int]:
     """Seconds of all-reduces per data-plane group label and on the control plane, and the bytes of
@@ -126,21 +151,25 @@ def settle_timeouts(config: Config, plane: DataPlane, control: ControlPlane, mod
                           f"data samples")
     tag = float(zlib.crc32("|".join(labels).encode()))  # which groups the samples are of: the same everywhere
     floor = (qualified.data_timeout_s, qualified.control_timeout_s) if qualified else (0.0, 0.0)
-    rows = control.gather_floats([tag, nbytes, *floor, *(s for label in labels for s in data[label]), *ctrl])
+    largest = float(largest_collective_bytes(model))
+    rows = control.gather_floats([tag, nbytes, largest, *floor, *(s for label in labels for s in data[label]), *ctrl])
     if any(row[0] != tag for row in rows):  # every rank sees the same rows: all refuse together
         raise ConfigError(f"timeout {AUTO!r}: ranks measured different data-plane groups (this rank: {labels})")
-    every = {label: [row[4 + i * n + k] for row in rows for k in range(n)] for i, label in enumerate(labels)}
-    every_ctrl = [row[4 + len(labels) * n + k] for row in rows for k in range(n)]
+    every = {label: [row[5 + i * n + k] for row in rows for k in range(n)] for i, label in enumerate(labels)}
+    every_ctrl = [row[5 + len(labels) * n + k] for row in rows for k in range(n)]
     given = {name: None if getattr(config, name) == AUTO else float(getattr(config, name))
              for name in ("data_timeout_s", "control_timeout_s")}
-    highest = (max(row[2] for row in rows), max(row[3] for row in rows))
+    highest = (max(row[3] for row in rows), max(row[4] for row in rows))
     derived = derive_timeouts(
         every, every_ctrl, given_data=given["data_timeout_s"], given_control=given["control_timeout_s"],
-        qualified=highest if highest[0] > 0 else None, bytes_per_collective=int(max(row[1] for row in rows)))
+        qualified=highest if highest[0] > 0 else None, bytes_per_collective=int(max(row[1] for row in rows)),
+        largest_collective_bytes=int(max(row[2] for row in rows)))
     config = apply_timeouts(config, plane, control, derived.data_timeout_s, derived.control_timeout_s)
     if rank == 0:
         log.info("timeouts: %s", derived.describe())
         print(f"[accelpact] {announce(derived)}", file=sys.stderr, flush=True)
+        if (short := derived.undersized()) is not None:
+            log.warning(short)
     return config, derived
 
 
