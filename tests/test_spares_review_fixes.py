@@ -456,5 +456,9 @@ def test_a_membership_change_leaves_the_old_control_planes_store_worker_behind(m
                          trace=SimpleNamespace(clock=None))
     monkeypatch.setattr(member_change, "ControlPlane", Plane)
     monkeypatch.setattr(member_change, "join_timeout_s", lambda rt: 30.0)
+    monkeypatch.setattr(member_change, "StragglerWatch", lambda control, config, rank, world_size: (control, rank))
+    rt.rank, rt.world_size, old_watch = 1, 4, rt.stragglers
     new = member_change.rebuild_control_plane(rt)
     assert calls[0] == "left_behind" and "stop_listening" not in calls and rt.control is new
+    # the straggler window starts afresh with the world, as the spare's does (found by review)
+    assert rt.stragglers == (new, 1) and rt.stragglers is not old_watch

@@ -39,6 +39,7 @@ from .evidence import evidence_of
 from .guard import this_device_sync
 from .history import RecoveryRecord
 from .restore import restore_boundary
+from .stragglers import StragglerWatch
 
 if TYPE_CHECKING:
     from .runtime import Runtime
@@ -441,7 +442,10 @@ def rebuild_control_plane(rt: Runtime) -> ControlPlane:
     control.set_timeout(rt.config.control_timeout_s)
     control.cut_short = rt.data_plane.cut_short
     rt.data_plane.scope = control.namespace.rsplit("/", 1)[-1][:8]
-    rt.control = rt.stragglers.control = control
+    rt.control = control
+    # a fresh window, as the spare's and a shrink's (found by review: survivors kept the lost rank's
+    # samples at its position while the spare started empty, and their reports differed)
+    rt.stragglers = StragglerWatch(control, rt.config, rank=rt.rank, world_size=rt.world_size)
     rt.trace.clock = control.clock
     return control
 
