@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -193,6 +194,21 @@ def _attach_auto(rank: int, world_size: int, trace_dir: str, qualified_file: str
         data_timeout_s=AUTO, control_timeout_s=AUTO, on_reject="raise", envelope=qualified_file))
     out["with_file"] = (rt.config.data_timeout_s, rt.config.control_timeout_s, rt.timeouts.data_source)
     rt.close()
+    # an envelope only one rank refuses (its host's file is corrupt) fails every rank's attach at
+    # the first collective (found by review: the peers waited a minute in the control plane's
+    # construction and failed with a store timeout that named nothing)
+    corrupt = os.path.join(os.path.dirname(trace_dir), "corrupt-envelope.json")
+    if rank == 1:
+        with open(corrupt, "w") as fh:
+            fh.write("{not json")
+    dist.barrier()
+    try:
+        accelpact.attach(model, opt, data_state=data, config=accelpact.Config(
+            data_timeout_s=AUTO, control_timeout_s=AUTO, on_reject="raise",
+            envelope=corrupt if rank == 1 else "builtin"))
+        out["one_refused"] = None
+    except ConfigError as exc:
+        out["one_refused"] = str(exc)
     return out
 
 
@@ -222,6 +238,8 @@ def test_attach_measures_the_same_timeouts_on_every_rank_and_uses_them(tmp_path)
         assert r["refused"] and "control_timeout_s (0.5, given)" in r["refused"] and f"({data_s}, derived)" in \
             r["refused"]
         assert r["with_file"] == (3.5, 12.5, "qualified")  # the runtime starts from what qualify measured
+    assert "envelope refused" in results[1]["one_refused"] and "Config.envelope" in results[1]["one_refused"]
+    assert "another rank was given settings that differ" in results[0]["one_refused"]
     traced = [json.loads(line) for line in (tmp_path / "trace" / "trace-rank0.jsonl").read_text().splitlines()]
     config = next(rec for rec in traced if rec.get("kind") == "config")
     assert config["timeouts"] == results[0]["timeouts"] and config["data_timeout_s"] == data_s

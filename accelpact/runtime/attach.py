@@ -21,7 +21,7 @@ from ..comm import _c10d
 from ..comm.nccl_env import nccl_version, refuse_unfit
 from ..config import Config
 from ..control import ControlPlane
-from ..envelope import Envelope, choose_envelope, conditions_met
+from ..envelope import DEFAULT_ENVELOPE, Envelope, choose_envelope, conditions_met
 from ..errors import ConfigError, RestartBudgetExceeded, UnsupportedModelError
 from ..faults import FaultInjector, FaultPlan
 from ..fsm.decisions import EnvelopeFacts, envelope_facts, envelope_warning
@@ -285,13 +285,17 @@ def _injector(faults, every_attempt: bool, rank: int, world_size: int, attempt: 
 def _build(model, optimizer, data_state, config: Config, envelope: Envelope | None, profile: str,
            plane: DataPlane, rank: int, world_size: int, attempt: int, stateful: tuple[Any, ...]) -> Runtime:
     platform = envelope_platform(plane.groups, config.platform)
+    refused = ""  # why this rank's envelope was refused: said on every rank together, below
     if envelope is None:
-        envelope, source = choose_envelope(config, platform, profile, rank=rank)
+        try:
+            envelope, source = choose_envelope(config, platform, profile, rank=rank)
+        except ConfigError as exc:  # each host reads its own file: a stale or corrupt one may be one rank's
+            refused, envelope, source = str(exc), DEFAULT_ENVELOPE, "refused"
     else:
         source = "given to attach"
     # an unknown platform/profile is refused by name; an action qualified under conditions this config lacks is not
     facts = envelope_facts(envelope, platform, profile, met=conditions_met(config))
-    warning = envelope_warning(facts, profile, source)
+    warning = envelope_warning(facts, profile, source) if not refused else ""
     if warning and rank == 0:
         log.warning(warning)
         print(f"[accelpact] WARNING: {warning}", file=sys.stderr, flush=True)
@@ -302,6 +306,7 @@ def _build(model, optimizer, data_state, config: Config, envelope: Envelope | No
     plane.scope = control.namespace.rsplit("/", 1)[-1][:8]  # this attach's replacement names
     plane.standby = StandbyPool(config.standby_groups)
     try:  # "auto": measured here, the same on every rank, applied to both planes (a spare: the survivors')
+        _refuse_together(control, rank, refused)
         config, timeouts = _settle(config, plane, control, model, rank, envelope)
     except BaseException:
         control.close()
@@ -365,6 +370,15 @@ def _same_settings_everywhere(rt: Runtime, facts: EnvelopeFacts, profile: str, p
                                rewind_refused=rewind_refused)
     if config.boundary == "deferred" and never and rt.rank == 0:
         log.warning("Config.boundary is deferred, but every boundary will be agreed synchronously: %s", never)
+
+
+def _refuse_together(control: ControlPlane, rank: int, refused: str) -> None:
+    """An envelope one rank refused fails every rank's attach, at the first collective: found by
+    review, that rank raised before the control plane was built, and its peers waited in its
+    construction for a minute and failed with a store timeout that named nothing."""
+    check_same_settings(control.group, rank, {"envelope refused": refused[:500]})
+    if refused:  # the same on every rank (else the check above raised on every rank)
+        raise ConfigError(refused)
 
 
 def _settle(config: Config, plane: DataPlane, control: ControlPlane, model: nn.Module, rank: int,
