@@ -333,15 +333,15 @@ def abstract_attempt(logs: dict[int, RankLog], name: str = "run") -> list[Segmen
     commits = {r: {int(rec["F"]) for _, rec in merged if int(rec["rank"]) == r and rec["action"] == "commit_update"}
                for r in range(world)}
 
-    written = {int(rec["rank"]) for _, rec in merged}
+    written = set(logs)  # the ranks that left a trace of this attempt (a dead rank may have no edge in it)
     implied: set[int] = set()
 
     def implied_commits(ranks: Iterable[int], F: int) -> list[SpecRecord]:
         """The commits of F of ranks that never wrote one, as the spec's rank order needs them: a
         rank that died right after its check completed (or before settling a deferred boundary)
-        committed F without a record. At most once per rank, and only for a rank that wrote
-        records (found by review: a rank without a trace had every later commit invented for it,
-        and the run passed)."""
+        committed F without a record. At most once per rank, and only for a rank that left a
+        trace of this attempt (found by review: a rank without one had every later commit invented
+        for it, and the run passed)."""
         out = []
         for q in ranks:
             if frontier[q] != F - 1 or F in commits[q] or q in implied or q not in written:
