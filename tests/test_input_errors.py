@@ -564,14 +564,16 @@ def test_a_config_path_that_cannot_be_used_is_a_config_error_naming_the_setting(
     blocker.write_text("")
     for setting in ("trace_dir", "checkpoint_dir"):
         with pytest.raises(ConfigError, match=f"{setting}=.*cannot be used as a directory: Not a directory"):
-            _check_paths(Config(**{setting: str(blocker / "x")}))
+            _check_paths(Config(**{setting: str(blocker / "x")}), 0)
     with pytest.raises(ConfigError, match="the directory of metrics_textfile=.*cannot be used as a directory"):
-        _check_paths(Config(metrics_textfile=str(blocker / "m.prom")))
-    with pytest.raises(ConfigError, match="metrics_textfile=.* is a directory, not a file"):
-        _check_paths(Config(metrics_textfile=str(tmp_path)))
+        _check_paths(Config(metrics_textfile=str(blocker / "m.prom")), 0)
     _check_paths(Config(trace_dir=str(tmp_path / "t"), checkpoint_dir=str(tmp_path / "c"),
-                        metrics_textfile=str(tmp_path / "m" / "x.prom")))
+                        metrics_textfile=str(tmp_path / "m" / "x.prom")), 0)
     assert (tmp_path / "t").is_dir() and (tmp_path / "c").is_dir() and (tmp_path / "m").is_dir()
+    # a directory or a {rank} template names one file per rank (`observe.metrics.textfile_path`)
+    _check_paths(Config(metrics_textfile=str(tmp_path)), 3)
+    _check_paths(Config(metrics_textfile=str(tmp_path / "r{rank}" / "m.prom")), 3)
+    assert (tmp_path / "r3").is_dir()
 
 
 def test_check_refuses_an_unwritable_json_path_before_running_tlc(tmp_path, capsys):

@@ -84,7 +84,7 @@ def attach(
     stateful = _stepped_with_the_update(optimizer, schedulers, scalers)
     config = _with_spares((config or Config()).with_env().validate(), model)
     _check_data_state(data_state, config)
-    _check_paths(config)
+    _check_paths(config, dist.get_rank())
     rank, world_size, attempt = dist.get_rank(), dist.get_world_size(), current_attempt()
     profile = envelope_profile(model, config.profile)
     plane = DataPlane(model, timeout_s=provisional(config)[0], extra=discovery_roots(optimizer, meshes, scalers))
@@ -210,13 +210,16 @@ def _membership_workers(rt: Runtime, plane: DataPlane, control: ControlPlane, co
     neighbours.start(rt, m, plane, config)
 
 
-def _check_paths(config: Config) -> None:
-    """Every directory and file the config names is usable, before anything is built."""
+def _check_paths(config: Config, rank: int) -> None:
+    """Every directory and file the config names is usable, before anything is built (the metrics
+    textfile as this rank will write it: a directory, or a `{rank}` template, names one per rank)."""
+    from ..observe.metrics import textfile_path
+
     for setting, directory in (("trace_dir", config.trace_dir), ("checkpoint_dir", config.checkpoint_dir)):
         if directory is not None:
             usable_directory(directory, setting)
-    if config.metrics_textfile is not None:
-        usable_file(config.metrics_textfile, "metrics_textfile")
+    if config.metrics_textfile:
+        usable_file(textfile_path(config.metrics_textfile, rank), "metrics_textfile")
 
 
 def discovery_roots(optimizer, meshes, scalers) -> list[Any]:
