@@ -378,7 +378,14 @@ def _same_settings_everywhere(rt: Runtime, facts: EnvelopeFacts, profile: str, p
 def _refuse_together(control: ControlPlane, rank: int, refused: str) -> None:
     """An envelope one rank refused fails every rank's attach, at the first collective: found by
     review, that rank raised before the control plane was built, and its peers waited in its
-    construction for a minute and failed with a store timeout that named nothing."""
+    construction for a minute and failed with a store timeout that named nothing. A joining spare
+    meets the survivors' rebuilt control plane, which makes no such check: its refusal is its own,
+    and the survivors' bound for its join ends the change."""
+    m = membership()
+    if m is not None and m.activation is not None:
+        if refused:
+            raise ConfigError(refused)
+        return
     check_same_settings(control.group, rank, {"envelope refused": refused[:500]})
     if refused:  # the same on every rank (else the check above raised on every rank)
         raise ConfigError(refused)
