@@ -78,7 +78,7 @@ class _Attempts:
 class _Checkpointer(_Due):
     """The runtime's judgement of a failed save (`Checkpointer.judge_failure`), on a stub."""
 
-    judge_failure, newest_step = Checkpointer.judge_failure, Checkpointer.newest_step
+    judge_failure, newest_step, _record = Checkpointer.judge_failure, Checkpointer.newest_step, Checkpointer._record
 
     def __init__(self, every: int, log: list, rt: SimpleNamespace) -> None:
         super().__init__(every, log)

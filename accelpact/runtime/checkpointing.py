@@ -113,10 +113,7 @@ class Checkpointer:
         not run, and a resubmission must not count it as one that failed."""
         self._budget_verdict_of_rank_0()
         if self.rt.rank == 0:
-            try:
-                self.attempts.record_started()
-            except OSError as exc:
-                log.error("could not record this attempt's start: %s: %s", type(exc).__name__, exc)
+            self._record(self.attempts.record_started, "this attempt's start")
 
     def _budget_verdict_of_rank_0(self) -> None:
         """Rank 0 counts (it has just noted how the previous attempt ended); every rank follows its
@@ -159,10 +156,7 @@ class Checkpointer:
         if self.rt.rank != 0 or self.finished or rejected or gone or sys.exc_info()[1] is not None:
             return
         self.finished = True
-        try:
-            self.attempts.record_finished(self.rt.frontier)
-        except OSError as exc:
-            log.error("could not record the end of training: %s: %s", type(exc).__name__, exc)
+        self._record(lambda: self.attempts.record_finished(self.rt.frontier), "the end of training")
 
     def restore(self) -> RestoreResult | None:
         """Load the newest verified checkpoint into model, optimizer, RNG and data cursor."""
@@ -171,27 +165,30 @@ class Checkpointer:
             report = self.manager.load_latest(model=self.rt.model, optimizer=self.rt.optimizer, app_state=state)
         if report is None:
             if self.rt.rank == 0 and self.rt.attempt == 0:
-                self._record(self.attempts.record_fresh_start)
+                self._record(self.attempts.record_fresh_start, "a fresh start")
             return None
         self.rt.frontier = report.frontier
         self.rt.opt_step = report.opt_step
         self.rt.update_index = report.frontier
         self.restored = report
-        if self.rt.rank == 0 and (rec := self._record(lambda: self.attempts.record_restore(report))) is not None:
+        if self.rt.rank == 0 and (rec := self._record(lambda: self.attempts.record_restore(report),
+                                                      "the restore")) is not None:
             log.warning(
                 "restored step %d (attempt %s): %s updates to replay, %.3fs, %d candidates refused",
                 report.step, self.rt.attempt, rec.updates_replayed, report.seconds, len(report.refused),
             )
         return report
 
-    def _record(self, write):
-        """Rank 0's attempts-log writes at attach: a failure is logged, not raised (found by
-        review: a full disk raised on rank 0 alone, after the restore's last collective, and its
-        peers waited in the line-up until the control timeout, at every restart)."""
+    def _record(self, write, what: str):
+        """Rank 0's attempts-log writes: a failure is logged, never raised. The storage that failed
+        a save may fail this too, and rank 0 alone raising strands its peers (found by review: a
+        full disk raised after the restore's last collective, and its peers waited in the line-up
+        until the control timeout, at every restart)."""
         try:
             return write()
         except OSError as exc:
-            log.error("could not write to %s: %s: %s", self.attempts.path, type(exc).__name__, exc)
+            log.error("could not record %s: could not write to %s: %s: %s", what, self.attempts.path,
+                      type(exc).__name__, exc)
             return None
 
     def due(self, frontier: int) -> bool:
@@ -279,10 +276,8 @@ class Checkpointer:
             self.failed.append({"step": frontier, "error": f"{type(exc).__name__}: {exc}"[:2000]})
             log.error("checkpoint save at F=%d %s: %s: %s", frontier, verdict.reason, type(exc).__name__, exc)
             if self.rt.rank == 0:
-                try:
-                    self.attempts.record_save_failed(frontier, f"{type(exc).__name__}: {exc}"[:2000])
-                except OSError as record_error:  # the storage that failed the save may fail this too
-                    log.error("could not record the failed save: %s", record_error)
+                self._record(lambda: self.attempts.record_save_failed(frontier, f"{type(exc).__name__}: {exc}"[:2000]),
+                             "the failed save")
         return verdict
 
     def saved_by(self, launch: str) -> int | None:
@@ -307,11 +302,8 @@ class Checkpointer:
         first attempt the run's previous launch) that died without an end line gets one."""
         if self.rt.rank != 0:
             return
-        try:
-            rec = self.attempts.note_unrecorded_end(saved_by=self.saved_by)
-        except OSError as exc:
-            log.error("could not record how the previous attempt ended: %s: %s", type(exc).__name__, exc)
-            return
+        rec = self._record(lambda: self.attempts.note_unrecorded_end(saved_by=self.saved_by),
+                           "how the previous attempt ended")
         if rec is not None:
             log.warning("attempt %d%s ended without a fail-stop record (%s)", rec.attempt,
                         f" of launch {rec.launch}" if rec.launch != self.attempts.launch else "", rec.event)
@@ -324,10 +316,7 @@ class Checkpointer:
         if self.rt.rank != 0:
             control.await_mark(FAIL_STOP_RECORDED, min(FAIL_STOP_WAIT_S, control.timeout_s))
             return
-        try:
-            self.attempts.record_fail_stop(frontier, "; ".join(reasons)[:2000])
-        except OSError as exc:  # the fail-stop must not be blocked by a full disk
-            log.error("could not record the fail-stop: %s: %s", type(exc).__name__, exc)
+        self._record(lambda: self.attempts.record_fail_stop(frontier, "; ".join(reasons)[:2000]), "the fail-stop")
         try:
             control.mark(FAIL_STOP_RECORDED)
         except ControlPlaneError as exc:  # the peers wait out their bound

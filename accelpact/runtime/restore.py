@@ -36,5 +36,5 @@ def restore_boundary(model: nn.Module, optimizer: torch.optim.Optimizer, data_st
         # and the traceback into the log: a user's `load_state_dict` that raises is a bug to find
         # (found by review: only its message reached the vote)
         log.error("restoring the boundary of F=%d failed", effect.frontier, exc_info=exc)
-        return StepResult(False, f"{type(exc).__name__}: {exc}"), None
+        return StepResult.failed(exc), None
     return StepResult(True), again

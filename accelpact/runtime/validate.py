@@ -14,5 +14,5 @@ def validate_groups(plane: DataPlane, effect: ValidateGroups, pending: Pending) 
         validate_all([(new, plane.gids[label].ranks) for label, (_, new) in pending.items()],
                      timeout=plane.probe_timeout())
     except Exception as exc:  # a failed collective raises whatever gloo raises; the cause is the vote
-        return StepResult(False, f"{type(exc).__name__}: {exc}")
+        return StepResult.failed(exc)
     return StepResult(True)
